@@ -1,0 +1,189 @@
+# tokgate: one entry point for every build flavour.
+#
+#   make            build everything for this machine into build/
+#   make deps       install Debian packages and fetch the pinned npm packages
+#   make test       build and run every unit and integration test (cmocka)
+#   make asan       the same tests in an ASan+UBSan build (build/asan/)
+#   make gate       set up, build, run specs/default.yaml, print the verdicts
+#   make bench      benchmarks (tokenizer, store ingest, cpu tier vs llama.cpp)
+#   make aarch64    cross build of the arm workers for aarch64 (build/aarch64/)
+#   make hip        compile the GPU sources with hipcc for gfx1030 and gfx90a
+#   make gpu        build the GPU arm with nvcc for sm_90 (needs CUDA)
+#   make gpu-test   GPU kernel tests and the GPU gate (needs a GPU)
+#   make clean      remove build/
+#
+# Every source directory contributes through wildcards, so adding a module
+# needs no edit here: engine/*.c and engine/cpu/*.c form libtg_engine.a,
+# harness/*.c (but main.c) form libtg_harness.a, tests/test_*.c are one
+# cmocka program each. BUILD selects the output folder, so flavours and
+# parallel builds never share objects.
+
+BUILD    ?= build
+CC       ?= gcc
+ARCH     ?= $(shell uname -m)
+OPT      ?= -O2
+SAN      ?=
+TOP      := $(CURDIR)
+CACHE    ?= $(TOP)/.cache
+
+# llama.cpp headers for tg-llama: the bundled source by default, or yours.
+LLAMA_CPP_DIR ?= $(CACHE)/llama.cpp
+
+PKGS     := sqlite3 libzstd libpcre2-8 jansson libfyaml libcrypto libxxhash
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CPPFLAGS += -D_GNU_SOURCE -I$(TOP)/engine -I$(TOP)/harness -I$(TOP)/oracles
+CFLAGS   += -std=gnu11 -g $(OPT) $(SAN) -Wall -Wextra -Wno-unused-parameter \
+            -Wno-missing-field-initializers -pthread -MMD -MP $(PKG_CFLAGS)
+LDFLAGS  += -pthread $(SAN)
+LDLIBS   += $(PKG_LIBS) -ldl -lm
+
+# Per-ISA kernel files: file_avx2.c, file_avx512.c, file_neon.c.
+ifeq ($(ARCH),x86_64)
+  ISA_SKIP := %_neon.c
+else
+  ISA_SKIP := %_avx2.c %_avx512.c
+endif
+
+ENGINE_SRC  := $(filter-out $(ISA_SKIP),$(wildcard engine/*.c engine/cpu/*.c))
+ENGINE_OBJ  := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+HARNESS_SRC := $(filter-out harness/main.c,$(wildcard harness/*.c))
+HARNESS_OBJ := $(HARNESS_SRC:%.c=$(BUILD)/obj/%.o)
+ORACLE_SRC  := $(filter-out oracles/llama/tg-llama.c,$(wildcard oracles/llama/*.c))
+ORACLE_OBJ  := $(ORACLE_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC    := $(wildcard tests/test_*.c)
+TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+HELPER_SRC  := $(wildcard tests/helpers/*.c)
+HELPERS     := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/bin/%)
+TOOL_SRC    := $(wildcard engine/tools/*.c)
+TOOLS       := $(TOOL_SRC:engine/tools/%.c=$(BUILD)/bin/%)
+
+LIB_ENGINE  := $(BUILD)/lib/libtg_engine.a
+LIB_HARNESS := $(BUILD)/lib/libtg_harness.a
+LIB_ORACLE  := $(BUILD)/lib/libtg_oracle.a
+
+BINS := $(TOOLS)
+ifneq ($(wildcard engine/worker/main.c),)
+  BINS += $(BUILD)/bin/tg-engine
+endif
+ifneq ($(wildcard oracles/llama/tg-llama.c),)
+  BINS += $(BUILD)/bin/tg-llama
+endif
+ifneq ($(wildcard harness/main.c),)
+  BINS += $(BUILD)/bin/tokgate
+endif
+
+.PHONY: all deps fetch test asan gate bench aarch64 hip gpu gpu-test clean \
+        bench-cpu bench-gpu fuzz valgrind
+.DEFAULT_GOAL := all
+
+# Everything for this machine: libraries, workers, the CLI, tests, helpers.
+all: $(BINS) $(TESTS) $(HELPERS)
+
+# Debian packages (only those missing) and the pinned npm packages.
+deps:
+	bash scripts/setup-deps.sh
+	bash scripts/fetch-npm.sh
+
+# The npm packages alone (no root needed).
+fetch: $(CACHE)/npm/.fetched
+$(CACHE)/npm/.fetched: scripts/fetch-npm.sh
+	bash scripts/fetch-npm.sh
+	touch $@
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_FLAGS) -c $< -o $@
+
+# SIMD kernels get their ISA flags; everything else stays portable and the
+# engine picks a kernel at run time from what the CPU reports.
+$(BUILD)/obj/%_avx2.o: ISA_FLAGS := -mavx2 -mfma -mf16c
+$(BUILD)/obj/%_avx512.o: ISA_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+
+$(LIB_ENGINE): $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIB_HARNESS): $(HARNESS_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+# The libllama loader (dlopen) shared by tg-llama and the tests that ask
+# llama.cpp itself (tokenizer ids, model hyperparameters, logits).
+$(LIB_ORACLE): $(ORACLE_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/tg-engine: $(BUILD)/obj/engine/worker/main.o $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bin/tokgate: $(BUILD)/obj/harness/main.o $(LIB_HARNESS) $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bin/%: $(BUILD)/obj/engine/tools/%.o $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bin/%: $(BUILD)/obj/tests/helpers/%.o $(LIB_HARNESS) $(LIB_ORACLE) $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_HARNESS) $(LIB_ORACLE) $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
+# tg-llama: compiled against llama.h of the matching llama.cpp source, links
+# nothing of llama.cpp (the library is dlopen'ed at run time).
+LLAMA_INC := -I$(LLAMA_CPP_DIR)/include -I$(LLAMA_CPP_DIR)/ggml/include
+$(BUILD)/obj/oracles/llama/%.o: CPPFLAGS += $(LLAMA_INC)
+$(BUILD)/obj/oracles/llama/%.o: | $(CACHE)/npm/.fetched
+$(BUILD)/obj/tests/%.o: CPPFLAGS += $(LLAMA_INC)
+$(BUILD)/obj/tests/%.o: | $(CACHE)/npm/.fetched
+$(BUILD)/bin/tg-llama: $(BUILD)/obj/oracles/llama/tg-llama.o $(LIB_ORACLE) $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# Unit and integration tests; prints cmocka's summary line of every program.
+test: all fetch
+	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS)
+
+# ASan+UBSan flavour of the unit tests, in its own build folder.
+asan:
+	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+
+# The default gate on the model the project ships.
+gate: all fetch
+	$(BUILD)/bin/tokgate gate specs/default.yaml
+
+# Benchmarks: figures as ratios against llama.cpp measured in the same run.
+bench: all fetch
+	bash scripts/bench.sh $(BUILD)
+
+# Cross build of the arm workers for aarch64 (run under qemu-aarch64).
+aarch64:
+	$(MAKE) BUILD=build/aarch64 ARCH=aarch64 CC=aarch64-linux-gnu-gcc \
+	  PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig \
+	  PKGS="libzstd libpcre2-8 jansson libcrypto libxxhash" \
+	  build/aarch64/bin/tg-engine build/aarch64/bin/tg-llama
+
+# GPU sources compiled by hipcc for AMD (compile and link only, no GPU needed).
+hip:
+	@if [ -f engine/gpu/gpu.mk ]; then $(MAKE) -f engine/gpu/gpu.mk hip BUILD=$(BUILD); \
+	 else echo "make hip: the GPU arm (engine/gpu/) is not written yet" >&2; exit 1; fi
+
+# GPU arm built by nvcc for sm_90.
+gpu:
+	@if [ -f engine/gpu/gpu.mk ]; then $(MAKE) -f engine/gpu/gpu.mk gpu BUILD=$(BUILD); \
+	 else echo "make gpu: the GPU arm (engine/gpu/) is not written yet" >&2; exit 1; fi
+
+gpu-test:
+	@if [ -f engine/gpu/gpu.mk ]; then $(MAKE) -f engine/gpu/gpu.mk gpu-test BUILD=$(BUILD); \
+	 else echo "make gpu-test: the GPU arm (engine/gpu/) is not written yet" >&2; exit 1; fi
+
+clean:
+	rm -rf build
+
+-include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d)

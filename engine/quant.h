@@ -1,0 +1,144 @@
+/*
+ * quant.h: tensor types, quantization block formats and the per-type trait
+ * table. One header for the CPU code (C) and the GPU code (CUDA/HIP C++):
+ * keep it free of anything either side cannot compile.
+ *
+ * Layouts follow ggml exactly (FORMATS.md "Block formats"); every struct's
+ * size is checked at compile time. `tg_half` is IEEE binary16 stored as its
+ * bits, `tg_bf16` bfloat16 likewise.
+ */
+#ifndef TG_QUANT_H
+#define TG_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define TG_STATIC_ASSERT(c, m) static_assert(c, m)
+extern "C" {
+#else
+#define TG_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+/* ggml type ids, as stored in GGUF tensor infos. */
+enum tg_type {
+    TG_TYPE_F32 = 0, TG_TYPE_F16 = 1, TG_TYPE_Q4_0 = 2, TG_TYPE_Q4_1 = 3,
+    TG_TYPE_Q5_0 = 6, TG_TYPE_Q5_1 = 7, TG_TYPE_Q8_0 = 8, TG_TYPE_Q8_1 = 9,
+    TG_TYPE_Q2_K = 10, TG_TYPE_Q3_K = 11, TG_TYPE_Q4_K = 12, TG_TYPE_Q5_K = 13,
+    TG_TYPE_Q6_K = 14, TG_TYPE_Q8_K = 15, TG_TYPE_BF16 = 30,
+    TG_TYPE_COUNT = 31
+};
+
+/* general.file_type values tg-mkmodel writes. */
+enum tg_ftype {
+    TG_FTYPE_ALL_F32 = 0, TG_FTYPE_MOSTLY_F16 = 1, TG_FTYPE_MOSTLY_Q8_0 = 7,
+    TG_FTYPE_MOSTLY_Q4_K_M = 15, TG_FTYPE_MOSTLY_Q6_K = 18, TG_FTYPE_MOSTLY_BF16 = 32
+};
+
+typedef uint16_t tg_half;
+typedef uint16_t tg_bf16;
+
+#define QK8_0 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+/* Q8_0: 32 values, 8.5 bits per weight. value = d * qs[i]. */
+typedef struct {
+    tg_half d;
+    int8_t qs[QK8_0];
+} block_q8_0;
+TG_STATIC_ASSERT(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
+
+/* Q8_1: 32 values (d, s = d * sum(qs)), the CUDA backend's activation type. */
+typedef struct {
+    tg_half d;
+    tg_half s;
+    int8_t qs[QK8_0];
+} block_q8_1;
+TG_STATIC_ASSERT(sizeof(block_q8_1) == 4 + QK8_0, "block_q8_1 size");
+
+/* Q4_K: 256 values in 8 sub-blocks of 32, 4.5 bits per weight.
+ * value = d * sc[j] * q - dmin * m[j], 6-bit sc/m packed in scales[12]. */
+typedef struct {
+    tg_half d;
+    tg_half dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+TG_STATIC_ASSERT(sizeof(block_q4_K) == 4 + K_SCALE_SIZE + QK_K / 2, "block_q4_K size");
+
+/* Q5_K: as Q4_K plus the fifth bit in qh, 5.5 bits per weight. */
+typedef struct {
+    tg_half d;
+    tg_half dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
+TG_STATIC_ASSERT(sizeof(block_q5_K) == 4 + K_SCALE_SIZE + QK_K / 8 + QK_K / 2, "block_q5_K size");
+
+/* Q6_K: 256 values in 16 sub-blocks of 16, 6.5625 bits per weight.
+ * value = d * scales[is] * (q - 32). */
+typedef struct {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    tg_half d;
+} block_q6_K;
+TG_STATIC_ASSERT(sizeof(block_q6_K) == QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, "block_q6_K size");
+
+/* Q8_K: activation type of K-quant dot products (never stored in files). */
+typedef struct {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;
+TG_STATIC_ASSERT(sizeof(block_q8_K) == 4 + QK_K + QK_K / 16 * 2, "block_q8_K size");
+
+/* Scalar conversions (exact IEEE round-to-nearest-even). */
+float tg_half_to_f32(tg_half h);
+tg_half tg_f32_to_half(float f);
+float tg_bf16_to_f32(tg_bf16 h);
+tg_bf16 tg_f32_to_bf16(float f);   /* round to nearest even, NaN kept quiet */
+
+/* Reference row kernels: k values (a multiple of the block size). */
+typedef void (*tg_to_float_fn)(const void *x, float *y, int64_t k);
+typedef void (*tg_from_float_fn)(const float *x, void *y, int64_t k);
+/* *s = dot(x, y) over n values; x of this type, y of its vec_dot_type. */
+typedef void (*tg_vec_dot_fn)(int n, float *s, const void *x, const void *y);
+
+typedef struct tg_type_traits {
+    const char *name;          /* "q4_K" as ggml spells it */
+    int blck_size;             /* values per block */
+    size_t type_size;          /* bytes per block */
+    int is_quantized;
+    tg_to_float_fn to_float;   /* scalar reference dequantize */
+    tg_from_float_fn from_float; /* scalar reference quantize */
+    enum tg_type vec_dot_type; /* activation type for vec_dot */
+    tg_vec_dot_fn vec_dot;     /* scalar reference dot product */
+} tg_type_traits;
+
+/* The traits of a type this project supports (F32, F16, BF16, Q8_0, Q8_1
+ * (to/from float only), Q4_K, Q5_K, Q6_K, Q8_K), or NULL. */
+const tg_type_traits *tg_traits(uint32_t type);
+/* Bytes of a row of n values of type; 0 when n is not a multiple of the
+ * block size or the type is unsupported. */
+size_t tg_row_size(uint32_t type, int64_t n);
+const char *tg_type_name(uint32_t type);  /* "?" when unknown */
+
+/* Q4_K / Q5_K scale unpacking: sub-block j's 6-bit scale and min. */
+static inline void tg_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,119 @@
+/*
+ * store.h: the SQLite evidence store (one file, WAL, schema version in
+ * PRAGMA user_version). The runner hands over whole arm legs; each leg is
+ * written in one transaction, so an interrupted run keeps complete legs and
+ * no half ones. Comparison, verdicts and reports read only these rows.
+ *
+ * Ownership: every pointer in the structs below is borrowed for the call.
+ */
+#ifndef TG_STORE_H
+#define TG_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util.h"
+
+typedef struct tg_store tg_store;
+
+/* Opens (creating or migrating) the store at path. Returns 0 or -1 with e. */
+int store_open(tg_store **out, const char *path, tg_err *e);
+void store_close(tg_store *st);              /* NULL is a no-op */
+/* The sqlite3 handle, for the modules that query it (compare, reports). */
+struct sqlite3 *store_db(tg_store *st);
+
+/* One arm of a run as the spec declared it. */
+typedef struct store_arm {
+    const char *name;        /* spec name, unique in the run */
+    const char *kind;        /* engine | llama | command | exec */
+    const char *role;        /* reference | test | oracle | custody */
+    const char *config_json; /* the arm's spec entry as JSON */
+} store_arm;
+
+typedef struct store_prompt {
+    const char *id;          /* p1.. or the spec's id */
+    const char *text;
+} store_prompt;
+
+typedef struct store_run_info {
+    const char *spec_name;
+    const char *spec_path;
+    const char *spec_text;   /* the spec file's bytes */
+    const char *spec_sha256;
+    const char *artifact_path;
+    const char *artifact_sha256;
+    int64_t artifact_size;
+    const char *host;
+    const char *tokgate_version;
+    const char *mode;        /* teacher-forced | free */
+    const char *reference;   /* arm name */
+    const char *policy_kind; /* exact | near-tie | noise */
+    double band;             /* near-tie band (logits) */
+    int steps, top_k, legs;
+    int n_arms;
+    const store_arm *arms;
+    int n_prompts;
+    const store_prompt *prompts;
+} store_run_info;
+
+/* Creates the run row and its arms and prompts; *run_id receives its id. */
+int store_begin_run(tg_store *st, const store_run_info *info, int64_t *run_id, tg_err *e);
+/* Sets the run's final verdict word (PASS | FAIL | NOT_MEASURABLE | ERROR)
+ * and finish time. */
+int store_finish_run(tg_store *st, int64_t run_id, const char *verdict, tg_err *e);
+
+typedef struct store_step {
+    int step;
+    int32_t token;           /* the arm's argmax at this step */
+    int32_t forced;          /* the token appended instead (teacher forcing), or -1 */
+    char digest[17];         /* XXH3-64 hex of the full logits, "" if none */
+    int n_top;
+    const tg_top *top;       /* n_top entries, descending */
+} store_step;
+
+typedef struct store_dump {
+    int step, layer;         /* layer -1 for final logits */
+    const char *stage;       /* attn_norm | q | k | v | attn_out | ffn_norm | ffn_out | residual | logits */
+    int64_t n;
+    const float *data;
+} store_dump;
+
+typedef struct store_leg_prompt {
+    const char *prompt_id;
+    const int32_t *ids;      /* the arm's own tokenization of the prompt */
+    int n_ids;
+    const int32_t *decoded_from; /* prompt ids actually decoded over (teacher-forced: the reference's) */
+    int n_decoded_from;
+    int n_steps;
+    const store_step *steps;
+    const char *text;        /* custody arms: generated text; else NULL */
+    const char *error;       /* this prompt's arm error, or NULL */
+    int n_dumps;
+    const store_dump *dumps;
+} store_leg_prompt;
+
+typedef struct store_leg {
+    int64_t run_id;
+    const char *arm;
+    int leg;                 /* 1-based */
+    const char *binary_path, *binary_sha256, *version, *device;
+    const char *hello_json;  /* the arm's hello answer */
+    const char *model_json;  /* the arm's load answer */
+    int exit_status;         /* -1 if killed by a signal */
+    int term_signal;         /* 0 if none */
+    const char *cause;       /* NULL for a clean leg, else "timeout: ...", "crash: SIGSEGV", ... */
+    const char *fault_lines; /* stderr lines that matched fault patterns, or NULL */
+    const char *counters_json; /* merged counters of the leg's decodes */
+    int64_t device_ops, host_ops;
+    const char *stderr_text; size_t stderr_len; /* stored zstd-compressed */
+    double ms_load, ms_prefill, ms_decode, wall_s;
+    int n_prompts;
+    const store_leg_prompt *prompts;
+} store_leg;
+
+/* Writes the leg and all its rows in one transaction (all or nothing). */
+int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e);
+/* Legs already stored for (run, arm, leg): 1 if present (for --resume). */
+int store_has_leg(tg_store *st, int64_t run_id, const char *arm, int leg);
+
+#endif
