@@ -74,7 +74,7 @@ ifneq ($(wildcard harness/main.c),)
   BINS += $(BUILD)/bin/tokgate
 endif
 
-.PHONY: all deps fetch test asan gate bench aarch64 hip gpu gpu-test clean \
+.PHONY: all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
         bench-cpu bench-gpu fuzz valgrind
 .DEFAULT_GOAL := all
 
@@ -146,17 +146,29 @@ $(BUILD)/bin/tg-llama: $(BUILD)/obj/oracles/llama/tg-llama.o $(LIB_ORACLE) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# Set-up on a fresh machine: Debian packages (only those missing, so this is
+# cheap once done) and the pinned npm packages. Skipped with NO_SETUP=1.
+setup:
+ifneq ($(NO_SETUP),1)
+	bash scripts/setup-deps.sh
+	bash scripts/fetch-npm.sh
+endif
+
 # Unit and integration tests; prints cmocka's summary line of every program.
-test: all fetch
+test: setup
+	$(MAKE) all
 	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS)
 
 # ASan+UBSan flavour of the unit tests, in its own build folder.
 asan:
-	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" NO_SETUP=$(NO_SETUP) test
 
-# The default gate on the model the project ships.
-gate: all fetch
-	$(BUILD)/bin/tokgate gate specs/default.yaml
+# The default gate on the model the project ships (the aarch64 oracle needs
+# the cross-built worker).
+gate: setup
+	$(MAKE) all
+	$(MAKE) aarch64
+	$(BUILD)/bin/tokgate gate specs/default.yaml --evidence evidence
 
 # Benchmarks: figures as ratios against llama.cpp measured in the same run.
 bench: all fetch
