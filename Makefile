@@ -77,6 +77,8 @@ endif
 .PHONY: all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
         bench-cpu bench-gpu fuzz valgrind
 .DEFAULT_GOAL := all
+# Keep objects of pattern chains, so a rebuild compiles only what changed.
+.SECONDARY:
 
 # Everything for this machine: libraries, workers, the CLI, tests, helpers.
 all: $(BINS) $(TESTS) $(HELPERS)
@@ -194,6 +196,12 @@ gpu:
 gpu-test:
 	@if [ -f engine/gpu/gpu.mk ]; then $(MAKE) -f engine/gpu/gpu.mk gpu-test BUILD=$(BUILD); \
 	 else echo "make gpu-test: the GPU arm (engine/gpu/) is not written yet" >&2; exit 1; fi
+
+# GPU arm decode/prefill tokens/s and roofline fraction (beside llama.cpp CUDA
+# when LLAMA_BENCH and TG_GPU_BENCH_MODEL are set); needs a GPU.
+bench-gpu:
+	@if [ -f engine/gpu/gpu.mk ]; then $(MAKE) -f engine/gpu/gpu.mk bench-gpu BUILD=$(BUILD); \
+	 else echo "make bench-gpu: the GPU arm (engine/gpu/) is not written yet" >&2; exit 1; fi
 
 clean:
 	rm -rf build

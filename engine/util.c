@@ -28,13 +28,22 @@ int tg_errf(tg_err *e, const char *fmt, ...)
 int tg_err_prefix(tg_err *e, const char *fmt, ...)
 {
     if (!e) return -1;
-    char pre[512], old[sizeof e->msg];
+    char old[sizeof e->msg];
+    memcpy(old, e->msg, sizeof old);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(pre, sizeof pre, fmt, ap);
+    int n = vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
-    memcpy(old, e->msg, sizeof old);
-    snprintf(e->msg, sizeof e->msg, "%s: %s", pre, old);
+    if (n < 0) n = 0;
+    if ((size_t)n < sizeof e->msg - 2) {
+        size_t used = (size_t)n;
+        e->msg[used++] = ':';
+        e->msg[used++] = ' ';
+        size_t room = sizeof e->msg - used - 1, len = strnlen(old, sizeof old);
+        if (len > room) len = room;
+        memcpy(e->msg + used, old, len);
+        e->msg[used + len] = 0;
+    }
     return -1;
 }
 

@@ -5,6 +5,7 @@
  * no half ones. Comparison, verdicts and reports read only these rows.
  *
  * Ownership: every pointer in the structs below is borrowed for the call.
+ * Threads: a tg_store is used by one thread at a time (the caller locks).
  */
 #ifndef TG_STORE_H
 #define TG_STORE_H
@@ -86,7 +87,10 @@ typedef struct store_leg_prompt {
     int n_decoded_from;
     int n_steps;
     const store_step *steps;
-    const char *text;        /* custody arms: generated text; else NULL */
+    const char *text;        /* custody arms: their generated text; the
+                              * reference arm: the detokenized text of its
+                              * own generated tokens (what chain of custody
+                              * compares against); else NULL */
     const char *error;       /* this prompt's arm error, or NULL */
     int n_dumps;
     const store_dump *dumps;
@@ -115,5 +119,18 @@ typedef struct store_leg {
 int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e);
 /* Legs already stored for (run, arm, leg): 1 if present (for --resume). */
 int store_has_leg(tg_store *st, int64_t run_id, const char *arm, int leg);
+
+/* The latest run (highest id) of spec_name, or of any spec when spec_name is
+ * NULL, into *run_id. Returns 1 found, 0 none, -1 with e on a store error. */
+int store_latest_run(tg_store *st, const char *spec_name, int64_t *run_id, tg_err *e);
+
+/* The schema version this build writes (PRAGMA user_version). store_open
+ * migrates older stores up to it and refuses newer ones. */
+#define STORE_SCHEMA_VERSION 1
+
+/* Decoding of the compact step blob (ids and logits of the top-k, lossless):
+ * writes up to cap entries into top and returns the count, or -1 with e
+ * naming the corruption. Used by compare and by tests. */
+int store_decode_top(const void *blob, size_t len, tg_top *top, int cap, tg_err *e);
 
 #endif

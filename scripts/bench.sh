@@ -9,6 +9,6 @@ export TG_BUILD=$top/$build TG_ROOT=$top TG_CACHE=${TG_CACHE:-$top/.cache}
 for b in bench-tokenizer.sh bench-kernels.sh bench-store.sh bench-gate.sh bench-cpu.sh; do
   if [ -x "$top/scripts/$b" ]; then
     echo "=== $b"
-    "$top/scripts/$b" || echo "$b: exited $?"
+    "$top/scripts/$b" "$build" || echo "$b: exited $?"
   fi
 done

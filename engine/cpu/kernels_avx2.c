@@ -1,0 +1,481 @@
+/*
+ * kernels_avx2.c: AVX2 + FMA + F16C kernels (x86-64), compiled with those
+ * ISA flags and only called after cpuid said yes (kernels.c).
+ *
+ * K-quant dots work one super-block at a time: weight quants are unpacked
+ * to unsigned bytes, multiplied with the Q8_K quants by vpmaddubsw (pairs
+ * summed in int16: at most 2*63*127, no saturation), scaled per sub-block
+ * by vpmaddwd with the 16-bit scales, accumulated in int32, and only then
+ * converted to float and scaled by d: the same integers as the reference,
+ * in float only once per block. Q6_K's -32 offset is folded in as
+ * 32 * sum(scale * bsum), Q4_K/Q5_K's mins as dmin * sum(min * bsum).
+ */
+/* No multiply-add contraction: the quantizers must round each product as
+ * the reference does (explicit fmadd intrinsics stay fused). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "kernels_isa.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+static inline float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hsum_ps128(__m128 s)
+{
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum_epi32_128(__m128i v)
+{
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(v);
+}
+
+static inline float half_to_f32(tg_half h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* Unpacks the 12 scale bytes of a Q4_K/Q5_K block into sc[8] (bytes 0..7)
+ * and m[8] (bytes 8..15) of one 16-byte value. */
+static inline __m128i unpack_scales_k4(const uint8_t *q)
+{
+    uint32_t u[3];
+    memcpy(u, q, 12);
+    const uint32_t k63 = 0x3f3f3f3fu, k15 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    /* built in registers: a store + wide reload would stall store forwarding */
+    return _mm_setr_epi32((int)(u[0] & k63),   /* sc 0..3 */
+                          (int)((u[2] & k15) | (((u[0] >> 6) & k3) << 4)),   /* sc 4..7 */
+                          (int)(u[1] & k63),   /* m 0..3 */
+                          (int)(((u[2] >> 4) & k15) | (((u[1] >> 6) & k3) << 4)));  /* m 4..7 */
+}
+
+/* m[j] * (bsums[2j] + bsums[2j+1]) for the 8 sub-blocks, as 4 int32
+ * partial sums (the reference's integer sum, split in lanes). */
+static inline __m128i mins_dot(__m128i scmin, const int16_t *bsums)
+{
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    const __m128i pairs = _mm_hadd_epi16(b0, b1);                 /* 8 sub-block sums */
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8));
+    return _mm_madd_epi16(pairs, m16);
+}
+
+/* vpshufb controls over 8 int16 scales held in both 128-bit halves:
+ * k_bcast[j] spreads scale j over all 16 lanes, k_pair[k] puts scale 2k in
+ * the low half and scale 2k+1 in the high half. */
+static const uint8_t k_bcast[8][32] = {
+#define B(j) {2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1, \
+              2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1,2*j,2*j+1}
+    B(0), B(1), B(2), B(3), B(4), B(5), B(6), B(7)
+#undef B
+};
+static const uint8_t k_pair[4][32] = {
+#define P(k) {4*k,4*k+1,4*k,4*k+1,4*k,4*k+1,4*k,4*k+1,4*k,4*k+1,4*k,4*k+1,4*k,4*k+1,4*k,4*k+1, \
+              4*k+2,4*k+3,4*k+2,4*k+3,4*k+2,4*k+3,4*k+2,4*k+3,4*k+2,4*k+3,4*k+2,4*k+3,4*k+2,4*k+3,4*k+2,4*k+3}
+    P(0), P(1), P(2), P(3)
+#undef P
+};
+
+static inline __m256i scale_bcast(__m256i sc16x2, int j)
+{
+    return _mm256_shuffle_epi8(sc16x2, _mm256_loadu_si256((const __m256i *)k_bcast[j]));
+}
+
+static inline __m256i scale_pair(__m256i sc16x2, int k)
+{
+    return _mm256_shuffle_epi8(sc16x2, _mm256_loadu_si256((const __m256i *)k_pair[k]));
+}
+
+/* q4_K against NA activation rows (y, y + by, ...): the weight quants are
+ * unpacked once per group and used NA times. Every output goes through the
+ * same operations as with NA = 1, so s[j] is bit-identical to a single dot.
+ * NA is a compile-time constant at each call site. Only NA = 1 is used:
+ * a 4-row version measured slower here (register pressure), unlike q6_K. */
+static inline __attribute__((always_inline)) void dot_q4_K_n(int n, float *s, const void *vx,
+                                                             const char *vy, size_t by, const int NA)
+{
+    const block_q4_K *x = vx;
+    const int nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[4];
+    __m128 accm[4];
+    for (int a = 0; a < NA; a++) {
+        acc[a] = _mm256_setzero_ps();
+        accm[a] = _mm_setzero_ps();
+    }
+    for (int i = 0; i < nb; i++) {
+        const float xd = half_to_f32(x[i].d), xdmin = half_to_f32(x[i].dmin);
+        const __m128i scmin = unpack_scales_k4(x[i].scales);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin));
+        const uint8_t *q4 = x[i].qs;
+        __m256i sumi[4];
+        for (int a = 0; a < NA; a++) {
+            const block_q8_K *y = (const block_q8_K *)(vy + a * by) + i;
+            accm[a] = _mm_fmadd_ps(_mm_set1_ps(y->d * xdmin), _mm_cvtepi32_ps(mins_dot(scmin, y->bsums)), accm[a]);
+            sumi[a] = _mm256_setzero_si256();
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(q4 + 32 * g));
+            const __m256i lo = _mm256_and_si256(bits, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            const __m256i s_lo = scale_bcast(sc16, 2 * g), s_hi = scale_bcast(sc16, 2 * g + 1);
+            for (int a = 0; a < NA; a++) {
+                const int8_t *q8 = ((const block_q8_K *)(vy + a * by) + i)->qs;
+                const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g));
+                const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g + 32));
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s_lo);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s_hi);
+                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for (int a = 0; a < NA; a++) {
+            const float d = ((const block_q8_K *)(vy + a * by) + i)->d * xd;
+            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[a]), acc[a]);
+        }
+    }
+    for (int a = 0; a < NA; a++) s[a] = hsum_ps(acc[a]) - hsum_ps128(accm[a]);
+}
+
+static void vec_dot_q4_K(int n, float *s, const void *vx, const void *vy)
+{
+    dot_q4_K_n(n, s, vx, vy, 0, 1);
+}
+
+/* q5_K x q8_K: q4_K plus the fifth bit from qh (bit 2g: low half of group
+ * g, bit 2g+1: high half). */
+static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const int nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const float d = y[i].d * half_to_f32(x[i].d);
+        const float dmin = y[i].d * half_to_f32(x[i].dmin);
+        const __m128i scmin = unpack_scales_k4(x[i].scales);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(scmin, y[i].bsums)), accm);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin));
+        const uint8_t *q5 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        __m256i hb = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(q5 + 32 * g));
+            const __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(hb, 4), b4);   /* bit 0 -> 4 */
+            const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(hb, 3), b4);   /* bit 1 -> 4 */
+            hb = _mm256_srli_epi16(hb, 2);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h0);
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1);
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g));
+            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g + 32));
+            const __m256i s_lo = scale_bcast(sc16, 2 * g), s_hi = scale_bcast(sc16, 2 * g + 1);
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s_lo);
+            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s_hi);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum_ps(acc) - hsum_ps128(accm);
+}
+
+/* q6_K against NA activation rows, as dot_q4_K_n: quants used unsigned
+ * (0..63); the offset comes back as 32 * sum(scale[j] * bsums[j]). */
+static inline __attribute__((always_inline)) void dot_q6_K_n(int n, float *s, const void *vx,
+                                                             const char *vy, size_t by, const int NA)
+{
+    const block_q6_K *x = vx;
+    const int nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    for (int a = 0; a < NA; a++) acc[a] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const float xd = half_to_f32(x[i].d);
+        const __m256i sc16all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        __m256i sumi[4];
+        for (int a = 0; a < NA; a++) {
+            const block_q8_K *y = (const block_q8_K *)(vy + a * by) + i;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            sumi[a] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16all, bs), 5));
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            /* 8 int16 scales of this half in both 128-bit lanes */
+            const __m256i sc16 = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x[i].scales + 8 * h))));
+            const __m256i Q0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)qh);
+            const __m256i v0 = _mm256_or_si256(_mm256_and_si256(Q0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+            const __m256i v1 = _mm256_or_si256(_mm256_and_si256(Q1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+            const __m256i v2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q0, 4), m4),
+                                               _mm256_and_si256(H, m30));
+            const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+            const __m256i s0 = scale_pair(sc16, 0), s1 = scale_pair(sc16, 1);
+            const __m256i s2 = scale_pair(sc16, 2), s3 = scale_pair(sc16, 3);
+            for (int a = 0; a < NA; a++) {
+                const int8_t *q8 = ((const block_q8_K *)(vy + a * by) + i)->qs + 128 * h;
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(v0, _mm256_loadu_si256((const __m256i *)q8)), s0);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(q8 + 32))), s1);
+                const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(v2, _mm256_loadu_si256((const __m256i *)(q8 + 64))), s2);
+                const __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(v3, _mm256_loadu_si256((const __m256i *)(q8 + 96))), s3);
+                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+            }
+        }
+        for (int a = 0; a < NA; a++) {
+            const float d = ((const block_q8_K *)(vy + a * by) + i)->d * xd;
+            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[a]), acc[a]);
+        }
+    }
+    for (int a = 0; a < NA; a++) s[a] = hsum_ps(acc[a]);
+}
+
+static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy)
+{
+    dot_q6_K_n(n, s, vx, vy, 0, 1);
+}
+
+static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_t by)
+{
+    dot_q6_K_n(n, s, vx, vy, by, 4);
+}
+
+/* Products of one Q8_0 block pair as 8 int32 partial sums. */
+static inline __m256i q8_0_block_dot(const block_q8_0 *x, const block_q8_0 *y)
+{
+    const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* q8_0 x q8_0, two blocks per step into two accumulators. */
+static void vec_dot_q8_0(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q8_0 *x = vx, *y = vy;
+    const int nb = n / QK8_0;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 1 < nb; i += 2) {
+        const float d0 = half_to_f32(x[i].d) * half_to_f32(y[i].d);
+        const float d1 = half_to_f32(x[i + 1].d) * half_to_f32(y[i + 1].d);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(q8_0_block_dot(&x[i], &y[i])), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(q8_0_block_dot(&x[i + 1], &y[i + 1])), acc1);
+    }
+    if (i < nb) {
+        const float d0 = half_to_f32(x[i].d) * half_to_f32(y[i].d);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(q8_0_block_dot(&x[i], &y[i])), acc0);
+    }
+    *s = hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+static void vec_dot_f32(int n, float *s, const void *vx, const void *vy)
+{
+    const float *x = vx, *y = vy;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) sum += x[i] * y[i];
+    *s = sum;
+}
+
+static inline __m256 load_f16(const tg_half *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static void vec_dot_f16(int n, float *s, const void *vx, const void *vy)
+{
+    const tg_half *x = vx, *y = vy;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(load_f16(x + i), load_f16(y + i), a0);
+        a1 = _mm256_fmadd_ps(load_f16(x + i + 8), load_f16(y + i + 8), a1);
+        a2 = _mm256_fmadd_ps(load_f16(x + i + 16), load_f16(y + i + 16), a2);
+        a3 = _mm256_fmadd_ps(load_f16(x + i + 24), load_f16(y + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_f16(x + i), load_f16(y + i), a0);
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) sum += half_to_f32(x[i]) * half_to_f32(y[i]);
+    *s = sum;
+}
+
+static inline __m256 load_bf16(const tg_bf16 *p)
+{
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+static void vec_dot_bf16(int n, float *s, const void *vx, const void *vy)
+{
+    const tg_bf16 *x = vx, *y = vy;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(load_bf16(x + i), load_bf16(y + i), a0);
+        a1 = _mm256_fmadd_ps(load_bf16(x + i + 8), load_bf16(y + i + 8), a1);
+        a2 = _mm256_fmadd_ps(load_bf16(x + i + 16), load_bf16(y + i + 16), a2);
+        a3 = _mm256_fmadd_ps(load_bf16(x + i + 24), load_bf16(y + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_bf16(x + i), load_bf16(y + i), a0);
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) sum += tg_bf16_to_f32(x[i]) * tg_bf16_to_f32(y[i]);
+    *s = sum;
+}
+
+/* Packs 4 x 8 int32 (each in [-128, 127]) into 32 int8 in order. */
+static inline __m256i pack_i32_to_i8(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    const __m256i ab = _mm256_packs_epi32(a, b);   /* a0-3 b0-3 | a4-7 b4-7 */
+    const __m256i cd = _mm256_packs_epi32(c, d);
+    const __m256i abcd = _mm256_packs_epi16(ab, cd); /* a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 */
+    return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Q8_K: the same float operations as the reference (iscale * x, rounded
+ * to nearest even by vcvtps2dq under the default MXCSR), so the same bytes. */
+static void quantize_q8_K(const float *x, void *vy, int64_t k)
+{
+    block_q8_K *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        __m256 amax = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8)
+            amax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), amax);
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float am = _mm_cvtss_f32(m);
+        if (am == 0) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        /* the first element of that magnitude, with its sign */
+        float max = 0;
+        const __m256 vam = _mm256_set1_ps(am);
+        for (int j = 0; j < QK_K; j += 8) {
+            const int msk = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), vam, _CMP_EQ_OQ));
+            if (msk) {
+                max = x[j + __builtin_ctz((unsigned)msk)];
+                break;
+            }
+        }
+        const float iscale = -127.0f / max;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i c127 = _mm256_set1_epi32(127);
+        for (int j = 0; j < QK_K; j += 32) {
+            __m256i q[4];
+            for (int l = 0; l < 4; l++)
+                q[l] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * l))), c127);
+            const __m256i q8 = pack_i32_to_i8(q[0], q[1], q[2], q[3]);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + j), q8);
+            /* two bsums: sums of 16 int8 each */
+            const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q8);
+            const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            const __m128i lo = _mm256_castsi256_si128(s32), hi = _mm256_extracti128_si256(s32, 1);
+            y[i].bsums[j / 16] = (int16_t)hsum_epi32_128(lo);
+            y[i].bsums[j / 16 + 1] = (int16_t)hsum_epi32_128(hi);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* roundf (halves away from zero) of 8 floats, exact: trunc, then one more
+ * step away from zero when the dropped fraction is at least one half. */
+static inline __m256i round_away(__m256 v)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, one)));
+}
+
+static void quantize_q8_0(const float *x, void *vy, int64_t k)
+{
+    block_q8_0 *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float d = _mm_cvtss_f32(m) / 127.0f;
+        const float id = d != 0 ? 1.0f / d : 0.0f;
+        y[i].d = tg_f32_to_half(d);
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i q8 = pack_i32_to_i8(round_away(_mm256_mul_ps(v0, vid)), round_away(_mm256_mul_ps(v1, vid)),
+                                          round_away(_mm256_mul_ps(v2, vid)), round_away(_mm256_mul_ps(v3, vid)));
+        _mm256_storeu_si256((__m256i *)y[i].qs, q8);
+    }
+}
+
+static void f32_to_f16(const float *x, tg_half *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+static void axpy_f16(int64_t n, float *y, const tg_half *x, float a)
+{
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, half_to_f32(x[i]), y[i]);
+}
+
+void tg_cpu_fill_avx2(tg_cpu_kernels *k)
+{
+    k->vec_dot[TG_TYPE_Q4_K] = vec_dot_q4_K;
+    k->vec_dot4[TG_TYPE_Q6_K] = vec_dot4_q6_K;
+    k->vec_dot[TG_TYPE_Q5_K] = vec_dot_q5_K;
+    k->vec_dot[TG_TYPE_Q6_K] = vec_dot_q6_K;
+    k->vec_dot[TG_TYPE_Q8_0] = vec_dot_q8_0;
+    k->vec_dot[TG_TYPE_F32] = vec_dot_f32;
+    k->vec_dot[TG_TYPE_F16] = vec_dot_f16;
+    k->vec_dot[TG_TYPE_BF16] = vec_dot_bf16;
+    k->quantize_q8_K = quantize_q8_K;
+    k->quantize_q8_0 = quantize_q8_0;
+    k->f32_to_f16 = f32_to_f16;
+    k->axpy_f16 = axpy_f16;
+}

@@ -1,0 +1,596 @@
+/*
+ * forward_cpu.c: the cpu tier, the fast CPU forward pass (see model.h).
+ *
+ * Numerics follow llama.cpp's CPU backend where that is cheap:
+ *  - a matmul quantizes its activation rows to the weight type's vec_dot
+ *    type (Q8_K for K-quants, Q8_0 for Q8_0, F16, BF16, F32) and takes
+ *    integer dot products (engine/cpu/kernels.h);
+ *  - rmsnorm sums squares in f64 and scales in f32 (x * scale * w);
+ *  - rope angles as ggml-cpu computes them: theta_scale = powf(base, -2/d),
+ *    theta starts at the position and is multiplied by theta_scale pair by
+ *    pair, all in f32, then cosf/sinf;
+ *  - attention: the K cache is F16 by default, q is rounded to the K type
+ *    for the q.k dot, scores scaled by 1/sqrt(head_dim), softmax with max
+ *    subtraction and the sum in f64; V is accumulated in f32 (llama.cpp
+ *    rounds the probabilities (no flash attention) or the accumulator (flash
+ *    attention) to F16 here: the tier sits between its two variants);
+ *  - silu(x) = x / (1 + expf(-x)).
+ *
+ * A prompt is evaluated in batches: each weight row is streamed once per
+ * batch and dotted with every token's activations. Matmuls split output
+ * rows over the thread pool in fixed contiguous ranges; each output value is
+ * one dot product whatever the split, so the bytes depend neither on the
+ * thread count nor on timing. Attention splits (token, head) pairs the same
+ * way.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+#include "forward.h"
+#include "quant.h"
+#include "threadpool.h"
+
+typedef struct cpu_state {
+    tg_pool *pool;
+    int nth;
+    int nb;           /* batch capacity (n_batch) */
+    uint32_t kv_type; /* TG_TYPE_F16 | TG_TYPE_F32 */
+    size_t kv_es;     /* bytes per cache element */
+    float *x;         /* (nb, n_embd) residual stream */
+    float *h;         /* (nb, n_embd) normed block input */
+    float *q;         /* (nb, n_head*head_dim) */
+    float *k;         /* (nb, n_head_kv*head_dim) */
+    float *v;         /* (nb, n_head_kv*head_dim) */
+    float *att;       /* (nb, n_head*head_dim) attention output */
+    float *o;         /* (nb, n_embd) attn_out / ffn_out */
+    float *g;         /* (nb, n_ff) gate, then swiglu */
+    float *u;         /* (nb, n_ff) up */
+    void *qa;         /* (nb, row of max cols) activations in a vec_dot type */
+    void *qb;         /* (nb, ...) a second one when q/k/v or gate/up types differ */
+    size_t qa_stride; /* bytes per row of qa / qb */
+    void *kc;         /* (n_layer, n_ctx, n_head_kv*head_dim) K cache, kv_type */
+    void *vc;         /* (n_layer, n_ctx, n_head_kv*head_dim) V cache, kv_type */
+    float *scores;    /* (nth, n_ctx) per-thread attention scores */
+    void *qconv;      /* (nth, head_dim) per-thread q in the K cache type */
+    float *rope_cs;   /* (nb, head_dim) cos, sin per pair and token */
+} cpu_state;
+
+/* --- kernel glue ----------------------------------------------------------
+ * The few entry points the tier needs from the kernels, in one place.
+ */
+
+/* out[b*out_stride + r] = W[r] . act[b] for rows [r0, r1) and nb tokens;
+ * act rows packed (tg_row_size of the vec_dot type), out_stride == rows. */
+static void k_matmul(uint32_t type, const void *w, size_t w_stride, int64_t cols, int64_t r0, int64_t r1,
+                     const void *act, size_t act_stride, int nb, float *out, int64_t out_stride, int64_t rows)
+{
+    (void)w_stride;
+    assert(out_stride == rows && "output rows are packed");
+    assert(act_stride == tg_row_size(tg_traits(type)->vec_dot_type, cols) && "activation rows are packed");
+    tg_cpu_matmul(type, w, rows, cols, act, nb, out, r0, r1);
+}
+
+/* x (n floats) into a row of type. */
+static void k_quantize_row(uint32_t type, const float *x, void *y, int64_t n)
+{
+    int rc = tg_cpu_quantize_row(type, x, y, n);
+    assert(rc == 0 && "activation type and length checked at load");
+    (void)rc;
+}
+
+/* *s = x . y, x and y rows of n values of type (F16 or F32). */
+static void k_vec_dot(uint32_t type, int n, float *s, const void *x, const void *y)
+{
+    tg_cpu_vec_dot(type)(n, s, x, y);
+}
+
+/* y[i] += a * x[i], x a row of n values of type (F16 or F32). */
+static void k_axpy_row(uint32_t type, int n, float *y, const void *x, float a)
+{
+    if (type == TG_TYPE_F32) {
+        const float *xf = x;
+        for (int i = 0; i < n; i++)
+            y[i] += a * xf[i];
+    } else {
+        const tg_half *xh = x;
+        for (int i = 0; i < n; i++)
+            y[i] += a * tg_half_to_f32(xh[i]);
+    }
+}
+
+static int k_has_matmul(uint32_t type)
+{
+    return tg_cpu_vec_dot(type) != NULL;
+}
+
+const char *tg_cpu_tier_isa(void)
+{
+    static char buf[64];
+    if (!buf[0])
+        snprintf(buf, sizeof buf, "%s %s",
+#if defined(__x86_64__)
+                 "x86-64",
+#elif defined(__aarch64__)
+                 "aarch64",
+#else
+                 "cpu",
+#endif
+                 tg_cpu_isa());
+    return buf;
+}
+
+/* --- matmul -------------------------------------------------------------- */
+
+/* One matmul of a dispatch: out[b*out_stride + r] = W[r] . act[b]. */
+typedef struct mm_job {
+    const tg_weight *w;
+    const void *act;   /* (nb rows of act_stride bytes) in w's vec_dot type */
+    size_t act_stride;
+    float *out;
+    int64_t out_stride;
+} mm_job;
+
+typedef struct mm_dispatch {
+    mm_job jobs[3];
+    int n_jobs;
+    int nb;
+    int swiglu;        /* jobs[0] gate, jobs[1] up, chunked together: g = silu(g) * u */
+    int64_t chunk_rows[3];
+    int first_chunk[4]; /* chunk index where job j starts; [n_jobs] = total */
+} mm_dispatch;
+
+/* Rows per chunk: about four chunks per thread, multiples of 16 rows. Any
+ * split gives the same bytes (each output is one dot product). */
+static int64_t rows_per_chunk(int64_t rows, int nth)
+{
+    int64_t c = (rows + 4 * nth - 1) / (4 * nth);
+    c = (c + 15) & ~(int64_t)15;
+    return c < 16 ? 16 : c;
+}
+
+static void mm_rows(const mm_dispatch *d, const mm_job *jb, int64_t r0, int64_t r1)
+{
+    k_matmul(jb->w->type, jb->w->data, jb->w->row_size, jb->w->cols, r0, r1, jb->act, jb->act_stride, d->nb,
+             jb->out, jb->out_stride, jb->w->rows);
+}
+
+static void mm_chunk(void *ctx, int chunk, int ith)
+{
+    (void)ith;
+    mm_dispatch *d = ctx;
+    int j = 0;
+    while (chunk >= d->first_chunk[j + 1])
+        j++;
+    const mm_job *jb = &d->jobs[j];
+    int64_t r0 = (int64_t)(chunk - d->first_chunk[j]) * d->chunk_rows[j];
+    int64_t r1 = r0 + d->chunk_rows[j] < jb->w->rows ? r0 + d->chunk_rows[j] : jb->w->rows;
+    mm_rows(d, jb, r0, r1);
+    if (d->swiglu) {
+        // up projection of the same rows, then swiglu: silu(x) = x / (1 + exp(-x))
+        const mm_job *uj = &d->jobs[1];
+        mm_rows(d, uj, r0, r1);
+        for (int b = 0; b < d->nb; b++) {
+            float *g = jb->out + b * jb->out_stride;
+            const float *u = uj->out + b * uj->out_stride;
+            for (int64_t r = r0; r < r1; r++)
+                g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+        }
+    }
+}
+
+/* Quantizes nb rows of x (cols floats each, x_stride apart) into dst in the
+ * vec_dot type of w; returns dst. */
+static const void *quantize_act(tg_session *s, void *dst, const tg_weight *w, const float *x, int64_t x_stride,
+                                int nb)
+{
+    cpu_state *c = s->tier;
+    uint32_t vt = tg_traits(w->type)->vec_dot_type;
+    const size_t rs = tg_row_size(vt, w->cols);
+    assert(rs <= c->qa_stride);
+    for (int b = 0; b < nb; b++)
+        k_quantize_row(vt, x + b * x_stride, (char *)dst + (size_t)b * rs, w->cols);
+    tg_ops_count(&s->ops, TG_OP_QUANTIZE, vt, TG_TIER_CPU);
+    return dst;
+}
+
+static void add_job(mm_dispatch *d, const tg_weight *w, const void *act, size_t act_stride, float *out,
+                    int64_t out_stride)
+{
+    mm_job *j = &d->jobs[d->n_jobs++];
+    j->w = w;
+    j->act = act;
+    j->act_stride = act_stride;
+    j->out = out;
+    j->out_stride = out_stride;
+}
+
+static void run_dispatch(tg_session *s, mm_dispatch *d)
+{
+    cpu_state *c = s->tier;
+    int n_chunked = d->swiglu ? 1 : d->n_jobs;
+    int total = 0;
+    for (int j = 0; j < n_chunked; j++) {
+        d->chunk_rows[j] = rows_per_chunk(d->jobs[j].w->rows, c->nth);
+        d->first_chunk[j] = total;
+        total += (int)((d->jobs[j].w->rows + d->chunk_rows[j] - 1) / d->chunk_rows[j]);
+    }
+    d->first_chunk[n_chunked] = total;
+    if (d->swiglu)
+        assert(d->n_jobs == 2 && d->jobs[0].w->rows == d->jobs[1].w->rows);
+    tg_pool_run(c->pool, total, mm_chunk, d);
+    for (int j = 0; j < d->n_jobs; j++)
+        tg_ops_count(&s->ops, TG_OP_MATMUL, d->jobs[j].w->type, TG_TIER_CPU);
+    if (d->swiglu)
+        tg_ops_count(&s->ops, TG_OP_SWIGLU, 0, TG_TIER_CPU);
+}
+
+/* Matmuls of up to three weights over the same input x (nb rows, x_stride
+ * floats apart): activations quantized once per distinct vec_dot type. */
+static void matmul_same_input(tg_session *s, const tg_weight *const *w, float *const *out, const int64_t *out_stride,
+                              int n, const float *x, int64_t x_stride, int nb, int swiglu)
+{
+    cpu_state *c = s->tier;
+    mm_dispatch d = {.nb = nb, .swiglu = swiglu};
+    uint32_t vt0 = tg_traits(w[0]->type)->vec_dot_type;
+    const void *a0 = quantize_act(s, c->qa, w[0], x, x_stride, nb), *a1 = NULL;
+    uint32_t vt1 = vt0;
+    for (int i = 0; i < n; i++) {
+        uint32_t vt = tg_traits(w[i]->type)->vec_dot_type;
+        const void *a;
+        if (vt == vt0) {
+            a = a0;
+        } else {
+            if (!a1 || vt != vt1) {
+                /* a third distinct type would overwrite qb: not reachable
+                 * with two buffers unless q, k, v have three vec_dot types */
+                assert(!a1 && "three distinct activation types in one dispatch");
+                a1 = quantize_act(s, c->qb, w[i], x, x_stride, nb);
+                vt1 = vt;
+            }
+            a = a1;
+        }
+        add_job(&d, w[i], a, tg_row_size(vt, w[i]->cols), out[i], out_stride[i]);
+    }
+    run_dispatch(s, &d);
+}
+
+/* --- the other ops ------------------------------------------------------- */
+
+/* out = x / sqrt(mean(x^2) + eps) * w over n values: the sum in f64, the
+ * scale in f32, as ggml. */
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+{
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * scale * w[i];
+}
+
+/* cos/sin of each rope pair for position pos, as ggml-cpu computes them. */
+static void rope_cache(float *cs, int pos, int head_dim, float base)
+{
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);
+    float theta = (float)pos;
+    for (int i = 0; i < head_dim; i += 2) {
+        cs[i] = cosf(theta);
+        cs[i + 1] = sinf(theta);
+        theta *= theta_scale;
+    }
+}
+
+/* Rotates n_heads heads of v with the pair cos/sin cs. */
+static void rope(float *v, int n_heads, int d, int neox, const float *cs)
+{
+    for (int h = 0; h < n_heads; h++) {
+        float *p = v + (size_t)h * d;
+        for (int i = 0; i < d; i += 2) {
+            const float c = cs[i], sn = cs[i + 1];
+            const int i0 = neox ? i / 2 : i, i1 = neox ? i / 2 + d / 2 : i + 1;
+            const float x0 = p[i0], x1 = p[i1];
+            p[i0] = x0 * c - x1 * sn;
+            p[i1] = x0 * sn + x1 * c;
+        }
+    }
+}
+
+/* --- attention ----------------------------------------------------------- */
+
+typedef struct attn_job {
+    tg_session *s;
+    int layer;
+    int nb;
+    int pos0;          /* position of token 0 of the batch */
+} attn_job;
+
+/* Attention of task t = (token b, head h) of the batch. */
+static void attn_chunk(void *ctx, int t, int ith)
+{
+    attn_job *a = ctx;
+    tg_session *s = a->s;
+    cpu_state *c = s->tier;
+    const tg_hparams *hp = &s->m->hp;
+    const int d = hp->head_dim, KV = hp->n_head_kv * d, Qd = hp->n_head * d;
+    const int group = hp->n_head / hp->n_head_kv;
+    const float scale = 1.0f / sqrtf((float)d);
+    const size_t lay = (size_t)a->layer * s->o.n_ctx * KV;
+    float *sc = c->scores + (size_t)ith * s->o.n_ctx;
+    void *qc = (char *)c->qconv + (size_t)ith * d * c->kv_es;
+    const int b = t / hp->n_head, h = t % hp->n_head, g = h / group;
+    const int pos = a->pos0 + b;
+    const float *qh = c->q + (size_t)b * Qd + (size_t)h * d;
+
+    // q in the K type, then scores q.k / sqrt(d)
+    k_quantize_row(c->kv_type, qh, qc, d);
+    float mx = -INFINITY;
+    for (int j = 0; j <= pos; j++) {
+        const char *kj = (const char *)c->kc + (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
+        float dot;
+        k_vec_dot(c->kv_type, d, &dot, kj, qc);
+        sc[j] = dot * scale;
+        if (sc[j] > mx)
+            mx = sc[j];
+    }
+    // softmax with max subtraction, sum in f64
+    double sum = 0.0;
+    for (int j = 0; j <= pos; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += (double)sc[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    // out = sum_j a_j v_j, accumulated in f32
+    float *out = c->att + (size_t)b * Qd + (size_t)h * d;
+    memset(out, 0, (size_t)d * sizeof(float));
+    for (int j = 0; j <= pos; j++) {
+        const char *vj = (const char *)c->vc + (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
+        k_axpy_row(c->kv_type, d, out, vj, sc[j] * inv);
+    }
+}
+
+/* --- the forward pass ---------------------------------------------------- */
+
+static void perturb(tg_session *s, int layer, int stage, float *x, int64_t stride, int64_t n, int nb)
+{
+    if (!tg_perturbed(s, layer, stage))
+        return;
+    for (int b = 0; b < nb; b++)
+        tg_round_bf16(x + b * stride, n);
+    tg_ops_count(&s->ops, TG_OP_PERTURB, 0, TG_TIER_CPU);
+}
+
+static int dump(tg_session *s, int want, int layer, int stage, const float *x, int64_t n, tg_err *e)
+{
+    return want ? tg_dump(s, layer, stage, x, n, e) : 0;
+}
+
+static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, int want, tg_err *e)
+{
+    cpu_state *c = s->tier;
+    const tg_model *m = s->m;
+    const tg_hparams *hp = &m->hp;
+    const int E = hp->n_embd, d = hp->head_dim, KV = hp->n_head_kv * d, Qd = hp->n_head * d, F = hp->n_ff;
+    const int last = nb - 1;
+    const int pos0 = s->pos;
+
+    // token embeddings
+    const tg_type_traits *etr = tg_traits(m->token_embd.type);
+    for (int b = 0; b < nb; b++)
+        etr->to_float((const char *)m->token_embd.data + (size_t)tokens[b] * m->token_embd.row_size,
+                      c->x + (size_t)b * E, E);
+    tg_ops_count(&s->ops, TG_OP_EMBED, m->token_embd.type, TG_TIER_CPU);
+
+    // rope cos/sin per token
+    for (int b = 0; b < nb; b++)
+        rope_cache(c->rope_cs + (size_t)b * d, pos0 + b, d, hp->rope_base);
+
+    for (int il = 0; il < hp->n_layer; il++) {
+        const tg_layer *L = &m->layers[il];
+
+        // attention rmsnorm
+        for (int b = 0; b < nb; b++)
+            rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->attn_norm.data, E, hp->eps);
+        tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
+        perturb(s, il, TG_STAGE_ATTN_NORM, c->h, E, E, nb);
+        if (dump(s, want, il, TG_STAGE_ATTN_NORM, c->h + (size_t)last * E, E, e))
+            return -1;
+
+        // q, k, v projections
+        {
+            const tg_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+            float *out[3] = {c->q, c->k, c->v};
+            const int64_t os[3] = {Qd, KV, KV};
+            matmul_same_input(s, w, out, os, 3, c->h, E, nb, 0);
+        }
+
+        // per-head q/k rmsnorm (qwen3), then rope
+        for (int b = 0; b < nb; b++) {
+            float *qb = c->q + (size_t)b * Qd, *kb = c->k + (size_t)b * KV;
+            if (hp->qk_norm) {
+                for (int h = 0; h < hp->n_head; h++)
+                    rmsnorm(qb + (size_t)h * d, qb + (size_t)h * d, L->q_norm.data, d, hp->eps);
+                for (int h = 0; h < hp->n_head_kv; h++)
+                    rmsnorm(kb + (size_t)h * d, kb + (size_t)h * d, L->k_norm.data, d, hp->eps);
+            }
+            rope(qb, hp->n_head, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
+            rope(kb, hp->n_head_kv, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
+        }
+        if (hp->qk_norm) {
+            tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
+            tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
+        }
+        tg_ops_count(&s->ops, TG_OP_ROPE, 0, TG_TIER_CPU);
+        tg_ops_count(&s->ops, TG_OP_ROPE, 0, TG_TIER_CPU);
+        perturb(s, il, TG_STAGE_Q, c->q, Qd, Qd, nb);
+        perturb(s, il, TG_STAGE_K, c->k, KV, KV, nb);
+        perturb(s, il, TG_STAGE_V, c->v, KV, KV, nb);
+        if (dump(s, want, il, TG_STAGE_Q, c->q + (size_t)last * Qd, Qd, e) ||
+            dump(s, want, il, TG_STAGE_K, c->k + (size_t)last * KV, KV, e) ||
+            dump(s, want, il, TG_STAGE_V, c->v + (size_t)last * KV, KV, e))
+            return -1;
+
+        // append k, v to the cache (in the cache type)
+        {
+            const size_t lay = (size_t)il * s->o.n_ctx * KV;
+            for (int b = 0; b < nb; b++) {
+                size_t off = (lay + (size_t)(pos0 + b) * KV) * c->kv_es;
+                k_quantize_row(c->kv_type, c->k + (size_t)b * KV, (char *)c->kc + off, KV);
+                k_quantize_row(c->kv_type, c->v + (size_t)b * KV, (char *)c->vc + off, KV);
+            }
+            tg_ops_count(&s->ops, TG_OP_KV_STORE, 0, TG_TIER_CPU);
+        }
+
+        // attention over positions 0..pos of each token
+        {
+            attn_job a = {.s = s, .layer = il, .nb = nb, .pos0 = pos0};
+            tg_pool_run(c->pool, nb * hp->n_head, attn_chunk, &a);
+            tg_ops_count(&s->ops, TG_OP_ATTN, 0, TG_TIER_CPU);
+        }
+
+        // output projection
+        {
+            const tg_weight *w[1] = {&L->wo};
+            float *out[1] = {c->o};
+            const int64_t os[1] = {E};
+            matmul_same_input(s, w, out, os, 1, c->att, Qd, nb, 0);
+        }
+        perturb(s, il, TG_STAGE_ATTN_OUT, c->o, E, E, nb);
+        if (dump(s, want, il, TG_STAGE_ATTN_OUT, c->o + (size_t)last * E, E, e))
+            return -1;
+
+        // residual
+        for (size_t i = 0; i < (size_t)nb * E; i++)
+            c->x[i] += c->o[i];
+        tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_CPU);
+
+        // ffn rmsnorm
+        for (int b = 0; b < nb; b++)
+            rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->ffn_norm.data, E, hp->eps);
+        tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
+        perturb(s, il, TG_STAGE_FFN_NORM, c->h, E, E, nb);
+        if (dump(s, want, il, TG_STAGE_FFN_NORM, c->h + (size_t)last * E, E, e))
+            return -1;
+
+        // gate and up projections, swiglu on each thread's rows
+        {
+            const tg_weight *w[2] = {&L->gate, &L->up};
+            float *out[2] = {c->g, c->u};
+            const int64_t os[2] = {F, F};
+            matmul_same_input(s, w, out, os, 2, c->h, E, nb, 1);
+        }
+
+        // down projection
+        {
+            const tg_weight *w[1] = {&L->down};
+            float *out[1] = {c->o};
+            const int64_t os[1] = {E};
+            matmul_same_input(s, w, out, os, 1, c->g, F, nb, 0);
+        }
+        perturb(s, il, TG_STAGE_FFN_OUT, c->o, E, E, nb);
+        if (dump(s, want, il, TG_STAGE_FFN_OUT, c->o + (size_t)last * E, E, e))
+            return -1;
+
+        // residual
+        for (size_t i = 0; i < (size_t)nb * E; i++)
+            c->x[i] += c->o[i];
+        tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_CPU);
+        perturb(s, il, TG_STAGE_RESIDUAL, c->x, E, E, nb);
+        if (dump(s, want, il, TG_STAGE_RESIDUAL, c->x + (size_t)last * E, E, e))
+            return -1;
+    }
+
+    // output rmsnorm and projection, last token only
+    rmsnorm(c->h, c->x + (size_t)last * E, m->output_norm.data, E, hp->eps);
+    tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
+    {
+        const tg_weight *w[1] = {&m->output};
+        float *out[1] = {s->logits};
+        const int64_t os[1] = {hp->n_vocab};
+        matmul_same_input(s, w, out, os, 1, c->h, E, 1, 0);
+    }
+    if (dump(s, want, -1, TG_STAGE_LOGITS, s->logits, hp->n_vocab, e))
+        return -1;
+    return 0;
+}
+
+/* --- state --------------------------------------------------------------- */
+
+static void cpu_fini(tg_session *s)
+{
+    cpu_state *c = s->tier;
+    if (!c)
+        return;
+    tg_pool_free(c->pool);
+    free(c->x); free(c->h); free(c->q); free(c->k); free(c->v); free(c->att); free(c->o);
+    free(c->g); free(c->u); free(c->qa); free(c->qb); free(c->kc); free(c->vc); free(c->scores);
+    free(c->qconv); free(c->rope_cs);
+    free(c);
+    s->tier = NULL;
+}
+
+static int cpu_init(tg_session *s, tg_err *e)
+{
+    const tg_model *m = s->m;
+    const tg_hparams *hp = &m->hp;
+    // every matrix must have a fast kernel for its type
+    const tg_weight *check[2] = {&m->output, &m->token_embd};
+    for (int i = 0; i < 2; i++)
+        if (!k_has_matmul(check[i]->type))
+            return tg_errf(e, "cpu tier: no kernel for tensor '%s' of type %s", check[i]->name,
+                           tg_type_name(check[i]->type));
+    for (int il = 0; il < hp->n_layer; il++) {
+        const tg_layer *L = &m->layers[il];
+        const tg_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 7; i++)
+            if (!k_has_matmul(ws[i]->type))
+                return tg_errf(e, "cpu tier: no kernel for tensor '%s' of type %s", ws[i]->name,
+                               tg_type_name(ws[i]->type));
+    }
+
+    cpu_state *c = calloc(1, sizeof *c);
+    if (!c)
+        return tg_errf(e, "out of memory");
+    s->tier = c;
+    const size_t nb = (size_t)s->o.n_batch, E = (size_t)hp->n_embd, d = (size_t)hp->head_dim,
+                 Q = (size_t)hp->n_head * d, KV = (size_t)hp->n_head_kv * d, F = (size_t)hp->n_ff;
+    size_t maxc = E > F ? E : F;
+    maxc = maxc > Q ? maxc : Q;
+    c->nb = (int)nb;
+    c->kv_type = s->o.kv_f32 ? TG_TYPE_F32 : TG_TYPE_F16;
+    c->kv_es = s->o.kv_f32 ? sizeof(float) : sizeof(tg_half);
+    c->nth = s->o.threads;
+    c->pool = tg_pool_new(c->nth);
+    c->qa_stride = maxc * sizeof(float);   /* f32 rows are the largest vec_dot rows */
+    size_t cache = (size_t)hp->n_layer * (size_t)s->o.n_ctx * KV * c->kv_es;
+    c->x = calloc(nb * E, sizeof(float));
+    c->h = calloc(nb * E, sizeof(float));
+    c->q = calloc(nb * Q, sizeof(float));
+    c->k = calloc(nb * KV, sizeof(float));
+    c->v = calloc(nb * KV, sizeof(float));
+    c->att = calloc(nb * Q, sizeof(float));
+    c->o = calloc(nb * E, sizeof(float));
+    c->g = calloc(nb * F, sizeof(float));
+    c->u = calloc(nb * F, sizeof(float));
+    c->qa = calloc(nb, c->qa_stride);
+    c->qb = calloc(nb, c->qa_stride);
+    c->kc = calloc(cache, 1);
+    c->vc = calloc(cache, 1);
+    c->scores = calloc((size_t)c->nth * (size_t)s->o.n_ctx, sizeof(float));
+    c->qconv = calloc((size_t)c->nth * d, sizeof(float));
+    c->rope_cs = calloc(nb * d, sizeof(float));
+    if (!c->pool || !c->x || !c->h || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u ||
+        !c->qa || !c->qb || !c->kc || !c->vc || !c->scores || !c->qconv || !c->rope_cs) {
+        cpu_fini(s);
+        return tg_errf(e, "cpu tier: out of memory (or threads) for n_ctx %d, n_batch %d, %d threads",
+                       s->o.n_ctx, s->o.n_batch, s->o.threads);
+    }
+    tg_tier_device(TG_TIER_CPU, c->nth, s->device, sizeof s->device);
+    return 0;
+}
+
+const tg_tier_impl tg_tier_cpu_impl = {cpu_init, cpu_fini, cpu_eval};

@@ -1,0 +1,514 @@
+/*
+ * gpu.cu: the GPU arm's model and forward pass (gpu.h). Weights are copied
+ * once into one device arena; a step runs FORMATS.md's Qwen3 forward pass
+ * with the kernels of kernels.cu, then selects the top-k and digests the
+ * logits on the device, and brings only those back. Single-token steps are
+ * captured once into a CUDA graph and replayed: the token and position live
+ * in a small pinned parameter block that the graph's first node copies to
+ * the device, so the same graph serves every step.
+ */
+#include "gpu.h"
+#include "kernels.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A weight on the device: rows of cols values of type. */
+struct dweight {
+    const void *d;     /* into the arena */
+    uint32_t type;
+    int cols, rows;
+};
+
+struct dlayer {
+    dweight attn_norm, wq, wk, wv, q_norm, k_norm, wo, ffn_norm, gate, up, down;
+};
+
+/* Pinned host block the graph copies to the device before each step. */
+struct step_params {
+    int32_t pos0;
+    int32_t tokens[1];   /* n_batch entries follow */
+};
+
+struct tg_gpu {
+    tg_hparams hp;
+    tg_gpu_opts o;
+    int pos;
+    char device[160];
+    tg_ops ops;
+    tg_dump_fn dump_fn;
+    void *dump_ud;
+
+    cudaStream_t stream;
+    void *arena;                 /* every weight, one allocation */
+    size_t weight_bytes;         /* its size */
+    dweight token_embd, output_norm, output;
+    dlayer *layers;              /* n_layer, host array of device views */
+
+    void *kc, *vc;               /* (n_layer, n_ctx, n_head_kv*head_dim) f16 or f32 */
+    size_t kv_layer_elems;       /* n_ctx * n_head_kv * head_dim */
+    float *x;                    /* (n_batch, n_embd) residual stream */
+    float *h;                    /* (n_batch, n_embd) normed */
+    float *q, *att;              /* (n_batch, n_head*head_dim) */
+    float *k, *v;                /* (n_batch, n_head_kv*head_dim) */
+    float *tmp;                  /* (n_batch, n_embd) projection outputs */
+    float *fg, *fu;              /* (n_batch, n_ff) gate, up */
+    float *logits;               /* (n_vocab) */
+    int32_t *dparams;            /* device copy of step_params */
+    step_params *hparams;        /* pinned host */
+    void *topk_scratch;
+    void *xxh_scratch;
+    void *att_scratch;           /* split attention partials of a single-token step */
+    tg_top *dtop;                /* (TG_GPU_MAX_TOPK) device */
+    uint64_t *ddigest;           /* device */
+    /* pinned host results: the top-k and the digest */
+    tg_top *htop;
+    uint64_t *hdigest;
+
+    /* the single-token step graph, for graph_k top entries */
+    cudaGraph_t graph;
+    cudaGraphExec_t graph_exec;
+    int graph_k;
+    int graph_ready;
+    tg_ops graph_ops;            /* ops one replay runs */
+    float *dump_buf;             /* host, max(n_vocab, widest activation) */
+};
+
+extern "C" tg_gpu_opts tg_gpu_opts_default(void)
+{
+    tg_gpu_opts o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+extern "C" int tg_gpu_probe(int device, char *desc, size_t n, tg_err *e)
+{
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess)
+        return tg_errf(e, "no GPU: the runtime reports %s", cudaGetErrorString(rc));
+    if (count <= device)
+        return tg_errf(e, "no GPU: %d device(s), asked for device %d", count, device);
+    cudaDeviceProp p;
+    GPU_CHECK(e, cudaGetDeviceProperties(&p, device));
+#ifdef TG_GPU_HIP
+    snprintf(desc, n, "%.80s, %.40s, %.0f GiB", p.name, p.gcnArchName, p.totalGlobalMem / 1073741824.0);
+#else
+    snprintf(desc, n, "%.80s, sm_%d%d, %.0f GiB", p.name, p.major, p.minor, p.totalGlobalMem / 1073741824.0);
+#endif
+    return 0;
+}
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Bytes a weight takes in the arena (norm vectors become f32). */
+static size_t weight_bytes(const tg_weight *w, int as_f32)
+{
+    if (as_f32) return align256((size_t)w->cols * w->rows * sizeof(float));
+    return align256(w->row_size * (size_t)w->rows);
+}
+
+/* Copies w into the arena at *off (converting to f32 when as_f32); fills dw.
+ * A matmul weight whose type the kernels do not serve is refused here. */
+static int upload(tg_gpu *g, const tg_weight *w, int as_f32, int is_matmul, size_t *off, dweight *dw,
+                  tg_err *e)
+{
+    dw->cols = (int)w->cols;
+    dw->rows = (int)w->rows;
+    uint8_t *dst = (uint8_t *)g->arena + *off;
+    dw->d = dst;
+    if (as_f32) {
+        const tg_type_traits *t = tg_traits(w->type);
+        if (!t || !t->to_float)
+            return tg_errf(e, "%s: type %s cannot be converted to f32 for the GPU", w->name, tg_type_name(w->type));
+        const size_t n = (size_t)w->cols * w->rows;
+        float *tmp = (float *)malloc(n * sizeof(float));
+        if (!tmp) return tg_errf(e, "%s: out of host memory converting to f32", w->name);
+        t->to_float(w->data, tmp, (int64_t)n);
+        cudaError_t rc = cudaMemcpy(dst, tmp, n * sizeof(float), cudaMemcpyHostToDevice);
+        free(tmp);
+        if (rc != cudaSuccess)
+            return tg_errf(e, "%s: cudaMemcpy to the device failed: %s (in %s, %s:%d)", w->name,
+                           cudaGetErrorString(rc), __func__, __FILE__, __LINE__);
+        dw->type = TG_TYPE_F32;
+    } else {
+        if (is_matmul && !gk_type_supported(w->type))
+            return tg_errf(e, "%s: weight type %s is not served by the GPU kernels (expected f32, f16, bf16, "
+                           "q8_0, q4_K, q5_K or q6_K)", w->name, tg_type_name(w->type));
+        GPU_CHECK(e, cudaMemcpy(dst, w->data, w->row_size * (size_t)w->rows, cudaMemcpyHostToDevice));
+        dw->type = w->type;
+    }
+    *off += weight_bytes(w, as_f32);
+    return 0;
+}
+
+template <typename T>
+static int dalloc(T **p, size_t bytes, tg_err *e)
+{
+    GPU_CHECK(e, cudaMalloc((void **)p, bytes));
+    return 0;
+}
+
+static int widest(const tg_hparams *hp)
+{
+    int w = hp->n_embd;
+    if (hp->n_head * hp->head_dim > w) w = hp->n_head * hp->head_dim;
+    if (hp->n_ff > w) w = hp->n_ff;
+    if (hp->n_vocab > w) w = hp->n_vocab;
+    return w;
+}
+
+extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o, tg_err *e)
+{
+    *out = NULL;
+    char desc[128];
+    const int dev = o ? o->device : 0;
+    if (tg_gpu_probe(dev, desc, sizeof desc, e)) return -1;
+    tg_gpu *g = (tg_gpu *)calloc(1, sizeof *g);
+    if (!g) return tg_errf(e, "out of host memory");
+    g->hp = m->hp;
+    g->o = o ? *o : tg_gpu_opts_default();
+    const tg_hparams *hp = &g->hp;
+    if (g->o.n_ctx <= 0) g->o.n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (g->o.n_batch <= 0) g->o.n_batch = 256;
+    snprintf(g->device, sizeof g->device, "%s, %s KV, %s", desc, g->o.kv_f32 ? "f32" : "f16",
+             g->o.no_graph ? "no graphs" : "graphs");
+    const int nb = g->o.n_batch, n_ctx = g->o.n_ctx;
+    const int qdim = hp->n_head * hp->head_dim, kvdim = hp->n_head_kv * hp->head_dim;
+    size_t total = 0;
+    int rc = -1;
+    if (hp->head_dim > 512 || hp->head_dim % 2 || hp->n_embd % 8 || qdim % 8 || hp->n_ff % 8) {
+        tg_errf(e, "model shapes n_embd=%d head_dim=%d n_ff=%d: the GPU kernels need multiples of 8 and "
+                "head_dim <= 512", hp->n_embd, hp->head_dim, hp->n_ff);
+        goto fail;
+    }
+    if (cudaSetDevice(dev) != cudaSuccess) { tg_errf(e, "cudaSetDevice(%d) failed", dev); goto fail; }
+    if (cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        tg_errf(e, "cudaStreamCreateWithFlags failed (in %s, %s:%d)", __func__, __FILE__, __LINE__);
+        goto fail;
+    }
+
+    /* weights: one arena */
+    total += weight_bytes(&m->token_embd, 0) + weight_bytes(&m->output_norm, 1);
+    if (m->output.data != m->token_embd.data) total += weight_bytes(&m->output, 0);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const tg_layer *L = &m->layers[l];
+        total += weight_bytes(&L->attn_norm, 1) + weight_bytes(&L->ffn_norm, 1);
+        total += weight_bytes(&L->wq, 0) + weight_bytes(&L->wk, 0) + weight_bytes(&L->wv, 0) +
+                 weight_bytes(&L->wo, 0) + weight_bytes(&L->gate, 0) + weight_bytes(&L->up, 0) +
+                 weight_bytes(&L->down, 0);
+        if (hp->qk_norm) total += weight_bytes(&L->q_norm, 1) + weight_bytes(&L->k_norm, 1);
+    }
+    g->weight_bytes = total;
+    if (dalloc(&g->arena, total, e)) { tg_err_prefix(e, "weights (%zu bytes)", total); goto fail; }
+    g->layers = (dlayer *)calloc(hp->n_layer, sizeof *g->layers);
+    if (!g->layers) { tg_errf(e, "out of host memory"); goto fail; }
+    {
+        size_t off = 0;
+        if (upload(g, &m->token_embd, 0, 1, &off, &g->token_embd, e)) goto fail;
+        if (upload(g, &m->output_norm, 1, 0, &off, &g->output_norm, e)) goto fail;
+        if (m->output.data == m->token_embd.data) g->output = g->token_embd;
+        else if (upload(g, &m->output, 0, 1, &off, &g->output, e)) goto fail;
+        for (int l = 0; l < hp->n_layer; l++) {
+            const tg_layer *L = &m->layers[l];
+            dlayer *D = &g->layers[l];
+            if (upload(g, &L->attn_norm, 1, 0, &off, &D->attn_norm, e) ||
+                upload(g, &L->wq, 0, 1, &off, &D->wq, e) || upload(g, &L->wk, 0, 1, &off, &D->wk, e) ||
+                upload(g, &L->wv, 0, 1, &off, &D->wv, e) || upload(g, &L->wo, 0, 1, &off, &D->wo, e) ||
+                upload(g, &L->ffn_norm, 1, 0, &off, &D->ffn_norm, e) ||
+                upload(g, &L->gate, 0, 1, &off, &D->gate, e) || upload(g, &L->up, 0, 1, &off, &D->up, e) ||
+                upload(g, &L->down, 0, 1, &off, &D->down, e))
+                goto fail;
+            if (hp->qk_norm && (upload(g, &L->q_norm, 1, 0, &off, &D->q_norm, e) ||
+                                upload(g, &L->k_norm, 1, 0, &off, &D->k_norm, e)))
+                goto fail;
+        }
+    }
+
+    /* cache and activations */
+    {
+        g->kv_layer_elems = (size_t)n_ctx * kvdim;
+        const size_t kv_bytes = g->kv_layer_elems * hp->n_layer * (g->o.kv_f32 ? 4 : 2);
+        const size_t topk_bytes = gk_topk_scratch(hp->n_vocab, TG_GPU_MAX_TOPK);
+        const size_t xxh_bytes = gk_xxh3_scratch((size_t)hp->n_vocab * 4);
+        if (dalloc(&g->kc, kv_bytes, e) || dalloc(&g->vc, kv_bytes, e) ||
+            dalloc(&g->x, (size_t)nb * hp->n_embd * 4, e) || dalloc(&g->h, (size_t)nb * hp->n_embd * 4, e) ||
+            dalloc(&g->tmp, (size_t)nb * hp->n_embd * 4, e) || dalloc(&g->q, (size_t)nb * qdim * 4, e) ||
+            dalloc(&g->att, (size_t)nb * qdim * 4, e) || dalloc(&g->k, (size_t)nb * kvdim * 4, e) ||
+            dalloc(&g->v, (size_t)nb * kvdim * 4, e) || dalloc(&g->fg, (size_t)nb * hp->n_ff * 4, e) ||
+            dalloc(&g->fu, (size_t)nb * hp->n_ff * 4, e) || dalloc(&g->logits, (size_t)hp->n_vocab * 4, e) ||
+            dalloc(&g->dparams, sizeof(int32_t) * (nb + 1), e) ||
+            dalloc(&g->topk_scratch, topk_bytes, e) ||
+            dalloc(&g->att_scratch, gk_attention_scratch(hp->n_head, hp->head_dim), e) || dalloc(&g->xxh_scratch, xxh_bytes, e) ||
+            dalloc(&g->dtop, sizeof(tg_top) * TG_GPU_MAX_TOPK, e) || dalloc(&g->ddigest, sizeof(uint64_t), e))
+            goto fail;
+        if (cudaMallocHost((void **)&g->hparams, sizeof(int32_t) * (nb + 1)) != cudaSuccess ||
+            cudaMallocHost((void **)&g->htop, sizeof(tg_top) * TG_GPU_MAX_TOPK) != cudaSuccess ||
+            cudaMallocHost((void **)&g->hdigest, sizeof(uint64_t)) != cudaSuccess) {
+            tg_errf(e, "cudaMallocHost of the step buffers failed (in %s, %s:%d)", __func__, __FILE__, __LINE__);
+            goto fail;
+        }
+        g->dump_buf = (float *)malloc((size_t)widest(hp) * sizeof(float));
+        if (!g->dump_buf) { tg_errf(e, "out of host memory"); goto fail; }
+    }
+    *out = g;
+    return 0;
+fail:
+    rc = -1;
+    tg_gpu_free(g);
+    return rc;
+}
+
+extern "C" void tg_gpu_free(tg_gpu *g)
+{
+    if (!g) return;
+    if (g->graph_exec) cudaGraphExecDestroy(g->graph_exec);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
+                   g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (g->hparams) cudaFreeHost(g->hparams);
+    if (g->htop) cudaFreeHost(g->htop);
+    if (g->hdigest) cudaFreeHost(g->hdigest);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    free(g->layers);
+    free(g->dump_buf);
+    free(g);
+}
+
+extern "C" void tg_gpu_reset(tg_gpu *g) { g->pos = 0; }
+extern "C" int tg_gpu_pos(const tg_gpu *g) { return g->pos; }
+extern "C" int tg_gpu_n_ctx(const tg_gpu *g) { return g->o.n_ctx; }
+extern "C" int tg_gpu_n_vocab(const tg_gpu *g) { return g->hp.n_vocab; }
+extern "C" tg_ops *tg_gpu_ops(tg_gpu *g) { return &g->ops; }
+extern "C" const char *tg_gpu_device(const tg_gpu *g) { return g->device; }
+extern "C" void tg_gpu_set_dump(tg_gpu *g, tg_dump_fn fn, void *ud)
+{
+    g->dump_fn = fn;
+    g->dump_ud = ud;
+}
+
+/* Copies the last of n rows (width values each) of a device buffer to the
+ * host and hands it to the dump hook. Synchronizes the stream. */
+static int dump_stage(tg_gpu *g, int layer, int stage, const float *d, int n, int width, tg_err *e)
+{
+    if (!g->dump_fn) return 0;
+    GPU_CHECK(e, cudaMemcpyAsync(g->dump_buf, d + (size_t)(n - 1) * width, (size_t)width * 4,
+                                 cudaMemcpyDeviceToHost, g->stream));
+    GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    return g->dump_fn(g->dump_ud, layer, stage, g->dump_buf, width, e);
+}
+
+#define COUNT(ops, op, type) tg_ops_count((ops), (op), (type), TG_TIER_GPU)
+
+/* Enqueues the forward pass of n tokens (ids and position already in
+ * g->dparams) and, when k > 0, the top-k and digest with their copies to the
+ * pinned host buffers. Counts every op into ops. With dumps on, synchronizes
+ * after each stage. Returns 0 or -1 with e. */
+static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
+{
+    const tg_hparams *hp = &g->hp;
+    cudaStream_t s = g->stream;
+    const int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KVD = hp->n_head_kv * HD;
+    const int32_t *pos0 = g->dparams, *ids = g->dparams + 1;
+    const int f16 = !g->o.kv_f32;
+    const size_t kv_el = f16 ? 2 : 4;
+
+    /* token embedding */
+    if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, n, g->x, e)) return -1;
+    COUNT(ops, TG_OP_EMBED, g->token_embd.type);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const dlayer *L = &g->layers[l];
+        void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
+        void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
+        /* attention rmsnorm */
+        if (gk_rmsnorm(s, g->x, (const float *)L->attn_norm.d, g->h, n, E, hp->eps, e)) return -1;
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        if (dump_stage(g, l, TG_STAGE_ATTN_NORM, g->h, n, E, e)) return -1;
+        /* q, k, v projections */
+        if (gk_matmul(s, L->wq.type, L->wq.d, QD, E, g->h, n, g->q, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->wq.type);
+        if (gk_matmul(s, L->wk.type, L->wk.d, KVD, E, g->h, n, g->k, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->wk.type);
+        if (gk_matmul(s, L->wv.type, L->wv.d, KVD, E, g->h, n, g->v, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->wv.type);
+        /* per-head q/k rmsnorm */
+        if (hp->qk_norm) {
+            if (gk_rmsnorm(s, g->q, (const float *)L->q_norm.d, g->q, n * hp->n_head, HD, hp->eps, e)) return -1;
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+            if (gk_rmsnorm(s, g->k, (const float *)L->k_norm.d, g->k, n * hp->n_head_kv, HD, hp->eps, e))
+                return -1;
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        }
+        /* rope */
+        if (gk_rope(s, g->q, n, hp->n_head, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        if (gk_rope(s, g->k, n, hp->n_head_kv, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        if (dump_stage(g, l, TG_STAGE_Q, g->q, n, QD, e) || dump_stage(g, l, TG_STAGE_K, g->k, n, KVD, e) ||
+            dump_stage(g, l, TG_STAGE_V, g->v, n, KVD, e))
+            return -1;
+        /* append k, v to the cache */
+        if (gk_kv_store(s, g->k, g->v, kc, vc, f16, n, KVD, pos0, e)) return -1;
+        COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
+        /* attention */
+        if (gk_attention(s, g->q, kc, vc, f16, g->att, n, hp->n_head, hp->n_head_kv, HD, g->o.n_ctx, pos0,
+                         g->att_scratch, e))
+            return -1;
+        COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
+        /* output projection and residual */
+        if (gk_matmul(s, L->wo.type, L->wo.d, E, QD, g->att, n, g->tmp, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->wo.type);
+        if (dump_stage(g, l, TG_STAGE_ATTN_OUT, g->tmp, n, E, e)) return -1;
+        if (gk_add(s, g->x, g->tmp, n * E, e)) return -1;
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+        /* ffn rmsnorm */
+        if (gk_rmsnorm(s, g->x, (const float *)L->ffn_norm.d, g->h, n, E, hp->eps, e)) return -1;
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        if (dump_stage(g, l, TG_STAGE_FFN_NORM, g->h, n, E, e)) return -1;
+        /* swiglu */
+        if (gk_matmul(s, L->gate.type, L->gate.d, hp->n_ff, E, g->h, n, g->fg, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->gate.type);
+        if (gk_matmul(s, L->up.type, L->up.d, hp->n_ff, E, g->h, n, g->fu, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->up.type);
+        if (gk_swiglu(s, g->fg, g->fu, g->fg, n * hp->n_ff, e)) return -1;
+        COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
+        if (gk_matmul(s, L->down.type, L->down.d, E, hp->n_ff, g->fg, n, g->tmp, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->down.type);
+        if (dump_stage(g, l, TG_STAGE_FFN_OUT, g->tmp, n, E, e)) return -1;
+        /* residual */
+        if (gk_add(s, g->x, g->tmp, n * E, e)) return -1;
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+        if (dump_stage(g, l, TG_STAGE_RESIDUAL, g->x, n, E, e)) return -1;
+    }
+    /* output norm and projection, last token only */
+    const float *xl = g->x + (size_t)(n - 1) * E;
+    if (gk_rmsnorm(s, xl, (const float *)g->output_norm.d, g->h, 1, E, hp->eps, e)) return -1;
+    COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+    if (gk_matmul(s, g->output.type, g->output.d, hp->n_vocab, E, g->h, 1, g->logits, e)) return -1;
+    COUNT(ops, TG_OP_MATMUL, g->output.type);
+    if (dump_stage(g, -1, TG_STAGE_LOGITS, g->logits, 1, hp->n_vocab, e)) return -1;
+    /* top-k and digest on the device; only they cross to the host */
+    if (k > 0) {
+        if (gk_topk(s, g->logits, hp->n_vocab, k, g->topk_scratch, g->dtop, e)) return -1;
+        if (gk_xxh3(s, g->logits, (size_t)hp->n_vocab * 4, g->xxh_scratch, g->ddigest, e)) return -1;
+        GPU_CHECK(e, cudaMemcpyAsync(g->htop, g->dtop, sizeof(tg_top) * k, cudaMemcpyDeviceToHost, s));
+        GPU_CHECK(e, cudaMemcpyAsync(g->hdigest, g->ddigest, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
+    }
+    return 0;
+}
+
+/* Captures the single-token step (parameter copy, forward, top-k, digest,
+ * result copies) for k top entries. Returns 0 or -1 with e. */
+static int capture_graph(tg_gpu *g, int k, tg_err *e)
+{
+    if (g->graph_exec) { cudaGraphExecDestroy(g->graph_exec); g->graph_exec = NULL; }
+    if (g->graph) { cudaGraphDestroy(g->graph); g->graph = NULL; }
+    g->graph_ready = 0;
+    tg_ops_clear(&g->graph_ops);
+    GPU_CHECK(e, cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed));
+    cudaError_t rc0 = cudaMemcpyAsync(g->dparams, g->hparams, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                      g->stream);
+    const int frc = rc0 == cudaSuccess ? enqueue_step(g, 1, k, &g->graph_ops, e) : -1;
+    cudaGraph_t graph = NULL;
+    cudaError_t rc = cudaStreamEndCapture(g->stream, &graph);
+    if (rc0 != cudaSuccess)
+        return tg_errf(e, "cudaMemcpyAsync of the step parameters failed during capture: %s (in %s, %s:%d)",
+                       cudaGetErrorString(rc0), __func__, __FILE__, __LINE__);
+    if (frc) {
+        if (graph) cudaGraphDestroy(graph);
+        return tg_err_prefix(e, "capturing the decode graph");
+    }
+    GPU_CHECK(e, rc);
+    g->graph = graph;
+    GPU_CHECK(e, cudaGraphInstantiate(&g->graph_exec, g->graph, 0));
+    g->graph_k = k;
+    g->graph_ready = 1;
+    return 0;
+}
+
+static void digest_hex(uint64_t h, char hex[17])
+{
+    snprintf(hex, 17, "%016llx", (unsigned long long)h);
+}
+
+extern "C" int tg_gpu_eval(tg_gpu *g, const int32_t *tokens, int n, int top_k, tg_top *top,
+                           char digest[17], tg_err *e)
+{
+    const tg_hparams *hp = &g->hp;
+    if (n <= 0) return tg_errf(e, "gpu eval: %d tokens: expected at least 1", n);
+    if (g->pos + n > g->o.n_ctx)
+        return tg_errf(e, "gpu eval: %d tokens at position %d exceed the context of %d", n, g->pos, g->o.n_ctx);
+    const int kmax = hp->n_vocab < TG_GPU_MAX_TOPK ? hp->n_vocab : TG_GPU_MAX_TOPK;
+    if (top_k < 0 || top_k > kmax) return tg_errf(e, "gpu eval: top_k %d: expected 0..%d", top_k, kmax);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return tg_errf(e, "gpu eval: token %d at index %d: expected an id in 0..%d", tokens[i], i,
+                           hp->n_vocab - 1);
+    int pos = g->pos;
+    for (int b0 = 0; b0 < n; b0 += g->o.n_batch) {
+        const int nb = n - b0 < g->o.n_batch ? n - b0 : g->o.n_batch;
+        const int last = b0 + nb == n;
+        const int k = last ? top_k : 0;
+        g->hparams->pos0 = pos;
+        memcpy(g->hparams->tokens, tokens + b0, (size_t)nb * sizeof(int32_t));
+        const int use_graph = nb == 1 && !g->o.no_graph && !g->dump_fn;
+        if (use_graph) {
+            if (!g->graph_ready || g->graph_k != k)
+                if (capture_graph(g, k, e)) return -1;
+            GPU_CHECK(e, cudaGraphLaunch(g->graph_exec, g->stream));
+            tg_ops_merge(&g->ops, &g->graph_ops);
+        } else {
+            GPU_CHECK(e, cudaMemcpyAsync(g->dparams, g->hparams, sizeof(int32_t) * (nb + 1),
+                                         cudaMemcpyHostToDevice, g->stream));
+            if (enqueue_step(g, nb, k, &g->ops, e)) return -1;
+        }
+        /* the pinned parameter block is reused by the next batch: wait */
+        GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+        pos += nb;
+    }
+    g->pos = pos;
+    if (top_k > 0) {
+        memcpy(top, g->htop, sizeof(tg_top) * top_k);
+        if (digest) digest_hex(*g->hdigest, digest);
+    }
+    return 0;
+}
+
+extern "C" int tg_gpu_logits(tg_gpu *g, float *out, tg_err *e)
+{
+    GPU_CHECK(e, cudaMemcpyAsync(out, g->logits, (size_t)g->hp.n_vocab * 4, cudaMemcpyDeviceToHost, g->stream));
+    GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    return 0;
+}
+
+extern "C" size_t tg_gpu_weight_bytes(const tg_gpu *g) { return g->weight_bytes; }
+
+extern "C" int tg_gpu_bandwidth(int device, double *bytes_per_s, tg_err *e)
+{
+    const size_t n = (size_t)2 << 30;   /* 2 GiB each way: far beyond the L2 */
+    void *a = NULL, *b = NULL;
+    cudaEvent_t t0, t1;
+    GPU_CHECK(e, cudaSetDevice(device));
+    GPU_CHECK(e, cudaMalloc(&a, n));
+    if (cudaMalloc(&b, n) != cudaSuccess) { cudaFree(a); return tg_errf(e, "cudaMalloc of 2 GiB failed"); }
+    GPU_CHECK(e, cudaMemset(a, 1, n));
+    GPU_CHECK(e, cudaEventCreate(&t0));
+    GPU_CHECK(e, cudaEventCreate(&t1));
+    GPU_CHECK(e, cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));   /* warm-up */
+    const int reps = 10;
+    GPU_CHECK(e, cudaEventRecord(t0, 0));
+    for (int i = 0; i < reps; i++) GPU_CHECK(e, cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
+    GPU_CHECK(e, cudaEventRecord(t1, 0));
+    GPU_CHECK(e, cudaEventSynchronize(t1));
+    float ms = 0;
+    GPU_CHECK(e, cudaEventElapsedTime(&ms, t0, t1));
+    *bytes_per_s = 2.0 * n * reps / (ms * 1e-3);   /* bytes read plus bytes written */
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    cudaFree(a);
+    cudaFree(b);
+    return 0;
+}

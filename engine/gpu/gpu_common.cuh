@@ -1,0 +1,98 @@
+/*
+ * gpu_common.cuh: what every CUDA-spelled source of the GPU arm shares: the
+ * runtime headers (CUDA, or HIP through vendor_hip.h), the check macro that
+ * wraps every runtime call, and the named helpers for real hardware
+ * differences: a "logical warp" of 32 lanes (a 64-wide AMD wavefront runs two
+ * of them; shuffles are issued with width 32), and half/bf16 bit conversions.
+ *
+ * Error convention: a failed runtime call is an environment failure, not a
+ * programming error; GPU_CHECK(e, call) writes one sentence naming the call,
+ * the function, the file and the line into the tg_err e and makes the
+ * enclosing function return -1.
+ */
+#ifndef TG_GPU_COMMON_CUH
+#define TG_GPU_COMMON_CUH
+
+#ifdef TG_GPU_HIP
+#include "vendor_hip.h"
+#else
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#endif
+
+#include <stdint.h>
+extern "C" {
+#include "../util.h"
+}
+#include "../quant.h"
+
+/* Wraps a runtime call; on failure fills e and returns -1 from the caller. */
+#define GPU_CHECK(e, call)                                                      \
+    do {                                                                        \
+        cudaError_t gpu_rc_ = (call);                                           \
+        if (gpu_rc_ != cudaSuccess)                                             \
+            return tg_errf((e), "GPU call %s failed: %s (in %s, %s:%d)", #call, \
+                           cudaGetErrorString(gpu_rc_), __func__, __FILE__,     \
+                           __LINE__);                                           \
+    } while (0)
+
+/* After a kernel launch: the launch's own error (bad configuration). */
+#define GPU_CHECK_LAUNCH(e, what) GPU_CHECK(e, cudaGetLastError())
+
+/* Lanes of the logical warp every kernel is written for. */
+#define TG_WARP 32
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = TG_WARP / 2; o > 0; o >>= 1)
+#ifdef TG_GPU_HIP
+        v += __shfl_xor(v, o, TG_WARP);
+#else
+        v += __shfl_xor_sync(0xffffffffu, v, o, TG_WARP);
+#endif
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = TG_WARP / 2; o > 0; o >>= 1)
+#ifdef TG_GPU_HIP
+        v = fmaxf(v, __shfl_xor(v, o, TG_WARP));
+#else
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, TG_WARP));
+#endif
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_shfl_xor(T v, int o)
+{
+#ifdef TG_GPU_HIP
+    return __shfl_xor(v, o, TG_WARP);
+#else
+    return __shfl_xor_sync(0xffffffffu, v, o, TG_WARP);
+#endif
+}
+
+/* IEEE binary16 bits -> f32 (exact). */
+__device__ __forceinline__ float h2f(uint16_t h)
+{
+    return __half2float(__ushort_as_half(h));
+}
+
+/* f32 -> binary16 bits, round to nearest even (as the CPU tiers store the
+ * F16 KV cache). */
+__device__ __forceinline__ uint16_t f2h(float f)
+{
+    return __half_as_ushort(__float2half_rn(f));
+}
+
+/* bfloat16 bits -> f32 (exact). */
+__device__ __forceinline__ float bf2f(uint16_t b)
+{
+    return __uint_as_float((uint32_t)b << 16);
+}
+
+#endif

@@ -1,0 +1,877 @@
+/*
+ * kernels.cu: the GPU arm's kernels (embedding lookup, RMSNorm, mat-vec and
+ * batched matmul over every weight type, RoPE, KV-cache store, attention,
+ * SwiGLU, residual add, top-k selection and the XXH3-64 logit digest),
+ * written once in CUDA spelling; hipcc builds the same file through
+ * vendor_hip.h. The scalar references these are tested against are
+ * engine/quant.c (dequantize) and plain C math in tests/gpu/.
+ *
+ * Weight decoding: every block format is described by one traits struct
+ * (values per block, bytes per block, how many threads share a block, and
+ * `deq`, which decodes one thread's share into runs of consecutive values
+ * of the form a * v + b). One templated mat-vec and one get-rows kernel
+ * serve every type; there is no per-type kernel body.
+ */
+#include "kernels.cuh"
+
+#include <math.h>
+
+/* ---- block decoding traits --------------------------------------------- */
+
+/* One thread's share ("part") of a block: NRUN runs of RUNLEN consecutive
+ * values; run r starts at off(part, r) within the block and its values are
+ * a[r] * v[r*RUNLEN + i] + b[r] (b only when HAS_MIN). */
+
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, float *sc, float *m)
+{
+    uint8_t d, mm;
+    if (j < 4) {
+        d = q[j] & 63;
+        mm = q[j + 4] & 63;
+    } else {
+        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        mm = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+    *sc = d;
+    *m = mm;
+}
+
+struct tr_q4_K {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q4_K), PARTS = 8;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = true;
+    /* part p: group g = p/2 (qs[32g..32g+31]), half hh = p%2: bytes
+     * qs[32g+16hh .. +15] hold values 64g+16hh+l (low nibbles, sub-block 2g)
+     * and 64g+32+16hh+l (high nibbles, sub-block 2g+1). */
+    __device__ static int off(int p, int r) { return 64 * (p >> 1) + 32 * r + 16 * (p & 1); }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        const int g = p >> 1, hh = p & 1;
+        const float d = h2f(*(const uint16_t *)b), dmin = h2f(*(const uint16_t *)(b + 2));
+        float sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, b + 4, &sc0, &m0);
+        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+        a[0] = d * sc0; m[0] = -dmin * m0;
+        a[1] = d * sc1; m[1] = -dmin * m1;
+        const uint4 q4 = *(const uint4 *)(b + 16 + 32 * g + 16 * hh);
+        const uint32_t w[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const uint32_t byte = (w[l >> 2] >> (8 * (l & 3))) & 0xFF;
+            v[l] = (float)(byte & 0xF);
+            v[16 + l] = (float)(byte >> 4);
+        }
+    }
+};
+
+struct tr_q5_K {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q5_K), PARTS = 8;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = true;
+    /* As Q4_K; the fifth bit of byte i of group g is bit 2g (low) or 2g+1
+     * (high) of qh[i]. qh at byte 16, qs at byte 48. */
+    __device__ static int off(int p, int r) { return 64 * (p >> 1) + 32 * r + 16 * (p & 1); }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        const int g = p >> 1, hh = p & 1;
+        const float d = h2f(*(const uint16_t *)b), dmin = h2f(*(const uint16_t *)(b + 2));
+        float sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, b + 4, &sc0, &m0);
+        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+        a[0] = d * sc0; m[0] = -dmin * m0;
+        a[1] = d * sc1; m[1] = -dmin * m1;
+        const uint4 q4 = *(const uint4 *)(b + 48 + 32 * g + 16 * hh);
+        const uint4 h4 = *(const uint4 *)(b + 16 + 16 * hh);
+        const uint32_t w[4] = {q4.x, q4.y, q4.z, q4.w};
+        const uint32_t hw[4] = {h4.x, h4.y, h4.z, h4.w};
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const uint32_t byte = (w[l >> 2] >> (8 * (l & 3))) & 0xFF;
+            const uint32_t hb = (hw[l >> 2] >> (8 * (l & 3))) & 0xFF;
+            v[l] = (float)((byte & 0xF) | (((hb >> (2 * g)) & 1) << 4));
+            v[16 + l] = (float)((byte >> 4) | (((hb >> (2 * g + 1)) & 1) << 4));
+        }
+    }
+};
+
+struct tr_q6_K {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q6_K), PARTS = 16;
+    static constexpr int NRUN = 4, RUNLEN = 4;
+    static constexpr bool HAS_MIN = false;
+    /* part p: half h = p/8, l0 = 4*(p%8); values 128h + l0 + 32r + i for
+     * r < 4, i < 4, from ql[64h + l0 + i (+32)], qh[32h + l0 + i]. Blocks
+     * are 210 bytes, so only 2-byte loads are aligned. */
+    __device__ static int off(int p, int r) { return 128 * (p >> 3) + 4 * (p & 7) + 32 * r; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        const int h = p >> 3, l0 = 4 * (p & 7);
+        const uint16_t *ql0 = (const uint16_t *)(b + 64 * h + l0);
+        const uint16_t *ql1 = (const uint16_t *)(b + 64 * h + l0 + 32);
+        const uint16_t *qh = (const uint16_t *)(b + 128 + 32 * h + l0);
+        const uint32_t L0 = ql0[0] | ((uint32_t)ql0[1] << 16);
+        const uint32_t L1 = ql1[0] | ((uint32_t)ql1[1] << 16);
+        const uint32_t H = qh[0] | ((uint32_t)qh[1] << 16);
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + l0 / 16);
+        const float d = h2f(*(const uint16_t *)(b + 208));
+        a[0] = d * sc[0]; a[1] = d * sc[2]; a[2] = d * sc[4]; a[3] = d * sc[6];
+        (void)m;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t l0b = (L0 >> (8 * i)) & 0xFF, l1b = (L1 >> (8 * i)) & 0xFF;
+            const uint32_t hb = (H >> (8 * i)) & 0xFF;
+            v[0 + i] = (float)((int)((l0b & 0xF) | (((hb >> 0) & 3) << 4)) - 32);
+            v[4 + i] = (float)((int)((l1b & 0xF) | (((hb >> 2) & 3) << 4)) - 32);
+            v[8 + i] = (float)((int)((l0b >> 4) | (((hb >> 4) & 3) << 4)) - 32);
+            v[12 + i] = (float)((int)((l1b >> 4) | (((hb >> 6) & 3) << 4)) - 32);
+        }
+    }
+};
+
+struct tr_q8_0 {
+    static constexpr int QK = QK8_0, BYTES = sizeof(block_q8_0), PARTS = 4;
+    static constexpr int NRUN = 1, RUNLEN = 8;
+    static constexpr bool HAS_MIN = false;
+    __device__ static int off(int p, int r) { return 8 * p; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        a[0] = h2f(*(const uint16_t *)b);
+        (void)m;
+        const uint16_t *q = (const uint16_t *)(b + 2 + 8 * p);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint16_t w = q[i];
+            v[2 * i] = (float)(int8_t)(w & 0xFF);
+            v[2 * i + 1] = (float)(int8_t)(w >> 8);
+        }
+    }
+};
+
+/* Plain float types: a "block" of 8 values, one part. */
+struct tr_f16 {
+    static constexpr int QK = 8, BYTES = 16, PARTS = 1, NRUN = 1, RUNLEN = 8;
+    static constexpr bool HAS_MIN = false;
+    __device__ static int off(int p, int r) { return 0; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        const uint4 q = *(const uint4 *)b;
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        a[0] = 1.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = h2f(w[i] & 0xFFFF);
+            v[2 * i + 1] = h2f(w[i] >> 16);
+        }
+    }
+};
+
+struct tr_bf16 {
+    static constexpr int QK = 8, BYTES = 16, PARTS = 1, NRUN = 1, RUNLEN = 8;
+    static constexpr bool HAS_MIN = false;
+    __device__ static int off(int p, int r) { return 0; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        const uint4 q = *(const uint4 *)b;
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        a[0] = 1.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = bf2f(w[i] & 0xFFFF);
+            v[2 * i + 1] = bf2f(w[i] >> 16);
+        }
+    }
+};
+
+struct tr_f32 {
+    static constexpr int QK = 4, BYTES = 16, PARTS = 1, NRUN = 1, RUNLEN = 4;
+    static constexpr bool HAS_MIN = false;
+    __device__ static int off(int p, int r) { return 0; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        const float4 q = *(const float4 *)b;
+        a[0] = 1.0f;
+        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    }
+};
+
+/* ---- mat-vec / batched matmul ------------------------------------------ */
+
+#define MM_WARPS 4      /* rows per thread block: one logical warp per row */
+#define MM_MAXCOLS 8    /* columns (tokens) sharing one weight read */
+
+/* One warp per weight row; the warp's lanes take the row's block parts in
+ * turn, decode them once, and dot them with NC activation columns. */
+template <typename T, int NC>
+__global__ void __launch_bounds__(MM_WARPS * TG_WARP)
+k_matmul(const uint8_t *__restrict__ W, size_t row_bytes, int nb,
+         const float *__restrict__ x, int K, float *__restrict__ y, int nrows)
+{
+    const int lane = threadIdx.x % TG_WARP;
+    const int row = blockIdx.x * MM_WARPS + threadIdx.x / TG_WARP;
+    if (row >= nrows) return;
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) acc[c] = 0.0f;
+    const int nparts = nb * T::PARTS;
+    for (int p = lane; p < nparts; p += TG_WARP) {
+        const int ib = p / T::PARTS, part = p % T::PARTS;
+        float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
+        T::deq(wr + (size_t)ib * T::BYTES, part, v, a, m);
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const float *xc = x + (size_t)c * K + (size_t)ib * T::QK;
+#pragma unroll
+            for (int r = 0; r < T::NRUN; r++) {
+                const float4 *x4 = (const float4 *)(xc + T::off(part, r));
+                float sq = 0.0f, sx = 0.0f;
+#pragma unroll
+                for (int i = 0; i < T::RUNLEN / 4; i++) {
+                    const float4 xv = x4[i];
+                    const float *vv = v + r * T::RUNLEN + 4 * i;
+                    sq += vv[0] * xv.x + vv[1] * xv.y + vv[2] * xv.z + vv[3] * xv.w;
+                    if (T::HAS_MIN) sx += xv.x + xv.y + xv.z + xv.w;
+                }
+                acc[c] += a[r] * sq;
+                if (T::HAS_MIN) acc[c] += m[r] * sx;
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        const float s = warp_sum(acc[c]);
+        if (lane == 0) y[(size_t)c * nrows + row] = s;
+    }
+}
+
+template <typename T>
+__global__ void k_get_rows(const uint8_t *__restrict__ W, size_t row_bytes, int nb,
+                           const int32_t *__restrict__ ids, float *__restrict__ y, int K)
+{
+    const int t = blockIdx.y;
+    const uint8_t *wr = W + (size_t)ids[t] * row_bytes;
+    float *yt = y + (size_t)t * K;
+    const int nparts = nb * T::PARTS;
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < nparts; p += gridDim.x * blockDim.x) {
+        const int ib = p / T::PARTS, part = p % T::PARTS;
+        float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
+        T::deq(wr + (size_t)ib * T::BYTES, part, v, a, m);
+#pragma unroll
+        for (int r = 0; r < T::NRUN; r++) {
+            float *o = yt + (size_t)ib * T::QK + T::off(part, r);
+#pragma unroll
+            for (int i = 0; i < T::RUNLEN; i++)
+                o[i] = T::HAS_MIN ? a[r] * v[r * T::RUNLEN + i] + m[r] : a[r] * v[r * T::RUNLEN + i];
+        }
+    }
+}
+
+template <typename T, int NC>
+static void launch_mm(cudaStream_t s, const void *W, int nrows, int K, const float *x, float *y)
+{
+    const int nb = K / T::QK;
+    const size_t row_bytes = (size_t)nb * T::BYTES;
+    dim3 grid((nrows + MM_WARPS - 1) / MM_WARPS);
+    k_matmul<T, NC><<<grid, MM_WARPS * TG_WARP, 0, s>>>((const uint8_t *)W, row_bytes, nb, x, K, y, nrows);
+}
+
+template <typename T>
+static void launch_mm_cols(cudaStream_t s, const void *W, int nrows, int K, const float *x, int ncols, float *y)
+{
+    for (int c0 = 0; c0 < ncols; c0 += MM_MAXCOLS) {
+        const int nc = ncols - c0 < MM_MAXCOLS ? ncols - c0 : MM_MAXCOLS;
+        const float *xc = x + (size_t)c0 * K;
+        float *yc = y + (size_t)c0 * nrows;
+        switch (nc) {
+        case 1: launch_mm<T, 1>(s, W, nrows, K, xc, yc); break;
+        case 2: launch_mm<T, 2>(s, W, nrows, K, xc, yc); break;
+        case 3: launch_mm<T, 3>(s, W, nrows, K, xc, yc); break;
+        case 4: launch_mm<T, 4>(s, W, nrows, K, xc, yc); break;
+        case 5: launch_mm<T, 5>(s, W, nrows, K, xc, yc); break;
+        case 6: launch_mm<T, 6>(s, W, nrows, K, xc, yc); break;
+        case 7: launch_mm<T, 7>(s, W, nrows, K, xc, yc); break;
+        default: launch_mm<T, 8>(s, W, nrows, K, xc, yc); break;
+        }
+    }
+}
+
+template <typename T>
+static void launch_get_rows(cudaStream_t s, const void *W, int K, const int32_t *ids, int n, float *y)
+{
+    const int nb = K / T::QK;
+    const size_t row_bytes = (size_t)nb * T::BYTES;
+    const int nparts = nb * T::PARTS;
+    dim3 grid((nparts + 127) / 128, n);
+    k_get_rows<T><<<grid, 128, 0, s>>>((const uint8_t *)W, row_bytes, nb, ids, y, K);
+}
+
+/* The per-type table: block size and the two launchers. */
+typedef void (*mm_fn)(cudaStream_t, const void *, int, int, const float *, int, float *);
+typedef void (*rows_fn)(cudaStream_t, const void *, int, const int32_t *, int, float *);
+struct gk_type_entry {
+    uint32_t type;
+    int qk;
+    mm_fn mm;
+    rows_fn rows;
+};
+static const gk_type_entry gk_types[] = {
+    {TG_TYPE_F32, tr_f32::QK, launch_mm_cols<tr_f32>, launch_get_rows<tr_f32>},
+    {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>},
+    {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>},
+    {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>},
+    {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>},
+    {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>},
+    {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>},
+};
+
+static const gk_type_entry *gk_find(uint32_t type)
+{
+    for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++)
+        if (gk_types[i].type == type) return &gk_types[i];
+    return NULL;
+}
+
+int gk_type_supported(uint32_t type)
+{
+    return gk_find(type) != NULL;
+}
+
+int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
+              const float *x, int ncols, float *y, tg_err *e)
+{
+    const gk_type_entry *t = gk_find(type);
+    if (!t) return tg_errf(e, "gpu matmul: weight type %u is not supported on the GPU", type);
+    if (K <= 0 || K % t->qk || K % 8 || nrows <= 0 || ncols <= 0)
+        return tg_errf(e, "gpu matmul: shape K=%d nrows=%d ncols=%d: expected K a multiple of %d and 8",
+                       K, nrows, ncols, t->qk);
+    t->mm(s, W, nrows, K, x, ncols, y);
+    GPU_CHECK_LAUNCH(e, "matmul");
+    return 0;
+}
+
+int gk_get_rows(cudaStream_t s, uint32_t type, const void *W, int K,
+                const int32_t *ids, int n, float *y, tg_err *e)
+{
+    const gk_type_entry *t = gk_find(type);
+    if (!t) return tg_errf(e, "gpu get_rows: weight type %u is not supported on the GPU", type);
+    if (K <= 0 || K % t->qk || K % 8 || n <= 0)
+        return tg_errf(e, "gpu get_rows: K=%d n=%d: expected K a multiple of %d and 8", K, n, t->qk);
+    t->rows(s, W, K, ids, n, y);
+    GPU_CHECK_LAUNCH(e, "get_rows");
+    return 0;
+}
+
+/* ---- norms, rope, cache, attention, elementwise -------------------------- */
+
+#define NORM_THREADS 256
+
+/* Sum over the thread block (blockDim.x a multiple of TG_WARP, <= 1024). */
+__device__ float block_sum(float v, float *sh)
+{
+    const int lane = threadIdx.x % TG_WARP, w = threadIdx.x / TG_WARP;
+    const int nw = blockDim.x / TG_WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v, float *sh)
+{
+    const int lane = threadIdx.x % TG_WARP, w = threadIdx.x / TG_WARP;
+    const int nw = blockDim.x / TG_WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__global__ void k_rmsnorm(const float *x, const float *w, float *y, int n, float eps)
+{
+    __shared__ float sh[32];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+int gk_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y,
+               int nrows, int n, float eps, tg_err *e)
+{
+    if (nrows <= 0 || n <= 0) return tg_errf(e, "gpu rmsnorm: nrows=%d n=%d: expected both > 0", nrows, n);
+    const int threads = n >= NORM_THREADS ? NORM_THREADS : ((n + TG_WARP - 1) / TG_WARP) * TG_WARP;
+    k_rmsnorm<<<nrows, threads, 0, s>>>(x, w, y, n, eps);
+    GPU_CHECK_LAUNCH(e, "rmsnorm");
+    return 0;
+}
+
+__global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos0, float theta_scale, int neox)
+{
+    const int t = blockIdx.y, h = blockIdx.x;
+    const int half = head_dim / 2;
+    float *xh = x + ((size_t)t * n_head + h) * head_dim;
+    const float pos = (float)(*pos0 + t);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        /* theta = pos * base^(-2i/head_dim), as ggml computes it */
+        const float theta = pos * powf(theta_scale, (float)i);
+        const float c = cosf(theta), sn = sinf(theta);
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float a = xh[i0], b = xh[i1];
+        xh[i0] = a * c - b * sn;
+        xh[i1] = a * sn + b * c;
+    }
+}
+
+int gk_rope(cudaStream_t s, float *x, int n_tok, int n_head, int head_dim,
+            const int32_t *pos0, float base, int neox, tg_err *e)
+{
+    if (n_tok <= 0 || n_head <= 0 || head_dim <= 0 || head_dim % 2)
+        return tg_errf(e, "gpu rope: n_tok=%d n_head=%d head_dim=%d: expected positive, head_dim even",
+                       n_tok, n_head, head_dim);
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);
+    dim3 grid(n_head, n_tok);
+    k_rope<<<grid, 64, 0, s>>>(x, n_head, head_dim, pos0, theta_scale, neox);
+    GPU_CHECK_LAUNCH(e, "rope");
+    return 0;
+}
+
+__global__ void k_kv_store(const float *k, const float *v, void *kc, void *vc, int kv_f16, int row,
+                           const int32_t *pos0)
+{
+    const int t = blockIdx.y;
+    const size_t dst = (size_t)(*pos0 + t) * row;
+    const float *kt = k + (size_t)t * row, *vt = v + (size_t)t * row;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < row; i += gridDim.x * blockDim.x) {
+        if (kv_f16) {
+            ((uint16_t *)kc)[dst + i] = f2h(kt[i]);
+            ((uint16_t *)vc)[dst + i] = f2h(vt[i]);
+        } else {
+            ((float *)kc)[dst + i] = kt[i];
+            ((float *)vc)[dst + i] = vt[i];
+        }
+    }
+}
+
+int gk_kv_store(cudaStream_t s, const float *k, const float *v, void *kc,
+                void *vc, int kv_f16, int n_tok, int row, const int32_t *pos0,
+                tg_err *e)
+{
+    if (n_tok <= 0 || row <= 0) return tg_errf(e, "gpu kv_store: n_tok=%d row=%d: expected > 0", n_tok, row);
+    dim3 grid((row + 255) / 256, n_tok);
+    k_kv_store<<<grid, 256, 0, s>>>(k, v, kc, vc, kv_f16, row, pos0);
+    GPU_CHECK_LAUNCH(e, "kv_store");
+    return 0;
+}
+
+template <int F16>
+__device__ __forceinline__ float kv_at(const void *c, size_t i)
+{
+    return F16 ? h2f(((const uint16_t *)c)[i]) : ((const float *)c)[i];
+}
+
+#define ATT_THREADS 128
+#define ATT_CHUNK 1024   /* scores held in shared memory per pass */
+#define ATT_SPLITS 16    /* key ranges of a single-token step, one block each */
+
+/* One thread block per (query head, query token). Pass over the keys in
+ * chunks of ATT_CHUNK: scores into shared memory (one warp per key, lanes
+ * split head_dim), running max and sum as in online softmax, and the output
+ * accumulated per dimension (a thread per dimension). */
+template <int F16>
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attention(const float *q, const void *kc, const void *vc, float *out, int n_head, int n_head_kv,
+            int head_dim, const int32_t *pos0, float scale, float *part)
+{
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[32];
+    extern __shared__ float qs[]; /* head_dim */
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int hkv = h / (n_head / n_head_kv);
+    const int n_kv = *pos0 + t + 1;
+    const size_t kv_row = (size_t)n_head_kv * head_dim;
+    const float *qh = q + ((size_t)t * n_head + h) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) qs[i] = qh[i];
+    __syncthreads();
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP, nw = blockDim.x / TG_WARP;
+    /* each thread owns dims d = threadIdx.x + j*ATT_THREADS, at most 4 (head_dim <= 512) */
+    float acc[4] = {0, 0, 0, 0};
+    float run_max = -INFINITY, run_sum = 0.0f;
+    /* split z of gridDim.z takes keys [jb, je) (decode: many blocks per head) */
+    const int per = (n_kv + gridDim.z - 1) / gridDim.z;
+    const int jb = blockIdx.z * per, je = min(n_kv, jb + per);
+    for (int j0 = jb; j0 < je; j0 += ATT_CHUNK) {
+        const int nj = je - j0 < ATT_CHUNK ? je - j0 : ATT_CHUNK;
+        for (int jj = wid; jj < nj; jj += nw) {
+            const size_t base = (size_t)(j0 + jj) * kv_row + (size_t)hkv * head_dim;
+            float d = 0.0f;
+            for (int i = lane; i < head_dim; i += TG_WARP) d += qs[i] * kv_at<F16>(kc, base + i);
+            d = warp_sum(d);
+            if (lane == 0) sc[jj] = d * scale;
+        }
+        __syncthreads();
+        float mx = -INFINITY;
+        for (int jj = threadIdx.x; jj < nj; jj += blockDim.x) mx = fmaxf(mx, sc[jj]);
+        mx = block_max(mx, red);
+        const float new_max = fmaxf(run_max, mx);
+        const float corr = expf(run_max - new_max);   /* 0 on the first chunk */
+        __syncthreads();
+        float ls = 0.0f;
+        for (int jj = threadIdx.x; jj < nj; jj += blockDim.x) {
+            const float p = expf(sc[jj] - new_max);
+            sc[jj] = p;
+            ls += p;
+        }
+        ls = block_sum(ls, red);
+        __syncthreads();
+        run_sum = run_sum * corr + ls;
+        run_max = new_max;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int d = threadIdx.x + k * ATT_THREADS;
+            if (d >= head_dim) break;
+            float a = acc[k] * corr;
+            const size_t base = (size_t)j0 * kv_row + (size_t)hkv * head_dim + d;
+            for (int jj = 0; jj < nj; jj++) a += sc[jj] * kv_at<F16>(vc, base + (size_t)jj * kv_row);
+            acc[k] = a;
+        }
+        __syncthreads();
+    }
+    if (gridDim.z > 1) {
+        /* partial result: max, sum, unnormalized output (combined by k_attn_combine) */
+        float *pp = part + (((size_t)t * n_head + h) * gridDim.z + blockIdx.z) * (head_dim + 2);
+        if (threadIdx.x == 0) { pp[0] = run_max; pp[1] = run_sum; }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int d = threadIdx.x + k * ATT_THREADS;
+            if (d < head_dim) pp[2 + d] = acc[k];
+        }
+        return;
+    }
+    float *o = out + ((size_t)t * n_head + h) * head_dim;
+    const float inv = 1.0f / run_sum;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int d = threadIdx.x + k * ATT_THREADS;
+        if (d < head_dim) o[d] = acc[k] * inv;
+    }
+}
+
+/* Merges the splits of one (head, token): out = sum_s acc_s e^(m_s - M) /
+ * sum_s sum_s e^(m_s - M). Empty splits have m = -inf and sum 0. */
+__global__ void k_attn_combine(const float *part, float *out, int n_head, int head_dim, int nsplit)
+{
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float *pp = part + ((size_t)t * n_head + h) * nsplit * (head_dim + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < nsplit; z++) M = fmaxf(M, pp[(size_t)z * (head_dim + 2)]);
+    float den = 0.0f;
+    for (int z = 0; z < nsplit; z++) {
+        const float m = pp[(size_t)z * (head_dim + 2)];
+        if (m != -INFINITY) den += pp[(size_t)z * (head_dim + 2) + 1] * expf(m - M);
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float num = 0.0f;
+        for (int z = 0; z < nsplit; z++) {
+            const float m = pp[(size_t)z * (head_dim + 2)];
+            if (m != -INFINITY) num += pp[(size_t)z * (head_dim + 2) + 2 + d] * expf(m - M);
+        }
+        out[((size_t)t * n_head + h) * head_dim + d] = num / den;
+    }
+}
+
+size_t gk_attention_scratch(int n_head, int head_dim)
+{
+    return (size_t)n_head * ATT_SPLITS * (head_dim + 2) * sizeof(float);
+}
+
+int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
+                 int kv_f16, float *out, int n_tok, int n_head, int n_head_kv,
+                 int head_dim, int n_ctx, const int32_t *pos0, void *scratch, tg_err *e)
+{
+    if (n_tok <= 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 ||
+        head_dim > 4 * ATT_THREADS)
+        return tg_errf(e, "gpu attention: n_tok=%d n_head=%d n_head_kv=%d head_dim=%d: expected n_head a "
+                       "multiple of n_head_kv and head_dim <= %d", n_tok, n_head, n_head_kv, head_dim,
+                       4 * ATT_THREADS);
+    /* a single token splits its keys over ATT_SPLITS blocks per head */
+    const int nsplit = n_tok == 1 && scratch ? ATT_SPLITS : 1;
+    dim3 grid(n_head, n_tok, nsplit);
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    const size_t shm = (size_t)head_dim * sizeof(float);
+    float *part = (float *)scratch;
+    if (kv_f16)
+        k_attention<1><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
+    else
+        k_attention<0><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
+    GPU_CHECK_LAUNCH(e, "attention");
+    if (nsplit > 1) {
+        k_attn_combine<<<dim3(n_head, n_tok), 128, 0, s>>>(part, out, n_head, head_dim, nsplit);
+        GPU_CHECK_LAUNCH(e, "attention combine");
+    }
+    return 0;
+}
+
+__global__ void k_swiglu(const float *g, const float *u, float *y, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float x = g[i];
+        y[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+int gk_swiglu(cudaStream_t s, const float *g, const float *u, float *y, int n, tg_err *e)
+{
+    if (n <= 0) return tg_errf(e, "gpu swiglu: n=%d: expected > 0", n);
+    k_swiglu<<<(n + 255) / 256, 256, 0, s>>>(g, u, y, n);
+    GPU_CHECK_LAUNCH(e, "swiglu");
+    return 0;
+}
+
+__global__ void k_add(float *x, const float *y, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] += y[i];
+}
+
+int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e)
+{
+    if (n <= 0) return tg_errf(e, "gpu add: n=%d: expected > 0", n);
+    k_add<<<(n + 255) / 256, 256, 0, s>>>(x, y, n);
+    GPU_CHECK_LAUNCH(e, "add");
+    return 0;
+}
+
+/* ---- top-k ---------------------------------------------------------------- */
+
+#define TOPK_THREADS 256
+#define TOPK_CHUNK 4096   /* logits per thread block in the first pass */
+
+/* a ranks before b: larger logit first, NaN last, ties by lower id. */
+__device__ __forceinline__ bool top_before(float la, int ia, float lb, int ib)
+{
+    const bool na = isnan(la), nb = isnan(lb);
+    if (na != nb) return nb;
+    if (!na && la != lb) return la > lb;
+    return ia < ib;
+}
+
+/* k rounds; round r picks the best entry ranking after round r-1's pick.
+ * Entries come as (vals[i], ids[i]) for i < cnt (ids NULL: id = id0 + i,
+ * ids[i] < 0: empty). Writes k entries to out (id -1 when fewer exist). */
+__device__ void block_select(const float *vals, const int *ids, int id0, int cnt, int k, tg_top *out,
+                             int stride = 1)
+{
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int lane = threadIdx.x % TG_WARP, w = threadIdx.x / TG_WARP, nw = blockDim.x / TG_WARP;
+    float pv = 0.0f;
+    int pid = -1;   /* no previous pick */
+    for (int r = 0; r < k; r++) {
+        float bv = NAN;
+        int bi = -1;
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+            const int id = ids ? ids[(size_t)i * stride] : id0 + i;
+            if (id < 0) continue;
+            const float v = vals[(size_t)i * stride];
+            if (pid >= 0 && !top_before(pv, pid, v, id)) continue;
+            if (bi < 0 || top_before(v, id, bv, bi)) { bv = v; bi = id; }
+        }
+#pragma unroll
+        for (int o = TG_WARP / 2; o > 0; o >>= 1) {
+            const float ov = warp_shfl_xor(bv, o);
+            const int oi = warp_shfl_xor(bi, o);
+            if (oi >= 0 && (bi < 0 || top_before(ov, oi, bv, bi))) { bv = ov; bi = oi; }
+        }
+        __syncthreads();
+        if (lane == 0) { sv[w] = bv; si[w] = bi; }
+        __syncthreads();
+        bv = NAN; bi = -1;
+        for (int j = 0; j < nw; j++)
+            if (si[j] >= 0 && (bi < 0 || top_before(sv[j], si[j], bv, bi))) { bv = sv[j]; bi = si[j]; }
+        if (threadIdx.x == 0) { out[r].id = bi; out[r].logit = bv; }
+        if (bi < 0) {
+            for (int r2 = r + 1 + threadIdx.x; r2 < k; r2 += blockDim.x) { out[r2].id = -1; out[r2].logit = NAN; }
+            return;
+        }
+        pv = bv; pid = bi;
+    }
+}
+
+__global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
+{
+    __shared__ float chunk[TOPK_CHUNK];
+    const int start = blockIdx.x * TOPK_CHUNK;
+    const int cnt = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
+    for (int i = threadIdx.x; i < cnt; i += blockDim.x) chunk[i] = logits[start + i];
+    __syncthreads();
+    block_select(chunk, NULL, start, cnt, k, cand + (size_t)blockIdx.x * k);
+}
+
+/* Candidates as (logit, id) pairs: every entry is read through these two
+ * strided views of the tg_top array (no shared-memory copy, any count). */
+__global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out)
+{
+    block_select(&cand[0].logit, &cand[0].id, 0, ncand, k, out, 2);
+}
+
+size_t gk_topk_scratch(int n, int k)
+{
+    const size_t nblk = ((size_t)n + TOPK_CHUNK - 1) / TOPK_CHUNK;
+    return nblk * (size_t)k * sizeof(tg_top);
+}
+
+int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
+            tg_top *out, tg_err *e)
+{
+    if (n <= 0 || k <= 0 || k > n || k > TG_GPU_MAX_TOPK)
+        return tg_errf(e, "gpu topk: n=%d k=%d: expected 1 <= k <= min(n, %d)", n, k, TG_GPU_MAX_TOPK);
+    const int nblk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
+    const size_t ncand = (size_t)nblk * k;
+    tg_top *cand = (tg_top *)scratch;
+    k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
+    GPU_CHECK_LAUNCH(e, "topk partial");
+    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out);
+    GPU_CHECK_LAUNCH(e, "topk final");
+    return 0;
+}
+
+/* ---- XXH3-64 (long input, seed 0, default secret) ------------------------ */
+
+/* The default secret of the XXH3 specification (192 bytes). */
+__constant__ uint8_t xxh_secret[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+#define XXH_P32_1 0x9E3779B1U
+#define XXH_P32_2 0x85EBCA77U
+#define XXH_P32_3 0xC2B2AE3DU
+#define XXH_P64_1 0x9E3779B185EBCA87ULL
+#define XXH_P64_2 0xC2B2AE3D27D4EB4FULL
+#define XXH_P64_3 0x165667B19E3779F9ULL
+#define XXH_P64_4 0x85EBCA77C2B2AE63ULL
+#define XXH_P64_5 0x27D4EB2F165667C5ULL
+#define XXH_STRIPE 64
+#define XXH_STRIPES_PER_BLOCK 16           /* (192 - 64) / 8 */
+#define XXH_BLOCK (XXH_STRIPE * XXH_STRIPES_PER_BLOCK)
+
+/* Little-endian 64-bit read of the secret at any byte offset. */
+__device__ __forceinline__ uint64_t sec64(int off)
+{
+    uint64_t v = 0;
+#pragma unroll
+    for (int i = 7; i >= 0; i--) v = (v << 8) | xxh_secret[off + i];
+    return v;
+}
+
+/* Lane i's contribution of one stripe (accumulate_512 of the spec): lane i
+ * receives data word i^1, plus lo32(key_i) * hi32(key_i). */
+__device__ __forceinline__ uint64_t xxh_stripe_lane(const uint64_t *p, int sec_off, int i)
+{
+    const uint64_t key = p[i] ^ sec64(sec_off + 8 * i);
+    return p[i ^ 1] + (uint64_t)(uint32_t)key * (key >> 32);
+}
+
+/* Sums of every full block's 16 stripes, per lane: sums[b][i]. */
+__global__ void k_xxh3_blocks(const uint64_t *data, size_t nblocks, uint64_t *sums)
+{
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t b = tid / 8;
+    const int i = (int)(tid % 8);
+    if (b >= nblocks) return;
+    const uint64_t *p = data + b * (XXH_BLOCK / 8);
+    uint64_t acc = 0;
+#pragma unroll 4
+    for (int st = 0; st < XXH_STRIPES_PER_BLOCK; st++) acc += xxh_stripe_lane(p + st * 8, st * 8, i);
+    sums[b * 8 + i] = acc;
+}
+
+__device__ __forceinline__ uint64_t mul128_fold64(uint64_t a, uint64_t b)
+{
+    return (a * b) ^ __umul64hi(a, b);
+}
+
+/* One block of 8 threads: the sequential chain of block sums and scrambles,
+ * the last partial block, the last stripe and the merge. */
+__global__ void k_xxh3_final(const uint8_t *data, size_t len, size_t nblocks, const uint64_t *sums,
+                             uint64_t *out)
+{
+    __shared__ uint64_t accs[8];
+    const int i = threadIdx.x;
+    const uint64_t init[8] = {XXH_P32_3, XXH_P64_1, XXH_P64_2, XXH_P64_3,
+                              XXH_P64_4, XXH_P32_2, XXH_P64_5, XXH_P32_1};
+    uint64_t acc = init[i];
+    const uint64_t skey = sec64(192 - 64 + 8 * i);
+    for (size_t b = 0; b < nblocks; b++) {
+        acc += sums[b * 8 + i];
+        /* scramble */
+        acc ^= acc >> 47;
+        acc ^= skey;
+        acc *= XXH_P32_1;
+    }
+    const size_t nstripes = ((len - 1) - XXH_BLOCK * nblocks) / XXH_STRIPE;
+    const uint64_t *tail = (const uint64_t *)(data + nblocks * XXH_BLOCK);
+    for (size_t st = 0; st < nstripes; st++) acc += xxh_stripe_lane(tail + st * 8, (int)st * 8, i);
+    /* last stripe: the final 64 bytes (possibly unaligned to 8 bytes: read bytes) */
+    {
+        const uint8_t *lp = data + len - XXH_STRIPE;
+        uint64_t w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint64_t v = 0;
+            for (int c = 7; c >= 0; c--) v = (v << 8) | lp[8 * j + c];
+            w[j] = v;
+        }
+        const uint64_t key = w[i] ^ sec64(192 - 64 - 7 + 8 * i);
+        acc += w[i ^ 1] + (uint64_t)(uint32_t)key * (key >> 32);
+    }
+    accs[i] = acc;
+    __syncthreads();
+    if (i == 0) {
+        uint64_t r = (uint64_t)len * XXH_P64_1;
+        for (int j = 0; j < 4; j++)
+            r += mul128_fold64(accs[2 * j] ^ sec64(11 + 16 * j), accs[2 * j + 1] ^ sec64(11 + 16 * j + 8));
+        /* avalanche */
+        r ^= r >> 37;
+        r *= 0x165667919E3779F9ULL;
+        r ^= r >> 32;
+        *out = r;
+    }
+}
+
+size_t gk_xxh3_scratch(size_t len)
+{
+    const size_t nblocks = len > 0 ? (len - 1) / XXH_BLOCK : 0;
+    return (nblocks ? nblocks : 1) * 8 * sizeof(uint64_t);
+}
+
+int gk_xxh3(cudaStream_t s, const void *data, size_t len, void *scratch, uint64_t *out, tg_err *e)
+{
+    if (len <= 240) return tg_errf(e, "gpu xxh3: %zu bytes: expected more than 240 (long-input variant)", len);
+    if ((uintptr_t)data % 8) return tg_errf(e, "gpu xxh3: input not 8-byte aligned");
+    const size_t nblocks = (len - 1) / XXH_BLOCK;
+    uint64_t *sums = (uint64_t *)scratch;
+    if (nblocks) {
+        const size_t threads = nblocks * 8;
+        k_xxh3_blocks<<<(unsigned)((threads + 255) / 256), 256, 0, s>>>((const uint64_t *)data, nblocks, sums);
+        GPU_CHECK_LAUNCH(e, "xxh3 blocks");
+    }
+    k_xxh3_final<<<1, 8, 0, s>>>((const uint8_t *)data, len, nblocks, sums, out);
+    GPU_CHECK_LAUNCH(e, "xxh3 final");
+    return 0;
+}

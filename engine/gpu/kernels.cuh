@@ -1,0 +1,92 @@
+/*
+ * kernels.cuh: the GPU arm's kernels, one launcher per op. Each launcher
+ * enqueues its kernel(s) on stream s and returns 0, or -1 with e naming the
+ * op and what was wrong (an unsupported type or shape, a launch failure).
+ * Nothing here synchronizes or allocates: every buffer is the caller's,
+ * device memory unless said otherwise, and may be captured in a CUDA graph.
+ *
+ * Layouts: activations are f32, row-major, one row per token. Weights are
+ * GGUF tensors as uploaded (row r of a [K, nrows] weight is nrows rows of K
+ * values, tg_row_size(type, K) bytes each). Positions that change from step
+ * to step are read from device memory (pos0) so a captured graph replays.
+ */
+#ifndef TG_GPU_KERNELS_CUH
+#define TG_GPU_KERNELS_CUH
+
+#include "gpu_common.cuh"
+
+/* Largest top-k the device selection serves. */
+#define TG_GPU_MAX_TOPK 256
+
+/* Scratch bytes gk_topk needs for n logits and k entries. */
+size_t gk_topk_scratch(int n, int k);
+/* Scratch bytes gk_xxh3 needs for len input bytes. */
+size_t gk_xxh3_scratch(size_t len);
+
+/* Whether gk_matmul / gk_get_rows serve this weight type. */
+int gk_type_supported(uint32_t type);
+
+/* y[c][r] = dot(W row r, x[c]) for c < ncols, r < nrows.
+ * W: [K, nrows] of type; x: [ncols][K] f32; y: [ncols][nrows] f32.
+ * K must be a multiple of the type's block size. Any ncols (processed in
+ * chunks of up to 8 columns that share each weight read). */
+int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
+              const float *x, int ncols, float *y, tg_err *e);
+
+/* y[t] = row ids[t] of W, dequantized. W: [K, nrows]; ids: n device ints,
+ * each < nrows (not checked on the device: the caller checks on the host);
+ * y: [n][K] f32. */
+int gk_get_rows(cudaStream_t s, uint32_t type, const void *W, int K,
+                const int32_t *ids, int n, float *y, tg_err *e);
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for r < nrows; rows of n.
+ * Whole vector: nrows = tokens; per head: rows of head_dim, nrows =
+ * tokens * heads. y may equal x. */
+int gk_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y,
+               int nrows, int n, float eps, tg_err *e);
+
+/* In-place rotary embedding of x: [n_tok][n_head][head_dim]; token t is at
+ * position *pos0 + t. neox: pairs (i, i + head_dim/2); else adjacent pairs
+ * (2i, 2i+1). Angle pos * base^(-2i/head_dim). */
+int gk_rope(cudaStream_t s, float *x, int n_tok, int n_head, int head_dim,
+            const int32_t *pos0, float base, int neox, tg_err *e);
+
+/* Appends k and v ([n_tok][row] f32) to the caches at rows *pos0 + t.
+ * kc, vc: [n_ctx][row] of f16 (kv_f16) or f32. */
+int gk_kv_store(cudaStream_t s, const float *k, const float *v, void *kc,
+                void *vc, int kv_f16, int n_tok, int row, const int32_t *pos0,
+                tg_err *e);
+
+/* Causal attention of n_tok queries at positions *pos0 + t over the cache.
+ * q, out: [n_tok][n_head][head_dim] f32; kc, vc: [n_ctx][n_head_kv][head_dim].
+ * Query head h reads kv head h / (n_head / n_head_kv); scores scaled by
+ * 1/sqrt(head_dim); softmax with max subtraction. *pos0 + n_tok <= n_ctx
+ * is the caller's promise (checked on the host). */
+int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
+                 int kv_f16, float *out, int n_tok, int n_head, int n_head_kv,
+                 int head_dim, int n_ctx, const int32_t *pos0, void *scratch, tg_err *e);
+/* Scratch bytes for gk_attention's split single-token path (n_tok == 1
+ * with scratch not NULL: the keys are split over several blocks per head
+ * and merged; NULL keeps one block per head). */
+size_t gk_attention_scratch(int n_head, int head_dim);
+
+/* y[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)); n values. */
+int gk_swiglu(cudaStream_t s, const float *g, const float *u, float *y, int n,
+              tg_err *e);
+
+/* x[i] += y[i]; n values. */
+int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e);
+
+/* The k largest of n logits into out[0..k-1] (device tg_top entries),
+ * ordered by logit descending, ties by lower id, NaN below every number.
+ * k in 1..min(n, TG_GPU_MAX_TOPK). scratch: gk_topk_scratch(n, k) bytes. */
+int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
+            tg_top *out, tg_err *e);
+
+/* XXH3-64 (seed 0, default secret) of len bytes at data, into *out (device).
+ * len must exceed 240 (the long-input variant); data 8-byte aligned.
+ * scratch: gk_xxh3_scratch(len) bytes. */
+int gk_xxh3(cudaStream_t s, const void *data, size_t len, void *scratch,
+            uint64_t *out, tg_err *e);
+
+#endif

@@ -1,0 +1,469 @@
+/*
+ * model.c: loading a Qwen3 / Llama GGUF into weight views over the mapping,
+ * and the tier-independent half of a session: options, positions, the
+ * logits buffer, op counters, dumps and batching (see model.h). The forward
+ * passes themselves live in forward_ref.c and forward_cpu.c.
+ */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward.h"
+#include "quant.h"
+
+static const char *const stage_names[TG_STAGE_COUNT] = {
+    "attn_norm", "q", "k", "v", "attn_out", "ffn_norm", "ffn_out", "residual", "logits",
+};
+
+const char *tg_stage_name(int stage)
+{
+    return stage >= 0 && stage < TG_STAGE_COUNT ? stage_names[stage] : "?";
+}
+
+int tg_stage_parse(const char *s)
+{
+    for (int i = 0; i < TG_STAGE_COUNT; i++)
+        if (s && strcmp(s, stage_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* --- hyperparameters --------------------------------------------------- */
+
+/* Reads "<arch>.<key>" as a positive int into *out. When dflt >= 0 an absent
+ * key gives dflt; otherwise it is an error. Returns 0 or -1 with e. */
+static int get_int(const gguf *g, const char *arch, const char *key, int dflt, int *out, tg_err *e)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    if (gguf_find_key(g, full) < 0) {
+        if (dflt >= 0) {
+            *out = dflt;
+            return 0;
+        }
+        return tg_errf(e, "%s: metadata key '%s' is missing (expected a positive integer)",
+                       gguf_path(g), full);
+    }
+    int64_t v;
+    if (gguf_get_i64(g, full, &v, NULL) != 0 || v <= 0 || v > (1 << 30))
+        return tg_errf(e, "%s: metadata key '%s' must be an integer in 1..2^30", gguf_path(g), full);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_float(const gguf *g, const char *arch, const char *key, float dflt, int required,
+                     float *out, tg_err *e)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    if (gguf_find_key(g, full) < 0) {
+        if (!required) {
+            *out = dflt;
+            return 0;
+        }
+        return tg_errf(e, "%s: metadata key '%s' is missing (expected an f32)", gguf_path(g), full);
+    }
+    if (gguf_get_f32(g, full, out, NULL) != 0 || !(*out > 0.0f))
+        return tg_errf(e, "%s: metadata key '%s' must be a positive f32", gguf_path(g), full);
+    return 0;
+}
+
+static int read_hparams(const gguf *g, tg_hparams *hp, tg_err *e)
+{
+    memset(hp, 0, sizeof *hp);
+    gguf_str s;
+    if (gguf_get_str(g, "general.architecture", &s, NULL) != 0)
+        return tg_errf(e, "%s: metadata key 'general.architecture' is missing or not a string",
+                       gguf_path(g));
+    if (s.n == 5 && memcmp(s.p, "qwen3", 5) == 0) {
+        hp->arch = TG_ARCH_QWEN3;
+        hp->qk_norm = 1;
+        hp->rope_neox = 1;
+    } else if (s.n == 5 && memcmp(s.p, "llama", 5) == 0) {
+        hp->arch = TG_ARCH_LLAMA;
+        hp->qk_norm = 0;
+        hp->rope_neox = 0;
+    } else {
+        return tg_errf(e, "%s: general.architecture is '%.*s', expected 'qwen3' or 'llama'",
+                       gguf_path(g), (int)(s.n > 64 ? 64 : s.n), s.p);
+    }
+    memcpy(hp->arch_name, s.p, s.n);
+    const char *a = hp->arch_name;
+
+    if (get_int(g, a, "context_length", 4096, &hp->n_ctx_train, e) ||
+        get_int(g, a, "embedding_length", -1, &hp->n_embd, e) ||
+        get_int(g, a, "block_count", -1, &hp->n_layer, e) ||
+        get_int(g, a, "feed_forward_length", -1, &hp->n_ff, e) ||
+        get_int(g, a, "attention.head_count", -1, &hp->n_head, e) ||
+        get_int(g, a, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, e))
+        return -1;
+    if (hp->n_head_kv > hp->n_head || hp->n_head % hp->n_head_kv != 0)
+        return tg_errf(e, "%s: %s.attention.head_count_kv = %d must divide head_count = %d",
+                       gguf_path(g), a, hp->n_head_kv, hp->n_head);
+    int dflt_hd = hp->n_embd % hp->n_head == 0 ? hp->n_embd / hp->n_head : -1;
+    if (get_int(g, a, "attention.key_length", dflt_hd, &hp->head_dim, e))
+        return -1;
+    int vlen;
+    if (get_int(g, a, "attention.value_length", hp->head_dim, &vlen, e))
+        return -1;
+    if (vlen != hp->head_dim)
+        return tg_errf(e, "%s: %s.attention.value_length = %d, expected key_length = %d",
+                       gguf_path(g), a, vlen, hp->head_dim);
+    if (hp->head_dim % 2 != 0)
+        return tg_errf(e, "%s: head dimension %d must be even (rope pairs)", gguf_path(g), hp->head_dim);
+    int rope_dims;
+    if (get_int(g, a, "rope.dimension_count", hp->head_dim, &rope_dims, e))
+        return -1;
+    if (rope_dims != hp->head_dim)
+        return tg_errf(e, "%s: %s.rope.dimension_count = %d, expected the head dimension %d "
+                       "(partial rope is not supported)", gguf_path(g), a, rope_dims, hp->head_dim);
+    if (get_float(g, a, "rope.freq_base", 10000.0f, 0, &hp->rope_base, e) ||
+        get_float(g, a, "attention.layer_norm_rms_epsilon", 0, 1, &hp->eps, e))
+        return -1;
+    char full[128];
+    snprintf(full, sizeof full, "%s.rope.scaling.type", a);
+    if (gguf_find_key(g, full) >= 0) {
+        gguf_str st;
+        if (gguf_get_str(g, full, &st, NULL) != 0 || !(st.n == 4 && memcmp(st.p, "none", 4) == 0))
+            return tg_errf(e, "%s: %s is set; only unscaled rope ('none') is supported", gguf_path(g), full);
+    }
+    snprintf(full, sizeof full, "%s.rope.freq_scale", a);
+    if (gguf_find_key(g, full) >= 0) {
+        float fs;
+        if (gguf_get_f32(g, full, &fs, NULL) != 0 || fs != 1.0f)
+            return tg_errf(e, "%s: %s must be 1 (rope frequency scaling is not supported)", gguf_path(g), full);
+    }
+    uint32_t ft;
+    hp->file_type = gguf_get_u32(g, "general.file_type", &ft, NULL) == 0 ? (int)ft : -1;
+    return 0;
+}
+
+/* --- tensors ----------------------------------------------------------- */
+
+/* Finds `name` and checks it is a matrix of rows x cols (cols == ne[0]) of a
+ * type we can compute with, or (rows == 0) an f32 vector of cols. Returns 0
+ * and *w, or -1 with e naming the tensor and the expectation. When optional
+ * and absent, returns 1 and leaves *w zeroed. */
+static int get_weight(const gguf *g, const char *name, int64_t cols, int64_t rows, int optional,
+                      tg_weight *w, tg_err *e)
+{
+    memset(w, 0, sizeof *w);
+    const gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t) {
+        if (optional)
+            return 1;
+        if (rows)
+            return tg_errf(e, "%s: tensor '%s' is missing (expected [%lld, %lld])", gguf_path(g), name,
+                           (long long)cols, (long long)rows);
+        return tg_errf(e, "%s: tensor '%s' is missing (expected [%lld] f32)", gguf_path(g), name,
+                       (long long)cols);
+    }
+    if (rows == 0) {
+        if (t->n_dims != 1 || (int64_t)t->ne[0] != cols)
+            return tg_errf(e, "%s: tensor '%s' has shape [%llu, %llu], expected [%lld]", gguf_path(g), name,
+                           (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)cols);
+        if (t->type != TG_TYPE_F32)
+            return tg_errf(e, "%s: tensor '%s' has type %s, expected f32", gguf_path(g), name,
+                           tg_type_name(t->type));
+    } else {
+        if (t->n_dims != 2 || (int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows)
+            return tg_errf(e, "%s: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%lld, %lld]",
+                           gguf_path(g), name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                           t->n_dims, (long long)cols, (long long)rows);
+        const tg_type_traits *tr = tg_traits(t->type);
+        if (!tr || !tr->to_float || !tr->vec_dot || t->type == TG_TYPE_Q8_K || t->type == TG_TYPE_Q8_1)
+            return tg_errf(e, "%s: tensor '%s' has type %s (%u), expected one of f32, f16, bf16, q8_0, "
+                           "q4_K, q5_K, q6_K", gguf_path(g), name, tg_type_name(t->type), t->type);
+    }
+    size_t rs = tg_row_size(t->type, cols);
+    if (rs == 0)
+        return tg_errf(e, "%s: tensor '%s': a row of %lld values is not a whole number of %s blocks",
+                       gguf_path(g), name, (long long)cols, tg_type_name(t->type));
+    int64_t nrows = rows ? rows : 1;
+    if (t->nbytes < rs * (uint64_t)nrows)
+        return tg_errf(e, "%s: tensor '%s' holds %llu bytes, expected %llu", gguf_path(g), name,
+                       (unsigned long long)t->nbytes, (unsigned long long)(rs * (uint64_t)nrows));
+    w->data = t->data;
+    w->type = t->type;
+    w->cols = cols;
+    w->rows = nrows;
+    w->row_size = rs;
+    w->name = t->name;
+    return 0;
+}
+
+int tg_model_from_gguf(tg_model **out, gguf *g, tg_err *e)
+{
+    *out = NULL;
+    tg_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        gguf_close(g);
+        return tg_errf(e, "out of memory");
+    }
+    m->g = g;
+    tg_hparams *hp = &m->hp;
+    if (read_hparams(g, hp, e) != 0)
+        goto fail;
+
+    const gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");
+    if (!te) {
+        tg_errf(e, "%s: tensor 'token_embd.weight' is missing", gguf_path(g));
+        goto fail;
+    }
+    if (te->n_dims != 2 || te->ne[1] == 0 || te->ne[1] > INT32_MAX) {
+        tg_errf(e, "%s: tensor 'token_embd.weight' must be 2-D [n_embd, n_vocab]", gguf_path(g));
+        goto fail;
+    }
+    hp->n_vocab = (int)te->ne[1];
+    enum gguf_vtype et;
+    uint64_t ntok;
+    if (gguf_find_key(g, "tokenizer.ggml.tokens") >= 0 &&
+        gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &ntok, NULL) == 0 && ntok != (uint64_t)hp->n_vocab) {
+        tg_errf(e, "%s: tokenizer.ggml.tokens has %llu entries but token_embd.weight has %d rows",
+                gguf_path(g), (unsigned long long)ntok, hp->n_vocab);
+        goto fail;
+    }
+
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim,
+                  KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+    if (get_weight(g, "token_embd.weight", E, V, 0, &m->token_embd, e) ||
+        get_weight(g, "output_norm.weight", E, 0, 0, &m->output_norm, e))
+        goto fail;
+    int r = get_weight(g, "output.weight", E, V, 1, &m->output, e);
+    if (r < 0)
+        goto fail;
+    hp->tied = r == 1;
+    if (hp->tied)
+        m->output = m->token_embd;
+
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        tg_errf(e, "out of memory");
+        goto fail;
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        tg_layer *L = &m->layers[il];
+        char n[96];
+#define W(field, suffix, cols, rows)                                                   \
+        snprintf(n, sizeof n, "blk.%d.%s.weight", il, suffix);                         \
+        if (get_weight(g, n, cols, rows, 0, &L->field, e) != 0)                         \
+            goto fail;
+        W(attn_norm, "attn_norm", E, 0)
+        W(wq, "attn_q", E, Q)
+        W(wk, "attn_k", E, KV)
+        W(wv, "attn_v", E, KV)
+        W(wo, "attn_output", Q, E)
+        W(ffn_norm, "ffn_norm", E, 0)
+        W(gate, "ffn_gate", E, F)
+        W(up, "ffn_up", E, F)
+        W(down, "ffn_down", F, E)
+        if (hp->qk_norm) {
+            W(q_norm, "attn_q_norm", hp->head_dim, 0)
+            W(k_norm, "attn_k_norm", hp->head_dim, 0)
+        }
+#undef W
+    }
+    *out = m;
+    return 0;
+fail:
+    tg_model_free(m);
+    return -1;
+}
+
+int tg_model_load(tg_model **out, const char *path, tg_err *e)
+{
+    *out = NULL;
+    gguf *g;
+    if (gguf_open(&g, path, e) != 0)
+        return -1;
+    return tg_model_from_gguf(out, g, e);
+}
+
+void tg_model_free(tg_model *m)
+{
+    if (!m)
+        return;
+    free(m->layers);
+    gguf_close(m->g);
+    free(m);
+}
+
+/* --- options ----------------------------------------------------------- */
+
+tg_opts tg_opts_default(void)
+{
+    tg_opts o;
+    memset(&o, 0, sizeof o);
+    o.tier = TG_TIER_CPU;
+    o.perturb_layer = -1;
+    return o;
+}
+
+int tg_opts_parse_perturb(tg_opts *o, const char *spec, tg_err *e)
+{
+    char stage[32];
+    int layer, used = 0;
+    if (!spec || strncmp(spec, "bf16:", 5) != 0 ||
+        sscanf(spec + 5, "%31[a-z_]:%d%n", stage, &layer, &used) != 2 || spec[5 + used] != '\0')
+        return tg_errf(e, "perturb '%s': expected \"bf16:STAGE:LAYER\", e.g. \"bf16:ffn_out:3\"",
+                       spec ? spec : "(null)");
+    int st = tg_stage_parse(stage);
+    if (st < 0 || st == TG_STAGE_LOGITS)
+        return tg_errf(e, "perturb '%s': stage '%s' is not one of attn_norm, q, k, v, attn_out, "
+                       "ffn_norm, ffn_out, residual", spec, stage);
+    if (layer < 0)
+        return tg_errf(e, "perturb '%s': layer must be >= 0", spec);
+    o->perturb_stage = st;
+    o->perturb_layer = layer;
+    return 0;
+}
+
+void tg_round_bf16(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tg_bf16_to_f32(tg_f32_to_bf16(x[i]));
+}
+
+/* --- sessions ---------------------------------------------------------- */
+
+int tg_session_new(tg_session **out, const tg_model *m, const tg_opts *o, tg_err *e)
+{
+    *out = NULL;
+    tg_opts opt = o ? *o : tg_opts_default();
+    const tg_hparams *hp = &m->hp;
+    if (opt.tier == TG_TIER_GPU)
+        return tg_errf(e, "tier gpu: the GPU arm is not part of this build");
+    if (opt.tier != TG_TIER_REF && opt.tier != TG_TIER_CPU)
+        return tg_errf(e, "tier %d: expected ref or cpu", (int)opt.tier);
+    if (opt.threads < 0 || opt.threads > 1024)
+        return tg_errf(e, "option threads = %d: expected 0 (all CPUs) .. 1024", opt.threads);
+    if (opt.threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        opt.threads = n > 0 ? (int)n : 1;
+    }
+    if (opt.n_ctx < 0 || opt.n_batch < 0)
+        return tg_errf(e, "options n_ctx and n_batch must be >= 0 (0 = default)");
+    if (opt.n_ctx == 0)
+        opt.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (opt.n_ctx > (1 << 20))
+        return tg_errf(e, "option n_ctx = %d: expected at most 1048576", opt.n_ctx);
+    if (opt.n_batch == 0)
+        opt.n_batch = 64;
+    if (opt.n_batch > 4096)
+        return tg_errf(e, "option n_batch = %d: expected 1..4096", opt.n_batch);
+    if (opt.perturb_layer >= hp->n_layer)
+        return tg_errf(e, "perturb: layer %d is out of range (the model has %d layers)", opt.perturb_layer,
+                       hp->n_layer);
+    if (opt.f64 && opt.tier != TG_TIER_REF)
+        return tg_errf(e, "option f64 is for the ref tier only");
+
+    tg_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return tg_errf(e, "out of memory");
+    s->m = m;
+    s->o = opt;
+    s->impl = opt.tier == TG_TIER_REF ? &tg_tier_ref_impl : &tg_tier_cpu_impl;
+    s->logits = calloc((size_t)hp->n_vocab, sizeof(float));
+    if (!s->logits) {
+        free(s);
+        return tg_errf(e, "out of memory");
+    }
+    if (s->impl->init(s, e) != 0) {
+        free(s->logits);
+        free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+void tg_session_free(tg_session *s)
+{
+    if (!s)
+        return;
+    s->impl->fini(s);
+    free(s->logits);
+    free(s);
+}
+
+void tg_session_reset(tg_session *s)
+{
+    s->pos = 0;
+}
+
+int tg_session_pos(const tg_session *s)
+{
+    return s->pos;
+}
+
+int tg_session_n_ctx(const tg_session *s)
+{
+    return s->o.n_ctx;
+}
+
+int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e)
+{
+    if (n < 1)
+        return tg_errf(e, "eval: expected at least one token");
+    if (n > s->o.n_ctx - s->pos)
+        return tg_errf(e, "eval: %d tokens at position %d exceed the context of %d positions (option n_ctx)",
+                       n, s->pos, s->o.n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= s->m->hp.n_vocab)
+            return tg_errf(e, "eval: token %d (index %d) is out of range 0..%d", tokens[i], i,
+                           s->m->hp.n_vocab - 1);
+    int start = s->pos;
+    for (int i = 0; i < n; i += s->o.n_batch) {
+        int nb = n - i < s->o.n_batch ? n - i : s->o.n_batch;
+        int last = i + nb == n;
+        if (s->impl->eval(s, tokens + i, nb, last && s->dump_fn != NULL, e) != 0) {
+            s->pos = start;
+            return -1;
+        }
+        s->pos += nb;
+    }
+    return 0;
+}
+
+const float *tg_session_logits(const tg_session *s)
+{
+    return s->logits;
+}
+
+void tg_session_set_dump(tg_session *s, tg_dump_fn fn, void *ud)
+{
+    s->dump_fn = fn;
+    s->dump_ud = ud;
+}
+
+tg_ops *tg_session_ops(tg_session *s)
+{
+    return &s->ops;
+}
+
+const char *tg_session_device(const tg_session *s)
+{
+    return s->device;
+}
+
+void tg_tier_device(enum tg_tier tier, int threads, char *buf, size_t n)
+{
+    if (threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = c > 0 ? (int)c : 1;
+    }
+    switch (tier) {
+    case TG_TIER_REF:
+        snprintf(buf, n, "portable C reference, 1 thread");
+        break;
+    case TG_TIER_CPU:
+        snprintf(buf, n, "%s, %d thread%s", tg_cpu_tier_isa(), threads, threads == 1 ? "" : "s");
+        break;
+    default:
+        snprintf(buf, n, "no GPU arm in this build");
+        break;
+    }
+}

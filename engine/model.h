@@ -1,0 +1,179 @@
+/*
+ * model.h: a Qwen3 (or Llama) model over a GGUF mapping, and sessions that
+ * run its forward pass on one tier.
+ *
+ * tg_model_load() opens the file through gguf (mmap; weights are never
+ * copied: every tg_weight points into the mapping), reads the hyperparameters
+ * from the metadata and checks that every tensor the forward pass needs is
+ * present with the expected shape and a supported type. The model is
+ * read-only afterwards and may back several sessions.
+ *
+ * A tg_session owns what one sequence needs: the KV cache, activation
+ * buffers, the thread pool (cpu tier) and the op counters. Tokens go in with
+ * tg_session_eval() (a prompt in batches of n_batch, or one token at a time);
+ * the logits of the last token evaluated stay in the session until the next
+ * call. The forward pass is the one of FORMATS.md ("Qwen3 forward pass").
+ *
+ * Tiers (opts.tier):
+ *   ref  plain C, one thread: weights dequantized row by row, f32 activations
+ *        with f64 accumulation, F32 KV cache. Deterministic whatever the
+ *        threads option says. The yardstick.
+ *   cpu  activations quantized to each weight type's vec_dot type as
+ *        llama.cpp's CPU backend does (Q8_K for K-quants, Q8_0 for Q8_0, F16
+ *        for F16, ...), SIMD integer dot products (engine/cpu/kernels.h), a
+ *        thread pool splitting output rows with a fixed partition (every row
+ *        is one dot product, so the bytes do not depend on the thread
+ *        count), F16 KV cache by default.
+ *   gpu  not in this library (tg_session_new refuses it).
+ *
+ * Debug perturbation (load option "perturb", for localisation tests): the
+ * string "bf16:STAGE:LAYER", e.g. "bf16:ffn_out:3", rounds the activations of
+ * STAGE (one of the dump stages below, "logits" excluded) of layer LAYER to
+ * bfloat16 (round to nearest even) right where they are produced, for every
+ * token, before anything reads them. The model is otherwise unchanged, so the
+ * first divergence from an unperturbed run lies at that layer and stage.
+ */
+#ifndef TG_MODEL_H
+#define TG_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf.h"
+#include "ops.h"
+#include "util.h"
+
+enum tg_arch { TG_ARCH_QWEN3, TG_ARCH_LLAMA };
+
+typedef struct tg_hparams {
+    enum tg_arch arch;
+    char arch_name[16];      /* "qwen3" | "llama" (general.architecture) */
+    int n_vocab;             /* rows of token_embd */
+    int n_ctx_train;         /* <arch>.context_length */
+    int n_embd;              /* <arch>.embedding_length */
+    int n_layer;             /* <arch>.block_count */
+    int n_head;              /* <arch>.attention.head_count */
+    int n_head_kv;           /* <arch>.attention.head_count_kv (default n_head) */
+    int head_dim;            /* <arch>.attention.key_length (default n_embd / n_head) */
+    int n_ff;                /* <arch>.feed_forward_length */
+    float rope_base;         /* <arch>.rope.freq_base (default 10000) */
+    float eps;               /* <arch>.attention.layer_norm_rms_epsilon */
+    int file_type;           /* general.file_type, -1 when absent */
+    int qk_norm;             /* per-head q/k rmsnorm (qwen3) */
+    int rope_neox;           /* 1: pairs (i, i + d/2) (qwen3); 0: adjacent pairs (llama) */
+    int tied;                /* output.weight absent: the output uses token_embd */
+} tg_hparams;
+
+/* A weight inside the mapping: rows of `cols` values of `type`. */
+typedef struct tg_weight {
+    const void *data;        /* into the mapping */
+    uint32_t type;           /* TG_TYPE_* */
+    int64_t cols;            /* ne[0]: values per row */
+    int64_t rows;            /* ne[1] (1 for vectors) */
+    size_t row_size;         /* bytes per row */
+    const char *name;        /* the tensor name (inside the gguf index) */
+} tg_weight;
+
+typedef struct tg_layer {
+    tg_weight attn_norm;     /* (n_embd) f32 */
+    tg_weight wq;            /* (n_head*head_dim rows, n_embd cols) */
+    tg_weight wk;            /* (n_head_kv*head_dim, n_embd) */
+    tg_weight wv;            /* (n_head_kv*head_dim, n_embd) */
+    tg_weight q_norm;        /* (head_dim) f32; qwen3 only */
+    tg_weight k_norm;        /* (head_dim) f32; qwen3 only */
+    tg_weight wo;            /* (n_embd, n_head*head_dim) */
+    tg_weight ffn_norm;      /* (n_embd) f32 */
+    tg_weight gate;          /* (n_ff, n_embd) */
+    tg_weight up;            /* (n_ff, n_embd) */
+    tg_weight down;          /* (n_embd, n_ff) */
+} tg_layer;
+
+typedef struct tg_model {
+    gguf *g;                 /* owned; the mapping every weight points into */
+    tg_hparams hp;
+    tg_weight token_embd;    /* (n_vocab, n_embd) */
+    tg_weight output_norm;   /* (n_embd) f32 */
+    tg_weight output;        /* (n_vocab, n_embd); == token_embd when tied */
+    tg_layer *layers;        /* n_layer, owned */
+} tg_model;
+
+/* Opens path and builds the model. Returns 0 and *out, or -1 with e naming
+ * the file, the key or tensor, and what was expected. */
+int tg_model_load(tg_model **out, const char *path, tg_err *e);
+/* Same over an already open gguf, which the model then owns (also on
+ * failure: it is closed). */
+int tg_model_from_gguf(tg_model **out, gguf *g, tg_err *e);
+void tg_model_free(tg_model *m);  /* NULL is a no-op */
+
+/* Stages of a layer whose activations can be dumped (and perturbed), in
+ * forward order; TG_STAGE_LOGITS is the final logits (layer -1). */
+enum tg_stage {
+    TG_STAGE_ATTN_NORM,      /* rmsnorm(x) * attn_norm          (n_embd) */
+    TG_STAGE_Q,              /* q after q-norm and rope         (n_head*head_dim) */
+    TG_STAGE_K,              /* k after k-norm and rope         (n_head_kv*head_dim) */
+    TG_STAGE_V,              /* v                               (n_head_kv*head_dim) */
+    TG_STAGE_ATTN_OUT,       /* Wo * attention                  (n_embd) */
+    TG_STAGE_FFN_NORM,       /* rmsnorm(x) * ffn_norm           (n_embd) */
+    TG_STAGE_FFN_OUT,        /* Wdown * swiglu                  (n_embd) */
+    TG_STAGE_RESIDUAL,       /* x at the end of the layer       (n_embd) */
+    TG_STAGE_LOGITS,         /* output logits                   (n_vocab) */
+    TG_STAGE_COUNT
+};
+const char *tg_stage_name(int stage);      /* "ffn_out"; "?" out of range */
+int tg_stage_parse(const char *s);         /* the stage, or -1 */
+
+typedef struct tg_opts {
+    enum tg_tier tier;       /* TG_TIER_REF | TG_TIER_CPU */
+    int threads;             /* cpu tier pool size; 0: all online CPUs */
+    int kv_f32;              /* cpu tier: F32 instead of F16 KV cache (ref: always F32) */
+    int n_ctx;               /* KV cache positions; 0: min(n_ctx_train, 4096) */
+    int n_batch;             /* tokens per prefill batch; 0: 64 */
+    int perturb_layer;       /* -1: none; else the layer of the perturbation */
+    int perturb_stage;       /* enum tg_stage */
+    int f64;                 /* ref tier only: keep activations in f64 (no
+                              * rounding to f32 between ops); a yardstick
+                              * for tests, not a protocol option */
+} tg_opts;
+
+/* Defaults: cpu tier, all threads, F16 KV, no perturbation. */
+tg_opts tg_opts_default(void);
+/* Parses a perturbation "bf16:STAGE:LAYER" into o. Returns 0, or -1 with e
+ * saying what was expected. Layer range is checked by tg_session_new. */
+int tg_opts_parse_perturb(tg_opts *o, const char *spec, tg_err *e);
+
+typedef struct tg_session tg_session;
+
+/* Makes a session over m (which must outlive it). Returns 0 and *out, or -1
+ * with e (unsupported tier or weight type, bad option, out of memory). */
+int tg_session_new(tg_session **out, const tg_model *m, const tg_opts *o, tg_err *e);
+void tg_session_free(tg_session *s);       /* NULL is a no-op */
+/* Empties the KV cache (position 0); counters are kept. */
+void tg_session_reset(tg_session *s);
+/* Positions filled in the KV cache, and its capacity. */
+int tg_session_pos(const tg_session *s);
+int tg_session_n_ctx(const tg_session *s);
+
+/* Evaluates n >= 1 tokens at the next positions (in batches of n_batch) and
+ * keeps the logits of the last one. Returns 0, or -1 with e (a token id out
+ * of range, the context full); on failure the cache is left as before. */
+int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e);
+/* The last logits (n_vocab floats, owned by the session, valid until the
+ * next eval/reset/free). */
+const float *tg_session_logits(const tg_session *s);
+
+/* Dumps: while fn is set, every eval calls fn for each stage of each layer
+ * and for the logits, with the activations of the last token evaluated
+ * (n floats, valid during the call). fn returns 0, or -1 to make the eval
+ * fail with its message in the e it was given. NULL turns dumps off. */
+typedef int (*tg_dump_fn)(void *ud, int layer, int stage, const float *x, int64_t n, tg_err *e);
+void tg_session_set_dump(tg_session *s, tg_dump_fn fn, void *ud);
+
+/* Op counters since the session began (or since tg_ops_clear on them). */
+tg_ops *tg_session_ops(tg_session *s);
+/* "x86-64 AVX2, 2 threads" style description of where the session runs. */
+const char *tg_session_device(const tg_session *s);
+/* The same description for a tier and thread count (0: all CPUs) before any
+ * session exists, into buf (n bytes). */
+void tg_tier_device(enum tg_tier tier, int threads, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,837 @@
+/*
+ * quant.c: the scalar reference of every tensor type the engine handles:
+ * IEEE half and bfloat16 conversions, dequantize (to_float), quantize
+ * (from_float) and dot product (vec_dot) for F32, F16, BF16, Q8_0, Q8_1,
+ * Q4_K, Q5_K, Q6_K and Q8_K, and the per-type trait table.
+ *
+ * These functions are the oracle for the SIMD kernels (engine/cpu/) and
+ * the GPU kernels: they favour plain code over speed. Two families:
+ *
+ * - Activation quantizers (Q8_0, Q8_1, Q8_K) reproduce ggml's reference
+ *   bytes exactly (FORMATS.md), because llama.cpp's CPU backend quantizes
+ *   every activation row with them before an integer dot product.
+ * - Weight quantizers (Q4_K, Q5_K, Q6_K) search per sub-block scales and
+ *   mins by weighted least squares; they write test models, so they need to
+ *   be good, not byte-identical to llama-quantize.
+ *
+ * The vec_dots compute what ggml-cpu's generic code computes: integer dot
+ * products per sub-block, scaled by integer sub-block scales, accumulated
+ * per super-block in int32, then scaled by d (and dmin) in float. F16, BF16
+ * and F32 dots accumulate in double, as ggml's scalar fallback does.
+ *
+ * Row lengths passed to the row kernels must be a multiple of the type's
+ * block size (an internal invariant: callers check shapes from files
+ * first, tg_row_size() returns 0 for a bad length).
+ */
+#include "quant.h"
+
+/* The reference rounds every product and sum separately on every target:
+ * no multiply-add contraction (GCC contracts by default on aarch64, which
+ * would move dequantized values and dots by an ulp from ggml's). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#else
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- halves */
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Returns the f32 value of half h (exact: every half is a float). */
+float tg_half_to_f32(tg_half h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24, exact in float */
+        float v = (float)mant * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exp == 31) return bits_f32(sign | 0x7f800000u | (mant << 13));
+    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+/* Returns f rounded to the nearest half, ties to even; overflow gives inf,
+ * NaN stays NaN (quiet, payload truncated to its top 9 bits), as the F16C
+ * and NEON conversion instructions do. */
+tg_half tg_f32_to_half(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return sign | 0x7e00 | ((ax >> 13) & 0x3ff);
+    if (ax >= 0x477ff000u) return sign | 0x7c00;   /* >= 65520: inf */
+    if (ax >= 0x38800000u) {                       /* normal half */
+        uint32_t v = ax - 0x38000000u;             /* rebias 127 -> 15 */
+        v += 0xfffu + ((v >> 13) & 1);             /* round to nearest even */
+        return sign | (uint16_t)(v >> 13);         /* a carry bumps the exponent */
+    }
+    if (ax <= 0x33000000u) return sign;            /* <= 2^-25: rounds to 0 */
+    /* subnormal half: the value in units of 2^-24 */
+    uint32_t e = ax >> 23;                         /* 102 .. 112 */
+    uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;                      /* 14 .. 24 */
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1))) q++;
+    return sign | (uint16_t)q;                     /* 0x400 is the smallest normal */
+}
+
+/* Returns the f32 value of bfloat16 h (exact). */
+float tg_bf16_to_f32(tg_bf16 h)
+{
+    return bits_f32((uint32_t)h << 16);
+}
+
+/* Returns f rounded to the nearest bfloat16, ties to even; NaN stays a
+ * quiet NaN (ggml's rule: top 16 bits with the quiet bit set). */
+tg_bf16 tg_f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (tg_bf16)((x >> 16) | 0x40);
+    return (tg_bf16)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* Returns v rounded to the nearest integer, ties to even (what ggml's
+ * nearest_int gives for the values quantizers meet), under the default
+ * rounding mode. rintf keeps the product that usually feeds it a separate
+ * rounding: an add-magic-number trick would let aarch64 GCC fuse the two
+ * into one FMA and round differently from ggml and from the SIMD
+ * quantizers. Magnitudes beyond 2^22 (never met) are clamped first; a NaN
+ * gives -4194303. */
+static inline int round_even(float v)
+{
+    v = v > 4194303.0f ? 4194303.0f : v;
+    v = v >= -4194303.0f ? v : -4194303.0f;
+    return (int)rintf(v);
+}
+
+/* -------------------------------------------------------- F32, F16, BF16 */
+
+static void f32_to_float(const void *x, float *y, int64_t k)
+{
+    memcpy(y, x, (size_t)k * sizeof(float));
+}
+
+static void f32_from_float(const float *x, void *y, int64_t k)
+{
+    memcpy(y, x, (size_t)k * sizeof(float));
+}
+
+static void f32_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    const float *x = vx, *y = vy;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (double)x[i] * (double)y[i];
+    *s = (float)sum;
+}
+
+static void f16_to_float(const void *vx, float *y, int64_t k)
+{
+    const tg_half *x = vx;
+    for (int64_t i = 0; i < k; i++) y[i] = tg_half_to_f32(x[i]);
+}
+
+static void f16_from_float(const float *x, void *vy, int64_t k)
+{
+    tg_half *y = vy;
+    for (int64_t i = 0; i < k; i++) y[i] = tg_f32_to_half(x[i]);
+}
+
+static void f16_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    const tg_half *x = vx, *y = vy;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)tg_half_to_f32(x[i]) * (double)tg_half_to_f32(y[i]);
+    *s = (float)sum;
+}
+
+static void bf16_to_float(const void *vx, float *y, int64_t k)
+{
+    const tg_bf16 *x = vx;
+    for (int64_t i = 0; i < k; i++) y[i] = tg_bf16_to_f32(x[i]);
+}
+
+static void bf16_from_float(const float *x, void *vy, int64_t k)
+{
+    tg_bf16 *y = vy;
+    for (int64_t i = 0; i < k; i++) y[i] = tg_f32_to_bf16(x[i]);
+}
+
+static void bf16_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    const tg_bf16 *x = vx, *y = vy;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)tg_bf16_to_f32(x[i]) * (double)tg_bf16_to_f32(y[i]);
+    *s = (float)sum;
+}
+
+/* ------------------------------------------------------------ Q8_0, Q8_1 */
+
+/* Q8_0 as ggml's reference: d = amax/127 (stored as half), q = roundf(x/d)
+ * computed as x * (1/d), halves away from zero. */
+static void q8_0_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK8_0 == 0);
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        float amax = 0;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0 ? 1.0f / d : 0.0f;
+        y[i].d = tg_f32_to_half(d);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+static void q8_0_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK8_0 == 0);
+    const block_q8_0 *x = vx;
+    for (int64_t i = 0; i < k / QK8_0; i++) {
+        const float d = tg_half_to_f32(x[i].d);
+        for (int j = 0; j < QK8_0; j++) *y++ = d * x[i].qs[j];
+    }
+}
+
+/* Per block: the int32 sum of products, times (dx * dy), summed in float. */
+static void q8_0_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK8_0 == 0);
+    const block_q8_0 *x = vx, *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK8_0; i++) {
+        int32_t sumi = 0;
+        for (int j = 0; j < QK8_0; j++) sumi += x[i].qs[j] * y[i].qs[j];
+        sumf += (float)sumi * (tg_half_to_f32(x[i].d) * tg_half_to_f32(y[i].d));
+    }
+    *s = sumf;
+}
+
+/* Q8_1 as ggml's reference: Q8_0's d and q, plus s = half(sum(q) * d). */
+static void q8_1_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK8_0 == 0);
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        float amax = 0;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0 ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            y[i].qs[j] = (int8_t)roundf(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].d = tg_f32_to_half(d);
+        y[i].s = tg_f32_to_half((float)sum * d);
+    }
+}
+
+static void q8_1_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK8_0 == 0);
+    const block_q8_1 *x = vx;
+    for (int64_t i = 0; i < k / QK8_0; i++) {
+        const float d = tg_half_to_f32(x[i].d);
+        for (int j = 0; j < QK8_0; j++) *y++ = d * x[i].qs[j];
+    }
+}
+
+/* ------------------------------------------------------------------ Q8_K */
+
+/* FORMATS.md: max = the first element of largest magnitude (signed),
+ * iscale = -127/max, q = min(127, nearest-even(iscale * x)), d = 1/iscale,
+ * bsums = sums of each 16 quants; an all-zero block gets d = 0. */
+static void q8_K_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK_K == 0);
+    block_q8_K *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < QK_K; j++) {
+            const float ax = fabsf(x[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[j];
+            }
+        }
+        if (amax == 0) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < QK_K; j++) {
+            const int v = round_even(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += y[i].qs[16 * j + l];
+            y[i].bsums[j] = (int16_t)sum;
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+static void q8_K_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK_K == 0);
+    const block_q8_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++)
+        for (int j = 0; j < QK_K; j++) *y++ = x[i].d * x[i].qs[j];
+}
+
+/* ---------------------------------------------- K-quant scale search */
+
+static inline int clampi(int v, int lo, int hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Weighted sums of one candidate grid of fit_scale_min. */
+typedef struct grid_sums {
+    float wl, wl2, wlx;     /* sum w L, sum w L^2, sum w L x */
+} grid_sums;
+
+/* Quantizes x to L = clamp(round((x - lo) * iscale), 0, nmax) into L[n]
+ * (n even) and returns the grid's weighted sums (two partial sums each,
+ * to keep the dependency chains short). */
+static grid_sums grid_asym(int n, int nmax, const float *x, const float *w, float lo, float iscale,
+                           uint8_t *L)
+{
+    float a0 = 0, a1 = 0, b0 = 0, b1 = 0, c0 = 0, c1 = 0;
+    for (int i = 0; i < n; i += 2) {
+        const int l0 = clampi(round_even(iscale * (x[i] - lo)), 0, nmax);
+        const int l1 = clampi(round_even(iscale * (x[i + 1] - lo)), 0, nmax);
+        L[i] = (uint8_t)l0;
+        L[i + 1] = (uint8_t)l1;
+        const float wl0 = w[i] * l0, wl1 = w[i + 1] * l1;
+        a0 += wl0;
+        a1 += wl1;
+        b0 += wl0 * l0;
+        b1 += wl1 * l1;
+        c0 += wl0 * x[i];
+        c1 += wl1 * x[i + 1];
+    }
+    return (grid_sums){a0 + a1, b0 + b1, c0 + c1};
+}
+
+/* The weighted least-squares line x ~ a L + b of a grid (b clamped to <= 0)
+ * and its weighted squared error, from the sums alone:
+ * err = a^2 SwL2 + 2ab SwL - 2a SwLx + b^2 Sw - 2b Swx + Swxx.
+ * Returns 0, or -1 when the grid is degenerate (a <= 0). */
+static int grid_fit(grid_sums g, double sw, double swx, double swxx, float *a_out, float *b_out,
+                    double *err)
+{
+    const double det = sw * g.wl2 - (double)g.wl * g.wl;
+    if (det <= 0) return -1;
+    double a = (sw * g.wlx - (double)g.wl * swx) / det;
+    double b = ((double)g.wl2 * swx - (double)g.wl * g.wlx) / det;
+    if (b > 0) {
+        b = 0;
+        a = g.wlx / (double)g.wl2;
+    }
+    if (!(a > 0)) return -1;
+    *err = a * a * g.wl2 + 2 * a * b * g.wl - 2 * a * g.wlx + b * b * sw - 2 * b * swx + swxx;
+    *a_out = (float)a;
+    *b_out = (float)b;
+    return 0;
+}
+
+/* Fits x[i] ~ a * L[i] + b, L[i] in [0, nmax], b <= 0, minimizing the
+ * weighted squared error sum w[i] (a L[i] + b - x[i])^2 over n (even,
+ * <= 32) values. Candidate grids: L = round((x - min) * t / (max - min))
+ * for t from nmax - 1 to nmax + 2 in steps of 0.1; for each grid the best
+ * (a, b) is the weighted least-squares solution (b clamped to 0 when it
+ * comes out positive); the best grid is then refined by re-rounding
+ * against its (a, b) while the error falls. Writes the chosen L and
+ * returns a; *mn receives -b (>= 0). */
+static float fit_scale_min(int n, int nmax, const float *x, const float *w,
+                           uint8_t *L, float *mn)
+{
+    assert(n <= 32 && n % 2 == 0);
+    float lo = x[0], hi = x[0];
+    double sw = 0, swx = 0, swxx = 0;
+    for (int i = 0; i < n; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+        sw += w[i];
+        swx += (double)w[i] * x[i];
+        swxx += (double)w[i] * x[i] * x[i];
+    }
+    if (lo > 0) lo = 0;
+    if (hi <= lo) {                     /* constant non-positive block */
+        memset(L, 0, (size_t)n);
+        *mn = -lo;
+        return 0;
+    }
+    uint8_t cand[32];
+    double best_err = INFINITY;
+    float best_a = (hi - lo) / nmax, best_b = lo;
+    grid_asym(n, nmax, x, w, lo, 1 / best_a, L);
+    for (int step = -10; step <= 20; step++) {
+        /* step 0 is plain min/max; the others stretch or shrink the grid */
+        const float iscale = (nmax + 0.1f * step) / (hi - lo);
+        const grid_sums g = grid_asym(n, nmax, x, w, lo, iscale, cand);
+        float a, b;
+        double err;
+        if (grid_fit(g, sw, swx, swxx, &a, &b, &err) == 0 && err < best_err) {
+            best_err = err;
+            best_a = a;
+            best_b = b;
+            memcpy(L, cand, (size_t)n);
+        }
+    }
+    /* refinement: re-round against the fitted line, refit, keep if better */
+    for (int iter = 0; iter < 4 && best_err < INFINITY; iter++) {
+        const grid_sums g = grid_asym(n, nmax, x, w, best_b, 1 / best_a, cand);
+        float a, b;
+        double err;
+        if (grid_fit(g, sw, swx, swxx, &a, &b, &err) != 0 || !(err < best_err)) break;
+        best_err = err;
+        best_a = a;
+        best_b = b;
+        memcpy(L, cand, (size_t)n);
+    }
+    *mn = -best_b;
+    return best_a;
+}
+
+/* Fits x[i] ~ a * L[i], L[i] in [-nmax, nmax - 1], minimizing
+ * sum w[i] (a L[i] - x[i])^2 over n (even, <= 32) values. Candidate grids
+ * map the element of largest magnitude to around -nmax (the range is
+ * asymmetric, so that side gets the extra level); with the least-squares
+ * a = SwLx / SwL2 of a grid, its error is Swxx - SwLx^2 / SwL2, so the best
+ * grid maximizes SwLx^2 / SwL2. Writes L + nmax (0 .. 2 nmax - 1) and
+ * returns a (0 for an all-zero block). */
+static float fit_scale_sym(int n, int nmax, const float *x, const float *w, uint8_t *L)
+{
+    assert(n <= 32 && n % 2 == 0);
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    }
+    if (amax == 0) {
+        memset(L, nmax, (size_t)n);
+        return 0;
+    }
+    uint8_t cand[32];
+    double best_score = -1;
+    float best_a = 0;
+    for (int step = -12; step <= 12; step++) {
+        const float iscale = -(nmax + 0.1f * step) / max;
+        float b0 = 0, b1 = 0, c0 = 0, c1 = 0;
+        for (int i = 0; i < n; i += 2) {
+            const int l0 = clampi(round_even(iscale * x[i]), -nmax, nmax - 1);
+            const int l1 = clampi(round_even(iscale * x[i + 1]), -nmax, nmax - 1);
+            cand[i] = (uint8_t)(l0 + nmax);
+            cand[i + 1] = (uint8_t)(l1 + nmax);
+            const float wl0 = w[i] * l0, wl1 = w[i + 1] * l1;
+            b0 += wl0 * l0;
+            b1 += wl1 * l1;
+            c0 += wl0 * x[i];
+            c1 += wl1 * x[i + 1];
+        }
+        const double swl2 = (double)b0 + b1, swlx = (double)c0 + c1;
+        if (swl2 <= 0) continue;
+        const double score = swlx * swlx / swl2;
+        if (score > best_score) {
+            best_score = score;
+            best_a = (float)(swlx / swl2);
+            memcpy(L, cand, (size_t)n);
+        }
+    }
+    return best_a;
+}
+
+/* Importance weights of a sub-block: the sub-block's rms plus |x| (large
+ * values matter more, small ones still count). */
+static void kquant_weights(const float *x, int n, float rms, float *w)
+{
+    for (int i = 0; i < n; i++) w[i] = rms + fabsf(x[i]);
+}
+
+static float block_rms(const float *x, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return (float)sqrt(s / n);
+}
+
+
+/* Packs eight 6-bit scales and mins into the 12-byte Q4_K/Q5_K layout. */
+static void pack_scale_min_k4(const uint8_t *sc, const uint8_t *m, uint8_t *q)
+{
+    for (int j = 0; j < 4; j++) {
+        q[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+        q[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
+        q[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+    }
+}
+
+/* Shared Q4_K / Q5_K super-block quantizer: 8 sub-blocks of 32 with values
+ * L in [0, nmax]; writes d, dmin, the packed scales and Lout[256]. */
+static void kquant_asym_block(const float *x, int nmax, tg_half *d_out, tg_half *dmin_out,
+                              uint8_t *scales_out, uint8_t *Lout)
+{
+    float w[32], a[8], mn[8];
+    float max_a = 0, max_mn = 0;
+    for (int j = 0; j < 8; j++) {
+        kquant_weights(x + 32 * j, 32, block_rms(x + 32 * j, 32), w);
+        a[j] = fit_scale_min(32, nmax, x + 32 * j, w, Lout + 32 * j, &mn[j]);
+        max_a = fmaxf(max_a, a[j]);
+        max_mn = fmaxf(max_mn, mn[j]);
+    }
+    /* 6-bit scales and mins relative to the super-block's d and dmin */
+    uint8_t sc[8], m[8];
+    const float inv_a = max_a > 0 ? 63.0f / max_a : 0;
+    const float inv_m = max_mn > 0 ? 63.0f / max_mn : 0;
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (uint8_t)clampi(round_even(inv_a * a[j]), 0, 63);
+        m[j] = (uint8_t)clampi(round_even(inv_m * mn[j]), 0, 63);
+    }
+    *d_out = tg_f32_to_half(max_a / 63.0f);
+    *dmin_out = tg_f32_to_half(max_mn / 63.0f);
+    pack_scale_min_k4(sc, m, scales_out);
+    /* final quants against the stored (rounded) scales */
+    const float d = tg_half_to_f32(*d_out), dmin = tg_half_to_f32(*dmin_out);
+    for (int j = 0; j < 8; j++) {
+        const float ds = d * sc[j], dm = dmin * m[j];
+        for (int i = 0; i < 32; i++) {
+            int l = ds > 0 ? round_even((x[32 * j + i] + dm) / ds) : 0;
+            Lout[32 * j + i] = (uint8_t)clampi(l, 0, nmax);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ Q4_K */
+
+static void q4_K_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK_K == 0);
+    block_q4_K *y = vy;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        kquant_asym_block(x, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++)
+                y[i].qs[32 * g + l] = (uint8_t)(L[64 * g + l] | (L[64 * g + 32 + l] << 4));
+    }
+}
+
+static void q4_K_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK_K == 0);
+    const block_q4_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = tg_half_to_f32(x[i].d), dmin = tg_half_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        for (int g = 0; g < 4; g++, q += 32) {
+            uint8_t sc, m;
+            tg_get_scale_min_k4(2 * g, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            tg_get_scale_min_k4(2 * g + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 15) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
+        }
+    }
+}
+
+/* Unpacks the 8 scales and 8 mins of a Q4_K/Q5_K block. */
+static void unpack_scale_min_k4(const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    for (int j = 0; j < 8; j++) tg_get_scale_min_k4(j, q, &sc[j], &m[j]);
+}
+
+/* Shared tail of the Q4_K / Q5_K dot: a[256] holds the weight quants of one
+ * block (unsigned). Returns the block's int32 sum of sc[j] * a * q8 over
+ * its 8 sub-blocks, into the 8 lane sums of ggml's generic code. */
+static void kquant_lane_sums(const int8_t *a, const int8_t *q8, const uint8_t *sc, int32_t lanes[8])
+{
+    for (int j = 0; j < 8; j++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < 8; l++)
+                lanes[l] += sc[j] * (a[32 * j + 8 * k + l] * q8[32 * j + 8 * k + l]);
+}
+
+static void q4_K_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK_K == 0);
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    float sums[8] = {0};
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int8_t a[QK_K];
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                a[64 * g + l] = (int8_t)(x[i].qs[32 * g + l] & 15);
+                a[64 * g + 32 + l] = (int8_t)(x[i].qs[32 * g + l] >> 4);
+            }
+        uint8_t sc[8], m[8];
+        unpack_scale_min_k4(x[i].scales, sc, m);
+        int32_t summ = 0;
+        for (int j = 0; j < QK_K / 16; j++) summ += y[i].bsums[j] * m[j / 2];
+        int32_t lanes[8] = {0};
+        kquant_lane_sums(a, y[i].qs, sc, lanes);
+        const float d = tg_half_to_f32(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * (float)lanes[l];
+        const float dmin = tg_half_to_f32(x[i].dmin) * y[i].d;
+        sumf -= dmin * (float)summ;
+    }
+    for (int l = 0; l < 8; l++) sumf += sums[l];
+    *s = sumf;
+}
+
+/* ------------------------------------------------------------------ Q5_K */
+
+static void q5_K_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK_K == 0);
+    block_q5_K *y = vy;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        kquant_asym_block(x, 31, &y[i].d, &y[i].dmin, y[i].scales, L);
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t lo = L[64 * g + l], hi = L[64 * g + 32 + l];
+                y[i].qs[32 * g + l] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+                y[i].qh[l] |= (uint8_t)(((lo >> 4) << (2 * g)) | ((hi >> 4) << (2 * g + 1)));
+            }
+    }
+}
+
+static void q5_K_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK_K == 0);
+    const block_q5_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = tg_half_to_f32(x[i].d), dmin = tg_half_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        for (int g = 0; g < 4; g++, q += 32) {
+            uint8_t sc, m;
+            tg_get_scale_min_k4(2 * g, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            tg_get_scale_min_k4(2 * g + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * ((q[l] & 15) + (((x[i].qh[l] >> (2 * g)) & 1) << 4)) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * ((q[l] >> 4) + (((x[i].qh[l] >> (2 * g + 1)) & 1) << 4)) - m2;
+        }
+    }
+}
+
+static void q5_K_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK_K == 0);
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    float sums[8] = {0};
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int8_t a[QK_K];
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t q = x[i].qs[32 * g + l], h = x[i].qh[l];
+                a[64 * g + l] = (int8_t)((q & 15) | (((h >> (2 * g)) & 1) << 4));
+                a[64 * g + 32 + l] = (int8_t)((q >> 4) | (((h >> (2 * g + 1)) & 1) << 4));
+            }
+        uint8_t sc[8], m[8];
+        unpack_scale_min_k4(x[i].scales, sc, m);
+        int32_t summ = 0;
+        for (int j = 0; j < QK_K / 16; j++) summ += y[i].bsums[j] * m[j / 2];
+        int32_t lanes[8] = {0};
+        kquant_lane_sums(a, y[i].qs, sc, lanes);
+        const float d = tg_half_to_f32(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * (float)lanes[l];
+        const float dmin = tg_half_to_f32(x[i].dmin) * y[i].d;
+        sumf -= dmin * (float)summ;
+    }
+    for (int l = 0; l < 8; l++) sumf += sums[l];
+    *s = sumf;
+}
+
+/* ------------------------------------------------------------------ Q6_K */
+
+static void q6_K_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK_K == 0);
+    block_q6_K *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        uint8_t L[QK_K];
+        float a[16], w[16];
+        float max_a = 0, amax_a = 0;
+        for (int j = 0; j < 16; j++) {
+            const float *xs = x + 16 * j;
+            /* squared-value weights: the error of large values dominates */
+            for (int l = 0; l < 16; l++) w[l] = xs[l] * xs[l] + 1e-30f;
+            a[j] = fit_scale_sym(16, 32, xs, w, L + 16 * j);
+            if (fabsf(a[j]) > amax_a) {
+                amax_a = fabsf(a[j]);
+                max_a = a[j];
+            }
+        }
+        memset(y[i].ql, 0, sizeof y[i].ql);
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        if (amax_a == 0) {
+            memset(y[i].scales, 0, sizeof y[i].scales);
+            y[i].d = 0;
+            for (int l = 0; l < QK_K; l++) L[l] = 32;
+        } else {
+            /* int8 scales; the largest maps to -128 (one more level) */
+            const float iscale = -128.0f / max_a;
+            y[i].d = tg_f32_to_half(1 / iscale);
+            const float d = tg_half_to_f32(y[i].d);
+            for (int j = 0; j < 16; j++) {
+                const int sc = clampi(round_even(iscale * a[j]), -128, 127);
+                y[i].scales[j] = (int8_t)sc;
+                const float ds = d * sc;
+                for (int l = 0; l < 16; l++) {
+                    int q = ds != 0 ? round_even(x[16 * j + l] / ds) : 0;
+                    L[16 * j + l] = (uint8_t)(clampi(q, -32, 31) + 32);
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
+            const uint8_t *Lh = L + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                const uint8_t q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+                ql[l] = (uint8_t)((q1 & 15) | ((q3 & 15) << 4));
+                ql[l + 32] = (uint8_t)((q2 & 15) | ((q4 & 15) << 4));
+                qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+            }
+        }
+    }
+}
+
+/* Unpacks one Q6_K block's 256 quants as signed values (q - 32). */
+static void q6_K_unpack(const block_q6_K *b, int8_t *a)
+{
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        int8_t *ah = a + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            ah[l] = (int8_t)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+            ah[l + 32] = (int8_t)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            ah[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            ah[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
+static void q6_K_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK_K == 0);
+    const block_q6_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        int8_t a[QK_K];
+        q6_K_unpack(&x[i], a);
+        const float d = tg_half_to_f32(x[i].d);
+        for (int l = 0; l < QK_K; l++) *y++ = d * x[i].scales[l / 16] * a[l];
+    }
+}
+
+static void q6_K_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK_K == 0);
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    float sums[8] = {0};
+    for (int i = 0; i < n / QK_K; i++) {
+        int8_t a[QK_K];
+        q6_K_unpack(&x[i], a);
+        int32_t lanes[8] = {0};
+        for (int j = 0; j < 16; j++)
+            for (int k = 0; k < 2; k++)
+                for (int l = 0; l < 8; l++)
+                    lanes[l] += x[i].scales[j] * (a[16 * j + 8 * k + l] * y[i].qs[16 * j + 8 * k + l]);
+        const float d = tg_half_to_f32(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * (float)lanes[l];
+    }
+    float sumf = 0;
+    for (int l = 0; l < 8; l++) sumf += sums[l];
+    *s = sumf;
+}
+
+/* ---------------------------------------------------------------- traits */
+
+static const tg_type_traits traits[TG_TYPE_COUNT] = {
+    [TG_TYPE_F32] = {"f32", 1, sizeof(float), 0, f32_to_float, f32_from_float,
+                     TG_TYPE_F32, f32_vec_dot},
+    [TG_TYPE_F16] = {"f16", 1, sizeof(tg_half), 0, f16_to_float, f16_from_float,
+                     TG_TYPE_F16, f16_vec_dot},
+    [TG_TYPE_BF16] = {"bf16", 1, sizeof(tg_bf16), 0, bf16_to_float, bf16_from_float,
+                      TG_TYPE_BF16, bf16_vec_dot},
+    [TG_TYPE_Q8_0] = {"q8_0", QK8_0, sizeof(block_q8_0), 1, q8_0_to_float, q8_0_from_float,
+                      TG_TYPE_Q8_0, q8_0_vec_dot},
+    [TG_TYPE_Q8_1] = {"q8_1", QK8_0, sizeof(block_q8_1), 1, q8_1_to_float, q8_1_from_float,
+                      TG_TYPE_Q8_1, NULL},
+    [TG_TYPE_Q4_K] = {"q4_K", QK_K, sizeof(block_q4_K), 1, q4_K_to_float, q4_K_from_float,
+                      TG_TYPE_Q8_K, q4_K_vec_dot},
+    [TG_TYPE_Q5_K] = {"q5_K", QK_K, sizeof(block_q5_K), 1, q5_K_to_float, q5_K_from_float,
+                      TG_TYPE_Q8_K, q5_K_vec_dot},
+    [TG_TYPE_Q6_K] = {"q6_K", QK_K, sizeof(block_q6_K), 1, q6_K_to_float, q6_K_from_float,
+                      TG_TYPE_Q8_K, q6_K_vec_dot},
+    [TG_TYPE_Q8_K] = {"q8_K", QK_K, sizeof(block_q8_K), 1, q8_K_to_float, q8_K_from_float,
+                      TG_TYPE_Q8_K, NULL},
+};
+
+/* Returns the traits of a supported type, or NULL. */
+const tg_type_traits *tg_traits(uint32_t type)
+{
+    if (type >= TG_TYPE_COUNT || !traits[type].name) return NULL;
+    return &traits[type];
+}
+
+/* Returns the bytes of a row of n values, or 0 when n is negative, not a
+ * multiple of the block size, or the type is unsupported. */
+size_t tg_row_size(uint32_t type, int64_t n)
+{
+    const tg_type_traits *t = tg_traits(type);
+    if (!t || n < 0 || n % t->blck_size != 0) return 0;
+    return (size_t)(n / t->blck_size) * t->type_size;
+}
+
+/* Returns ggml's name of a type id ("q4_K"), also for the ids this project
+ * does not compute with; "?" when unknown. */
+const char *tg_type_name(uint32_t type)
+{
+    static const char *const names[TG_TYPE_COUNT] = {
+        [TG_TYPE_F32] = "f32", [TG_TYPE_F16] = "f16", [TG_TYPE_Q4_0] = "q4_0",
+        [TG_TYPE_Q4_1] = "q4_1", [TG_TYPE_Q5_0] = "q5_0", [TG_TYPE_Q5_1] = "q5_1",
+        [TG_TYPE_Q8_0] = "q8_0", [TG_TYPE_Q8_1] = "q8_1", [TG_TYPE_Q2_K] = "q2_K",
+        [TG_TYPE_Q3_K] = "q3_K", [TG_TYPE_Q4_K] = "q4_K", [TG_TYPE_Q5_K] = "q5_K",
+        [TG_TYPE_Q6_K] = "q6_K", [TG_TYPE_Q8_K] = "q8_K", [TG_TYPE_BF16] = "bf16",
+    };
+    if (type >= TG_TYPE_COUNT || !names[type]) return "?";
+    return names[type];
+}

@@ -1,0 +1,272 @@
+/*
+ * tg-engine: an arm worker over the built-in engine, speaking the arm
+ * protocol v1 (docs/protocol.md, engine/proto.h) on stdin/stdout.
+ *
+ *   tg-engine --tier ref|cpu|gpu [--threads N]
+ *
+ * hello answers the arm (kind "engine", tier, version, device, the sha256 of
+ * this binary); load opens a GGUF (options: threads, kv_type f16|f32,
+ * n_batch, n_ctx, perturb "bf16:STAGE:LAYER", see engine/model.h) and
+ * answers its hyperparameters; tokenize / detokenize use the file's own
+ * vocabulary (engine/tokenizer.h); decode runs the prompt and the steps on
+ * the chosen tier with teacher forcing, dumps and op counters. --tier gpu is
+ * accepted on the command line but every load answers that the GPU arm is
+ * not part of this build. Log lines go to stderr.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "model.h"
+#include "proto.h"
+#include "quant.h"
+#include "tokenizer.h"
+#include "util.h"
+
+#define TG_ENGINE_VERSION "tg-engine 0.1 (protocol 1)"
+
+typedef struct worker {
+    enum tg_tier tier;
+    int threads;              /* --threads (0: all CPUs) */
+    tg_model *model;          /* loaded model, or NULL */
+    tg_tokenizer *tok;
+    tg_session *sess;
+    double ms_load;
+} worker;
+
+static void unload(worker *w)
+{
+    tg_session_free(w->sess);
+    tg_tokenizer_free(w->tok);
+    tg_model_free(w->model);
+    w->sess = NULL;
+    w->tok = NULL;
+    w->model = NULL;
+}
+
+static int need_model(worker *w, tg_err *e)
+{
+    return w->model ? 0 : tg_errf(e, "no model loaded (send a load request first)");
+}
+
+static int on_hello(void *ud, json_t *arm, tg_err *e)
+{
+    worker *w = ud;
+    char dev[128], sha[65];
+    tg_tier_device(w->tier, w->threads, dev, sizeof dev);
+    if (tg_sha256_file("/proc/self/exe", sha, e) != 0)
+        return -1;
+    json_object_set_new(arm, "kind", json_string("engine"));
+    json_object_set_new(arm, "tier", json_string(tg_tier_name(w->tier)));
+    json_object_set_new(arm, "version", json_string(TG_ENGINE_VERSION));
+    json_object_set_new(arm, "device", json_string(dev));
+    json_object_set_new(arm, "binary_sha256", json_string(sha));
+    json_object_set_new(arm, "logits", json_string("raw"));
+    return 0;
+}
+
+static int on_load(void *ud, const char *path, const json_t *options, json_t *out, tg_err *e)
+{
+    worker *w = ud;
+    static const char *const known[] = {"threads", "kv_type", "n_batch", "n_ctx", "perturb", NULL};
+    static const char *const kv_types[] = {"f16", "f32", NULL};
+    if (w->tier == TG_TIER_GPU)
+        return tg_errf(e, "tier gpu: the GPU arm is not part of this build of tg-engine "
+                       "(use --tier cpu or --tier ref)");
+    tg_opts o = tg_opts_default();
+    o.tier = w->tier;
+    o.threads = w->threads;
+    int kv = 0;
+    if (proto_opt_known(options, known, e) || proto_opt_int(options, "threads", 1, 512, &o.threads, e) ||
+        proto_opt_enum(options, "kv_type", kv_types, &kv, e) ||
+        proto_opt_int(options, "n_batch", 1, 4096, &o.n_batch, e) ||
+        proto_opt_int(options, "n_ctx", 1, 1 << 20, &o.n_ctx, e))
+        return -1;
+    o.kv_f32 = kv == 1;
+    if (w->tier == TG_TIER_REF && !o.kv_f32 && json_object_get(options, "kv_type"))
+        return tg_errf(e, "option 'kv_type' f16: the ref tier keeps its KV cache in f32");
+    json_t *pt = json_object_get(options, "perturb");
+    if (pt) {
+        if (!json_is_string(pt))
+            return tg_errf(e, "option 'perturb' must be a string \"bf16:STAGE:LAYER\"");
+        if (tg_opts_parse_perturb(&o, json_string_value(pt), e) != 0)
+            return -1;
+    }
+
+    unload(w);
+    double t0 = tg_now();
+    if (tg_model_load(&w->model, path, e) != 0)
+        return -1;
+    if (tg_tokenizer_from_gguf(&w->tok, w->model->g, e) != 0 ||
+        tg_session_new(&w->sess, w->model, &o, e) != 0) {
+        unload(w);
+        return -1;
+    }
+    w->ms_load = (tg_now() - t0) * 1e3;
+
+    const tg_hparams *hp = &w->model->hp;
+    json_object_set_new(out, "arch", json_string(hp->arch_name));
+    json_object_set_new(out, "n_vocab", json_integer(hp->n_vocab));
+    json_object_set_new(out, "n_layer", json_integer(hp->n_layer));
+    json_object_set_new(out, "n_embd", json_integer(hp->n_embd));
+    json_object_set_new(out, "n_head", json_integer(hp->n_head));
+    json_object_set_new(out, "n_head_kv", json_integer(hp->n_head_kv));
+    json_object_set_new(out, "head_dim", json_integer(hp->head_dim));
+    json_object_set_new(out, "n_ff", json_integer(hp->n_ff));
+    json_object_set_new(out, "n_ctx_train", json_integer(hp->n_ctx_train));
+    json_object_set_new(out, "n_ctx", json_integer(tg_session_n_ctx(w->sess)));
+    json_object_set_new(out, "rope_base", json_real(hp->rope_base));
+    json_object_set_new(out, "file_type", json_integer(hp->file_type));
+    json_object_set_new(out, "tied", json_boolean(hp->tied));
+    json_object_set_new(out, "tier", json_string(tg_tier_name(w->tier)));
+    json_object_set_new(out, "device", json_string(tg_session_device(w->sess)));
+    json_object_set_new(out, "kv_type", json_string(w->tier == TG_TIER_REF || o.kv_f32 ? "f32" : "f16"));
+    json_object_set_new(out, "ms_load", json_real(w->ms_load));
+    fprintf(stderr, "tg-engine: loaded %s (%s, %d layers, %d vocab) on %s in %.0f ms\n", path, hp->arch_name,
+            hp->n_layer, hp->n_vocab, tg_session_device(w->sess), w->ms_load);
+    return 0;
+}
+
+static int on_tokenize(void *ud, const char *text, size_t len, bool special, int32_t **ids, int *n, tg_err *e)
+{
+    worker *w = ud;
+    if (need_model(w, e))
+        return -1;
+    size_t nn;
+    if (tg_tokenize(w->tok, text, len, 1, special, ids, &nn, e) != 0)
+        return -1;
+    *n = (int)nn;
+    return 0;
+}
+
+static int on_detokenize(void *ud, const int32_t *ids, int n, bool special, char **text, size_t *len, tg_err *e)
+{
+    worker *w = ud;
+    if (need_model(w, e))
+        return -1;
+    return tg_detokenize(w->tok, ids, (size_t)n, special, text, len, e);
+}
+
+/* The dump hook: files and lines through proto. */
+typedef struct dump_ctx {
+    proto_conn *c;
+    const proto_decode_req *req;
+    int step;
+} dump_ctx;
+
+static int dump_hook(void *ud, int layer, int stage, const float *x, int64_t n, tg_err *e)
+{
+    dump_ctx *d = ud;
+    return proto_dump(d->c, d->req, d->step, layer, tg_stage_name(stage), x, (size_t)n, e);
+}
+
+static void add_counter(const char *name, uint64_t count, void *ud)
+{
+    json_object_set_new((json_t *)ud, name, json_integer((json_int_t)count));
+}
+
+static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto_done *done, tg_err *e)
+{
+    worker *w = ud;
+    if (need_model(w, e))
+        return -1;
+    const int n_vocab = w->model->hp.n_vocab;
+    if (proto_check_ids(req->prompt, req->n_prompt, n_vocab, "prompt", e) ||
+        (req->force && proto_check_ids(req->force, req->n_force, n_vocab, "force", e)))
+        return -1;
+    int need = req->n_prompt + req->steps - 1;
+    if (need > tg_session_n_ctx(w->sess))
+        return tg_errf(e, "prompt (%d) + steps (%d) need %d positions, the context holds %d (option n_ctx)",
+                       req->n_prompt, req->steps, need, tg_session_n_ctx(w->sess));
+
+    tg_session *s = w->sess;
+    tg_session_reset(s);
+    tg_ops *ops = tg_session_ops(s);
+    tg_ops_clear(ops);
+    dump_ctx dc = {c, req, 0};
+    int rc = -1;
+
+    double t0 = tg_now();
+    tg_session_set_dump(s, proto_wants_dump(req, 0) ? dump_hook : NULL, &dc);
+    if (tg_session_eval(s, req->prompt, req->n_prompt, e) != 0)
+        goto out;
+    double t1 = tg_now();
+    for (int st = 0; st < req->steps; st++) {
+        int32_t next = proto_step(c, req, st, tg_session_logits(s), n_vocab);
+        if (st == req->steps - 1)
+            break;
+        dc.step = st + 1;
+        tg_session_set_dump(s, proto_wants_dump(req, st + 1) ? dump_hook : NULL, &dc);
+        if (tg_session_eval(s, &next, 1, e) != 0) {
+            tg_err_prefix(e, "step %d", st + 1);
+            goto out;
+        }
+    }
+    double t2 = tg_now();
+    done->ms_prefill = (t1 - t0) * 1e3;
+    done->ms_decode = (t2 - t1) * 1e3;
+    json_t *ctr = json_object(), *o = json_object();
+    tg_ops_foreach(ops, add_counter, o);
+    json_object_set_new(ctr, "device_ops", json_integer((json_int_t)tg_ops_device(ops)));
+    json_object_set_new(ctr, "host_ops", json_integer((json_int_t)tg_ops_host(ops)));
+    json_object_set_new(ctr, "reference_tier_hits",
+                        json_integer((json_int_t)tg_ops_ref_hits(ops, w->tier)));
+    json_object_set_new(ctr, "ops", o);
+    done->counters = ctr;
+    rc = 0;
+out:
+    tg_session_set_dump(s, NULL, NULL);
+    return rc;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: tg-engine --tier ref|cpu|gpu [--threads N]\n"
+               "  An arm worker over tokgate's engine: arm protocol v1 (JSON lines) on stdin/stdout.\n"
+               "  --tier     ref (portable reference), cpu (SIMD + threads) or gpu (not in this build)\n"
+               "  --threads  cpu tier threads (default: all CPUs; a load option overrides it)\n");
+}
+
+int main(int argc, char **argv)
+{
+    worker w = {.tier = TG_TIER_CPU, .threads = 0};
+    int have_tier = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--tier") == 0 && i + 1 < argc) {
+            int t = tg_tier_parse(argv[++i]);
+            if (t < 0) {
+                fprintf(stderr, "tg-engine: --tier '%s': expected ref, cpu or gpu\n", argv[i]);
+                return 2;
+            }
+            w.tier = (enum tg_tier)t;
+            have_tier = 1;
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > 512) {
+                fprintf(stderr, "tg-engine: --threads '%s': expected an integer 1..512\n", argv[i]);
+                return 2;
+            }
+            w.threads = (int)n;
+        } else {
+            fprintf(stderr, "tg-engine: unknown or incomplete argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!have_tier) {
+        fprintf(stderr, "tg-engine: --tier is required\n");
+        usage(stderr);
+        return 2;
+    }
+    proto_ops ops = {.ud = &w, .hello = on_hello, .load = on_load, .tokenize = on_tokenize,
+                     .detokenize = on_detokenize, .decode = on_decode};
+    int rc = proto_serve(stdin, stdout, &ops);
+    unload(&w);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,1042 @@
+/*
+ * spec.c: reading and validating gate specs (YAML through libfyaml).
+ *
+ * The YAML document is walked field by field. Every node that is checked
+ * carries the path of the field ("arms[2].llama.lib") and its position in
+ * the file, so each message reads "FILE:LINE:COL: FIELD: expected WHAT".
+ * libfyaml 0.7 gives positions only through scalar tokens, so a mapping or
+ * a sequence is located by its first scalar (or, when empty, by the key
+ * that names it). Keys no rule knows are errors.
+ */
+#include "spec.h"
+
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libfyaml.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Parsing context: the file name for messages and its folder for paths. */
+typedef struct pctx {
+    const char *file;
+    char *dir;               /* folder of the spec (absolute) */
+    tg_err *e;
+} pctx;
+
+/* Position (1-based) of a node: a scalar's own token, a collection's first
+ * scalar, or the fallback (the key that names it). */
+typedef struct pos { int line, col; } pos;
+
+static pos node_pos(struct fy_node *n, pos fallback)
+{
+    if (!n) return fallback;
+    if (fy_node_is_scalar(n)) {
+        struct fy_token *t = fy_node_get_scalar_token(n);
+        const struct fy_mark *m = t ? fy_token_start_mark(t) : NULL;
+        if (m) return (pos){m->line + 1, m->column + 1};
+        return fallback;
+    }
+    void *it = NULL;
+    if (fy_node_is_mapping(n)) {
+        struct fy_node_pair *p = fy_node_mapping_iterate(n, &it);
+        if (p) return node_pos(fy_node_pair_key(p), fallback);
+    } else if (fy_node_is_sequence(n)) {
+        struct fy_node *c = fy_node_sequence_iterate(n, &it);
+        if (c) return node_pos(c, fallback);
+    }
+    return fallback;
+}
+
+__attribute__((format(printf, 4, 5)))
+static int perr(pctx *c, pos p, const char *field, const char *fmt, ...)
+{
+    char what[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return tg_errf(c->e, "%s:%d:%d: %s: %s", c->file, p.line, p.col, field, what);
+}
+
+static char *xstrdup(const char *s)
+{
+    char *d = strdup(s ? s : "");
+    if (!d) abort();   /* out of memory is not an input error */
+    return d;
+}
+
+/* The scalar text of n (NUL-terminated, owned by the document) or NULL. */
+static const char *scalar(struct fy_node *n)
+{
+    if (!n || !fy_node_is_scalar(n)) return NULL;
+    return fy_node_get_scalar0(n);
+}
+
+static int is_plain(struct fy_node *n)
+{
+    return n && fy_node_is_scalar(n) && fy_node_get_style(n) == FYNS_PLAIN;
+}
+
+static int get_string(pctx *c, struct fy_node *n, pos at, const char *field,
+                      const char *what, char **out)
+{
+    const char *s = scalar(n);
+    if (!s || fy_node_get_style(n) == FYNS_ALIAS)
+        return perr(c, node_pos(n, at), field, "expected %s", what);
+    if (!*s) return perr(c, node_pos(n, at), field, "expected %s, got an empty string", what);
+    *out = xstrdup(s);
+    return 0;
+}
+
+static int get_int(pctx *c, struct fy_node *n, pos at, const char *field,
+                   long lo, long hi, int *out)
+{
+    const char *s = scalar(n);
+    char *end = NULL;
+    errno = 0;
+    long v = s && is_plain(n) ? strtol(s, &end, 10) : 0;
+    if (!s || !is_plain(n) || !*s || *end || errno)
+        return perr(c, node_pos(n, at), field, "expected an integer %ld..%ld, got %s%s%s",
+                    lo, hi, s ? "'" : "a collection", s ? s : "", s ? "'" : "");
+    if (v < lo || v > hi)
+        return perr(c, node_pos(n, at), field, "expected an integer %ld..%ld, got %ld", lo, hi, v);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_number(pctx *c, struct fy_node *n, pos at, const char *field,
+                      double lo, double hi, double *out)
+{
+    const char *s = scalar(n);
+    char *end = NULL;
+    errno = 0;
+    double v = s && is_plain(n) ? strtod(s, &end) : 0;
+    if (!s || !is_plain(n) || !*s || *end || errno || !isfinite(v))
+        return perr(c, node_pos(n, at), field, "expected a number %g..%g, got %s%s%s",
+                    lo, hi, s ? "'" : "a collection", s ? s : "", s ? "'" : "");
+    if (v < lo || v > hi)
+        return perr(c, node_pos(n, at), field, "expected a number %g..%g, got %g", lo, hi, v);
+    *out = v;
+    return 0;
+}
+
+/* A list of non-empty strings. */
+static int get_strings(pctx *c, struct fy_node *n, pos at, const char *field,
+                       const char *what, char ***out, int *count)
+{
+    if (!n || !fy_node_is_sequence(n))
+        return perr(c, node_pos(n, at), field, "expected a list of %s", what);
+    int k = fy_node_sequence_item_count(n), i = 0;
+    char **v = calloc((size_t)k + 1, sizeof *v);
+    if (!v) abort();
+    void *it = NULL;
+    struct fy_node *item;
+    while ((item = fy_node_sequence_iterate(n, &it))) {
+        char f[256];
+        snprintf(f, sizeof f, "%s[%d]", field, i);
+        if (get_string(c, item, node_pos(n, at), f, what, &v[i]) < 0) {
+            for (int j = 0; j < i; j++) free(v[j]);
+            free(v);
+            return -1;
+        }
+        i++;
+    }
+    *out = v;
+    *count = k;
+    return 0;
+}
+
+/* JSON value of a YAML node: plain scalars that read as integers, reals,
+ * booleans or null keep that type; everything else is a string. */
+static json_t *node_json(struct fy_node *n)
+{
+    if (!n) return json_null();
+    if (fy_node_is_scalar(n)) {
+        const char *s = fy_node_get_scalar0(n);
+        if (!s) return json_null();
+        if (is_plain(n)) {
+            char *end;
+            errno = 0;
+            long long i = strtoll(s, &end, 10);
+            if (*s && !*end && !errno) return json_integer(i);
+            double d = strtod(s, &end);
+            if (*s && !*end && isfinite(d)) return json_real(d);
+            if (!strcmp(s, "true")) return json_true();
+            if (!strcmp(s, "false")) return json_false();
+            if (!strcmp(s, "null") || !strcmp(s, "~")) return json_null();
+        }
+        return json_string(s);
+    }
+    void *it = NULL;
+    if (fy_node_is_sequence(n)) {
+        json_t *a = json_array();
+        struct fy_node *item;
+        while ((item = fy_node_sequence_iterate(n, &it))) json_array_append_new(a, node_json(item));
+        return a;
+    }
+    json_t *o = json_object();
+    struct fy_node_pair *p;
+    while ((p = fy_node_mapping_iterate(n, &it))) {
+        const char *k = scalar(fy_node_pair_key(p));
+        json_object_set_new(o, k ? k : "?", node_json(fy_node_pair_value(p)));
+    }
+    return o;
+}
+
+static char *json_text(json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    if (!s) abort();
+    return s;
+}
+
+/* Checks that mapping n has only keys from allowed[] (NULL-terminated). */
+static int check_keys(pctx *c, struct fy_node *n, pos at, const char *field,
+                      const char *const *allowed)
+{
+    void *it = NULL;
+    struct fy_node_pair *p;
+    while ((p = fy_node_mapping_iterate(n, &it))) {
+        struct fy_node *kn = fy_node_pair_key(p);
+        const char *k = scalar(kn);
+        int ok = 0;
+        for (int i = 0; k && allowed[i]; i++) ok |= !strcmp(k, allowed[i]);
+        if (!ok) {
+            char list[512] = "";
+            for (int i = 0; allowed[i]; i++) {
+                strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, allowed[i], sizeof list - strlen(list) - 1);
+            }
+            char f[300];
+            snprintf(f, sizeof f, "%s%s%s", field, *field ? "." : "", k ? k : "?");
+            return perr(c, node_pos(kn, at), f, "unknown key (expected one of: %s)", list);
+        }
+    }
+    return 0;
+}
+
+/* Value of key k in mapping n, or NULL; *kp receives the key's position. */
+static struct fy_node *get(struct fy_node *n, const char *k, pos *kp)
+{
+    void *it = NULL;
+    struct fy_node_pair *p;
+    while ((p = fy_node_mapping_iterate(n, &it))) {
+        const char *s = scalar(fy_node_pair_key(p));
+        if (s && !strcmp(s, k)) {
+            if (kp) *kp = node_pos(fy_node_pair_key(p), *kp);
+            struct fy_node *v = fy_node_pair_value(p);
+            /* "key:" with nothing after it is a null node: treat as given-but-empty */
+            return v ? v : fy_node_pair_key(p);
+        }
+    }
+    return NULL;
+}
+
+static int file_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Resolves a path from the spec: absolute stays; relative is taken from the
+ * current directory when it exists there, else from the spec's folder.
+ * Returns a malloc'ed absolute path (realpath when the file exists). */
+static char *resolve_path(pctx *c, const char *p)
+{
+    char buf[PATH_MAX * 2];
+    if (p[0] == '/') snprintf(buf, sizeof buf, "%s", p);
+    else if (file_exists(p)) {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, ".");
+        snprintf(buf, sizeof buf, "%s/%s", cwd, p);
+    } else snprintf(buf, sizeof buf, "%s/%s", c->dir, p);
+    char real[PATH_MAX];
+    if (realpath(buf, real)) return xstrdup(real);
+    return xstrdup(buf);
+}
+
+static int valid_name(const char *s)
+{
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && *s != '_' && *s != '-' && *s != '.') return 0;
+    return 1;
+}
+
+/* Reads a whole file into a NUL-terminated buffer. */
+static int read_file(const char *path, char **out, size_t *len, tg_err *e)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return tg_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    if (!b) abort();
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            if (cap > ((size_t)256 << 20)) {
+                fclose(f);
+                free(b);
+                return tg_errf(e, "%s: larger than 256 MiB, expected a small text file", path);
+            }
+            cap *= 2;
+            b = realloc(b, cap);
+            if (!b) abort();
+        }
+        size_t r = fread(b + n, 1, 4096, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        return tg_errf(e, "%s: read error", path);
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return 0;
+}
+
+/* A prompt file: one prompt a line, ids p1..pN; a final newline and a
+ * trailing '\r' are dropped; empty lines are errors (ids must not shift). */
+static int read_prompts(pctx *c, const char *path, pos at, tg_spec *s)
+{
+    char *text;
+    size_t len;
+    tg_err fe;
+    if (read_file(path, &text, &len, &fe) < 0)
+        return perr(c, at, "prompts", "expected a readable prompt file (%s)", fe.msg);
+    if (memchr(text, 0, len)) {
+        free(text);
+        return perr(c, at, "prompts", "%s: expected text, found a NUL byte", path);
+    }
+    int cap = 16, n = 0, line = 0;
+    spec_prompt *v = calloc((size_t)cap, sizeof *v);
+    if (!v) abort();
+    char *p = text, *end = text + len;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        char *le = nl ? nl : end;
+        line++;
+        if (le > p && le[-1] == '\r') le[-1] = 0;
+        *le = 0;
+        if (!*p) {
+            for (int i = 0; i < n; i++) { free(v[i].id); free(v[i].text); }
+            free(v);
+            free(text);
+            return perr(c, at, "prompts", "%s:%d: expected one prompt a line, found an empty line", path, line);
+        }
+        if (n == cap) {
+            cap *= 2;
+            v = realloc(v, (size_t)cap * sizeof *v);
+            if (!v) abort();
+        }
+        char id[32];
+        snprintf(id, sizeof id, "p%d", n + 1);
+        v[n].id = xstrdup(id);
+        v[n].text = xstrdup(p);
+        n++;
+        p = le + 1;
+    }
+    free(text);
+    if (n == 0) {
+        free(v);
+        return perr(c, at, "prompts", "%s: expected at least one prompt, the file is empty", path);
+    }
+    s->prompts = v;
+    s->n_prompts = n;
+    return 0;
+}
+
+static int parse_inline_prompts(pctx *c, struct fy_node *n, pos at, tg_spec *s)
+{
+    int k = fy_node_sequence_item_count(n);
+    if (k == 0) return perr(c, at, "prompts", "expected at least one prompt");
+    s->prompts = calloc((size_t)k, sizeof *s->prompts);
+    if (!s->prompts) abort();
+    void *it = NULL;
+    struct fy_node *item;
+    int i = 0;
+    static const char *const keys[] = {"id", "text", NULL};
+    while ((item = fy_node_sequence_iterate(n, &it))) {
+        char f[64];
+        snprintf(f, sizeof f, "prompts[%d]", i);
+        pos ip = node_pos(item, at);
+        if (!fy_node_is_mapping(item))
+            return perr(c, ip, f, "expected a mapping {id: ..., text: ...}");
+        if (check_keys(c, item, ip, f, keys) < 0) return -1;
+        char fid[80], ftx[80];
+        snprintf(fid, sizeof fid, "%s.id", f);
+        snprintf(ftx, sizeof ftx, "%s.text", f);
+        pos kp = ip;
+        struct fy_node *idn = get(item, "id", &kp);
+        if (!idn) return perr(c, ip, fid, "missing (expected a prompt id such as p1)");
+        if (get_string(c, idn, kp, fid, "a prompt id", &s->prompts[i].id) < 0) return -1;
+        s->n_prompts = i + 1;
+        if (!valid_name(s->prompts[i].id) || strchr(s->prompts[i].id, '/'))
+            return perr(c, node_pos(idn, kp), fid, "expected letters, digits, '_', '-' or '.', got '%s'",
+                        s->prompts[i].id);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(s->prompts[j].id, s->prompts[i].id))
+                return perr(c, node_pos(idn, kp), fid, "expected a unique id, '%s' is also prompts[%d]",
+                            s->prompts[i].id, j);
+        kp = ip;
+        struct fy_node *tn = get(item, "text", &kp);
+        const char *t = scalar(tn);
+        if (!tn || !t || !*t)
+            return perr(c, node_pos(tn, kp), ftx, "expected the prompt text (a non-empty string)");
+        s->prompts[i].text = xstrdup(t);
+        i++;
+    }
+    return 0;
+}
+
+/* Load options: each key from known[] with its type; exec arms pass NULL
+ * (any key, scalar values). The result is a JSON object text. */
+typedef struct optkey { const char *key; char type; /* i int, s string, b bool or string */ } optkey;
+
+static int parse_options(pctx *c, struct fy_node *n, pos at, const char *field,
+                         const optkey *known, char **out)
+{
+    if (!fy_node_is_mapping(n)) return perr(c, node_pos(n, at), field, "expected a mapping of load options");
+    void *it = NULL;
+    struct fy_node_pair *p;
+    while ((p = fy_node_mapping_iterate(n, &it))) {
+        struct fy_node *kn = fy_node_pair_key(p), *vn = fy_node_pair_value(p);
+        const char *k = scalar(kn);
+        char f[300];
+        snprintf(f, sizeof f, "%s.%s", field, k ? k : "?");
+        pos kp = node_pos(kn, at);
+        if (!vn || !fy_node_is_scalar(vn))
+            return perr(c, node_pos(vn, kp), f, "expected a scalar value");
+        if (!known) continue;
+        const optkey *o = NULL;
+        for (int i = 0; known[i].key; i++)
+            if (k && !strcmp(k, known[i].key)) o = &known[i];
+        if (!o) {
+            char list[512] = "";
+            for (int i = 0; known[i].key; i++) {
+                strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, known[i].key, sizeof list - strlen(list) - 1);
+            }
+            return perr(c, kp, f, "unknown option (expected one of: %s)", list);
+        }
+        int iv;
+        if (o->type == 'i' && get_int(c, vn, kp, f, 0, 1 << 24, &iv) < 0) return -1;
+        if (o->type == 's' && (!scalar(vn) || !*scalar(vn)))
+            return perr(c, node_pos(vn, kp), f, "expected a string");
+    }
+    json_t *j = node_json(n);
+    *out = json_text(j);
+    json_decref(j);
+    return 0;
+}
+
+static const optkey engine_opts[] = {
+    {"threads", 'i'}, {"kv_type", 's'}, {"n_batch", 'i'}, {"n_ctx", 'i'}, {"perturb", 's'}, {NULL, 0}};
+static const optkey llama_opts[] = {
+    {"threads", 'i'}, {"flash_attn", 'b'}, {"n_gpu_layers", 'i'}, {"type_k", 's'}, {"type_v", 's'},
+    {"n_ubatch", 'i'}, {"n_batch", 'i'}, {"n_ctx", 'i'}, {NULL, 0}};
+
+/* timeout: N (per request) or {request: N, leg: N}. */
+static int parse_timeout(pctx *c, struct fy_node *n, pos at, const char *field,
+                         double *req, double *leg)
+{
+    if (fy_node_is_scalar(n)) return get_number(c, n, at, field, 0.001, 1e6, req);
+    if (!fy_node_is_mapping(n))
+        return perr(c, node_pos(n, at), field, "expected seconds or {request: seconds, leg: seconds}");
+    static const char *const keys[] = {"request", "leg", NULL};
+    if (check_keys(c, n, node_pos(n, at), field, keys) < 0) return -1;
+    char f[300];
+    pos kp = at;
+    struct fy_node *v;
+    if ((v = get(n, "request", &kp))) {
+        snprintf(f, sizeof f, "%s.request", field);
+        if (get_number(c, v, kp, f, 0.001, 1e6, req) < 0) return -1;
+    }
+    kp = at;
+    if ((v = get(n, "leg", &kp))) {
+        snprintf(f, sizeof f, "%s.leg", field);
+        if (get_number(c, v, kp, f, 0.001, 1e7, leg) < 0) return -1;
+    }
+    return 0;
+}
+
+static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
+{
+    spec_arm *a = &s->arms[i];
+    char f[64], g[128];
+    snprintf(f, sizeof f, "arms[%d]", i);
+    pos ap = node_pos(n, at);
+    a->line = ap.line;
+    a->timeout_request = -1;
+    a->timeout_leg = -1;
+    if (!fy_node_is_mapping(n))
+        return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec: ...}");
+    static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "options",
+                                       "role", "variant_of", "timeout", NULL};
+    if (check_keys(c, n, ap, f, keys) < 0) return -1;
+    pos kp = ap;
+    struct fy_node *v = get(n, "name", &kp);
+    snprintf(g, sizeof g, "%s.name", f);
+    if (!v) return perr(c, ap, g, "missing (expected the arm's name)");
+    if (get_string(c, v, kp, g, "the arm's name", &a->name) < 0) return -1;
+    if (!valid_name(a->name))
+        return perr(c, node_pos(v, kp), g, "expected letters, digits, '_', '-' or '.', got '%s'", a->name);
+    for (int j = 0; j < i; j++)
+        if (!strcmp(s->arms[j].name, a->name))
+            return perr(c, node_pos(v, kp), g, "expected a unique name, '%s' is also arms[%d]", a->name, j);
+
+    /* exactly one kind */
+    static const char *const kinds[] = {"engine", "llama", "command", "exec"};
+    int nk = 0, kind = -1;
+    pos kpos = ap;
+    struct fy_node *kv = NULL;
+    for (int k = 0; k < 4; k++) {
+        pos p = ap;
+        struct fy_node *x = get(n, kinds[k], &p);
+        if (x) { nk++; kind = k; kv = x; kpos = p; }
+    }
+    if (nk != 1)
+        return perr(c, ap, f, "expected exactly one of engine, llama, command, exec (found %d)", nk);
+    a->kind = (spec_arm_kind)kind;
+    a->kind_name = kinds[kind];
+    snprintf(g, sizeof g, "%s.%s", f, kinds[kind]);
+
+    pos op = ap;
+    struct fy_node *opts = get(n, "options", &op);
+    char fo[128];
+    snprintf(fo, sizeof fo, "%s.options", f);
+    switch (a->kind) {
+    case SPEC_ARM_ENGINE:
+        if (get_string(c, kv, kpos, g, "a tier: ref, cpu or gpu", &a->tier) < 0) return -1;
+        if (strcmp(a->tier, "ref") && strcmp(a->tier, "cpu") && strcmp(a->tier, "gpu"))
+            return perr(c, node_pos(kv, kpos), g, "expected a tier: ref, cpu or gpu, got '%s'", a->tier);
+        if (opts && parse_options(c, opts, op, fo, engine_opts, &a->options_json) < 0) return -1;
+        a->role = xstrdup("test");
+        break;
+    case SPEC_ARM_LLAMA: {
+        if (!fy_node_is_mapping(kv))
+            return perr(c, node_pos(kv, kpos), g, "expected a mapping {lib: PATH, wrap: [...], worker: PATH, options: {...}}");
+        if (opts) return perr(c, op, fo, "expected the options inside llama: (llama: {lib: ..., options: {...}})");
+        static const char *const lk[] = {"lib", "wrap", "worker", "options", NULL};
+        if (check_keys(c, kv, node_pos(kv, kpos), g, lk) < 0) return -1;
+        pos lp = node_pos(kv, kpos);
+        char h[160];
+        snprintf(h, sizeof h, "%s.lib", g);
+        struct fy_node *x = get(kv, "lib", &lp);
+        if (!x) return perr(c, node_pos(kv, kpos), h, "missing (expected a string path to libllama.so)");
+        char *raw;
+        if (get_string(c, x, lp, h, "a string path", &raw) < 0) return -1;
+        a->lib = resolve_path(c, raw);
+        free(raw);
+        lp = node_pos(kv, kpos);
+        if ((x = get(kv, "worker", &lp))) {
+            snprintf(h, sizeof h, "%s.worker", g);
+            if (get_string(c, x, lp, h, "a string path to a tg-llama executable", &raw) < 0) return -1;
+            a->worker = resolve_path(c, raw);
+            free(raw);
+        }
+        lp = node_pos(kv, kpos);
+        if ((x = get(kv, "wrap", &lp))) {
+            snprintf(h, sizeof h, "%s.wrap", g);
+            if (get_strings(c, x, lp, h, "argv words (e.g. [qemu-aarch64, -L, /usr/aarch64-linux-gnu])",
+                            &a->wrap, &a->n_wrap) < 0)
+                return -1;
+            if (a->n_wrap == 0) return perr(c, node_pos(x, lp), h, "expected at least one argv word");
+        }
+        lp = node_pos(kv, kpos);
+        if ((x = get(kv, "options", &lp))) {
+            snprintf(h, sizeof h, "%s.options", g);
+            if (parse_options(c, x, lp, h, llama_opts, &a->options_json) < 0) return -1;
+        }
+        a->role = xstrdup("oracle");
+        break;
+    }
+    case SPEC_ARM_COMMAND:
+    case SPEC_ARM_EXEC:
+        if (get_strings(c, kv, kpos, g, "argv words", &a->argv, &a->n_argv) < 0) return -1;
+        if (a->n_argv == 0) return perr(c, node_pos(kv, kpos), g, "expected at least the program name");
+        if (a->kind == SPEC_ARM_COMMAND) {
+            if (opts) return perr(c, op, fo, "expected no options for a command arm (it is not a protocol worker)");
+            a->role = xstrdup("custody");
+        } else {
+            if (opts && parse_options(c, opts, op, fo, NULL, &a->options_json) < 0) return -1;
+            a->role = xstrdup("test");
+        }
+        break;
+    }
+    if (!a->options_json) a->options_json = xstrdup("{}");
+
+    kp = ap;
+    if ((v = get(n, "role", &kp))) {
+        snprintf(g, sizeof g, "%s.role", f);
+        char *r;
+        if (get_string(c, v, kp, g, "a role: test, oracle or custody", &r) < 0) return -1;
+        if (strcmp(r, "test") && strcmp(r, "oracle") && strcmp(r, "custody")) {
+            perr(c, node_pos(v, kp), g, "expected a role: test, oracle or custody, got '%s'", r);
+            free(r);
+            return -1;
+        }
+        if (!strcmp(r, "custody") != (a->kind == SPEC_ARM_COMMAND)) {
+            perr(c, node_pos(v, kp), g, "expected %s for a %s arm, got '%s'",
+                 a->kind == SPEC_ARM_COMMAND ? "custody" : "test or oracle", a->kind_name, r);
+            free(r);
+            return -1;
+        }
+        free(a->role);
+        a->role = r;
+    }
+    kp = ap;
+    if ((v = get(n, "variant_of", &kp))) {
+        snprintf(g, sizeof g, "%s.variant_of", f);
+        if (get_string(c, v, kp, g, "the name of another arm", &a->variant_of) < 0) return -1;
+    }
+    kp = ap;
+    if ((v = get(n, "timeout", &kp))) {
+        snprintf(g, sizeof g, "%s.timeout", f);
+        if (parse_timeout(c, v, kp, g, &a->timeout_request, &a->timeout_leg) < 0) return -1;
+    }
+    json_t *j = node_json(n);
+    a->config_json = json_text(j);
+    json_decref(j);
+    return 0;
+}
+
+static const char *const top_keys[] = {"name", "model", "prompts", "steps", "top_k", "legs", "mode",
+                                       "reference", "policy", "arms", "fault_patterns", "timeout",
+                                       "jobs", NULL};
+
+static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
+{
+    pos at = {1, 1};
+    if (!root || !fy_node_is_mapping(root))
+        return perr(c, node_pos(root, at), "spec", "expected a mapping at the top (name:, model:, prompts:, ...)");
+    if (check_keys(c, root, at, "", top_keys) < 0) return -1;
+    /* required fields first, in the order of the reference */
+    static const char *const required[] = {"name", "model", "prompts", "steps", "top_k", "legs",
+                                           "reference", "policy", "arms", NULL};
+    for (int i = 0; required[i]; i++)
+        if (!get(root, required[i], NULL))
+            return perr(c, at, required[i], "missing (a spec must give name, model, prompts, steps, "
+                        "top_k, legs, reference, policy and arms)");
+    pos kp;
+    struct fy_node *v;
+
+    kp = at; v = get(root, "name", &kp);
+    if (get_string(c, v, kp, "name", "the spec's name", &s->name) < 0) return -1;
+
+    kp = at; v = get(root, "model", &kp);
+    if (!fy_node_is_mapping(v))
+        return perr(c, node_pos(v, kp), "model", "expected a mapping {path: FILE, sha256: HEX}");
+    {
+        static const char *const mk[] = {"path", "sha256", NULL};
+        pos mp = node_pos(v, kp);
+        if (check_keys(c, v, mp, "model", mk) < 0) return -1;
+        pos q = mp;
+        struct fy_node *x = get(v, "path", &q);
+        if (!x) return perr(c, mp, "model.path", "missing (expected the model file's path)");
+        char *raw;
+        if (get_string(c, x, q, "model.path", "a string path", &raw) < 0) return -1;
+        s->model_path = resolve_path(c, raw);
+        free(raw);
+        q = mp;
+        x = get(v, "sha256", &q);
+        if (!x) return perr(c, mp, "model.sha256", "missing (expected 64 hex digits: run sha256sum on the model)");
+        const char *h = scalar(x);
+        int ok = h && strlen(h) == 64;
+        for (int i = 0; ok && i < 64; i++) ok = isxdigit((unsigned char)h[i]);
+        if (!ok) return perr(c, node_pos(x, q), "model.sha256", "expected 64 hex digits, got '%s'", h ? h : "a collection");
+        for (int i = 0; i < 64; i++) s->model_sha256[i] = (char)tolower((unsigned char)h[i]);
+        s->model_sha256[64] = 0;
+    }
+
+    kp = at; v = get(root, "prompts", &kp);
+    if (fy_node_is_sequence(v)) {
+        if (parse_inline_prompts(c, v, node_pos(v, kp), s) < 0) return -1;
+    } else {
+        char *raw;
+        if (get_string(c, v, kp, "prompts", "a prompt file path or a list of {id, text}", &raw) < 0) return -1;
+        s->prompts_path = resolve_path(c, raw);
+        free(raw);
+        if (read_prompts(c, s->prompts_path, node_pos(v, kp), s) < 0) return -1;
+    }
+
+    kp = at; v = get(root, "steps", &kp);
+    if (get_int(c, v, kp, "steps", 1, 100000, &s->steps) < 0) return -1;
+    kp = at; v = get(root, "top_k", &kp);
+    if (get_int(c, v, kp, "top_k", 1, 1024, &s->top_k) < 0) return -1;
+    kp = at; v = get(root, "legs", &kp);
+    if (get_int(c, v, kp, "legs", 1, 1000, &s->legs) < 0) return -1;
+    s->jobs = 2;
+    kp = at;
+    if ((v = get(root, "jobs", &kp)) && get_int(c, v, kp, "jobs", 1, 256, &s->jobs) < 0) return -1;
+
+    kp = at;
+    if ((v = get(root, "mode", &kp))) {
+        if (get_string(c, v, kp, "mode", "teacher-forced or free", &s->mode) < 0) return -1;
+        if (strcmp(s->mode, "teacher-forced") && strcmp(s->mode, "free"))
+            return perr(c, node_pos(v, kp), "mode", "expected teacher-forced or free, got '%s'", s->mode);
+    } else s->mode = xstrdup("teacher-forced");
+
+    kp = at; v = get(root, "policy", &kp);
+    if (!fy_node_is_mapping(v))
+        return perr(c, node_pos(v, kp), "policy", "expected a mapping {kind: exact|near-tie|noise, band: X}");
+    {
+        static const char *const pk[] = {"kind", "band", NULL};
+        pos pp = node_pos(v, kp);
+        if (check_keys(c, v, pp, "policy", pk) < 0) return -1;
+        pos q = pp;
+        struct fy_node *x = get(v, "kind", &q);
+        if (!x) return perr(c, pp, "policy.kind", "missing (expected exact, near-tie or noise)");
+        if (get_string(c, x, q, "policy.kind", "exact, near-tie or noise", &s->policy_kind) < 0) return -1;
+        if (strcmp(s->policy_kind, "exact") && strcmp(s->policy_kind, "near-tie") && strcmp(s->policy_kind, "noise"))
+            return perr(c, node_pos(x, q), "policy.kind", "expected exact, near-tie or noise, got '%s'", s->policy_kind);
+        q = pp;
+        s->band = 0.20;
+        x = get(v, "band", &q);
+        if (x) {
+            if (get_number(c, x, q, "policy.band", 0, 1e6, &s->band) < 0) return -1;
+        } else if (!strcmp(s->policy_kind, "near-tie"))
+            return perr(c, pp, "policy.band", "missing (near-tie needs a band in logits, e.g. band: 0.20)");
+    }
+
+    s->timeout_request = 120;
+    s->timeout_leg = 3600;
+    kp = at;
+    if ((v = get(root, "timeout", &kp)) &&
+        parse_timeout(c, v, kp, "timeout", &s->timeout_request, &s->timeout_leg) < 0)
+        return -1;
+
+    kp = at;
+    if ((v = get(root, "fault_patterns", &kp)) &&
+        get_strings(c, v, kp, "fault_patterns", "stderr substrings", &s->fault_patterns, &s->n_fault_patterns) < 0)
+        return -1;
+
+    kp = at; v = get(root, "arms", &kp);
+    if (!fy_node_is_sequence(v) || fy_node_sequence_item_count(v) == 0)
+        return perr(c, node_pos(v, kp), "arms", "expected a non-empty list of arms");
+    s->n_arms = fy_node_sequence_item_count(v);
+    s->arms = calloc((size_t)s->n_arms, sizeof *s->arms);
+    if (!s->arms) abort();
+    {
+        void *it = NULL;
+        struct fy_node *item;
+        int i = 0;
+        pos sp = node_pos(v, kp);
+        while ((item = fy_node_sequence_iterate(v, &it))) {
+            if (parse_arm(c, item, sp, i, s) < 0) return -1;
+            spec_arm *a = &s->arms[i];
+            if (a->timeout_request < 0) a->timeout_request = s->timeout_request;
+            if (a->timeout_leg < 0) a->timeout_leg = s->timeout_leg;
+            i++;
+        }
+    }
+    for (int i = 0; i < s->n_arms; i++) {
+        spec_arm *a = &s->arms[i];
+        if (a->variant_of) {
+            int j = spec_find_arm(s, a->variant_of);
+            char g[80];
+            snprintf(g, sizeof g, "arms[%d].variant_of", i);
+            if (j < 0 || j == i)
+                return perr(c, (pos){a->line, 1}, g, "expected the name of another arm, got '%s'", a->variant_of);
+        }
+    }
+
+    kp = at; v = get(root, "reference", &kp);
+    if (get_string(c, v, kp, "reference", "the name of an arm", &s->reference) < 0) return -1;
+    s->ref_index = spec_find_arm(s, s->reference);
+    if (s->ref_index < 0) {
+        char names[512] = "";
+        for (int i = 0; i < s->n_arms; i++) {
+            strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+            strncat(names, s->arms[i].name, sizeof names - strlen(names) - 1);
+        }
+        return perr(c, node_pos(v, kp), "reference", "expected the name of an arm (%s), got '%s'", names, s->reference);
+    }
+    if (s->arms[s->ref_index].kind == SPEC_ARM_COMMAND)
+        return perr(c, node_pos(v, kp), "reference", "expected a protocol arm, '%s' is a command (custody) arm",
+                    s->reference);
+    return 0;
+}
+
+int spec_find_arm(const tg_spec *s, const char *name)
+{
+    for (int i = 0; s && name && i < s->n_arms; i++)
+        if (s->arms[i].name && !strcmp(s->arms[i].name, name)) return i;
+    return -1;
+}
+
+int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg_err *e)
+{
+    *out = NULL;
+    tg_spec *s = calloc(1, sizeof *s);
+    if (!s) abort();
+    s->path = xstrdup(path);
+    s->text = malloc(len + 1);
+    if (!s->text) abort();
+    memcpy(s->text, text, len);
+    s->text[len] = 0;
+    s->text_len = len;
+    tg_sha256_buf(text, len, s->sha256);
+
+    pctx c = {.file = path, .e = e};
+    {
+        char *tmp = xstrdup(path), *slash = strrchr(tmp, '/');
+        const char *d = ".";
+        if (slash == tmp) d = "/";
+        else if (slash) { *slash = 0; d = tmp; }
+        char real[PATH_MAX];
+        c.dir = xstrdup(realpath(d, real) ? real : d);
+        free(tmp);
+    }
+
+    int rc = -1;
+    struct fy_diag_cfg dcfg;
+    fy_diag_cfg_default(&dcfg);
+    dcfg.fp = NULL;
+    dcfg.output_fn = NULL;
+    dcfg.colorize = false;
+    struct fy_diag *diag = fy_diag_create(&dcfg);
+    if (!diag) abort();
+    fy_diag_set_collect_errors(diag, true);
+    struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET | FYPCF_RESOLVE_DOCUMENT, .diag = diag};
+    struct fy_document *doc = NULL;
+    if (len == 0) {
+        tg_errf(e, "%s:1:1: spec: expected a YAML mapping, the file is empty", path);
+        goto done;
+    }
+    doc = fy_document_build_from_string(&cfg, s->text, len);
+    if (!doc || fy_diag_got_error(diag)) {
+        void *it = NULL;
+        struct fy_diag_error *de = fy_diag_errors_iterate(diag, &it);
+        const struct fy_mark *m = de && de->fyt ? fy_token_start_mark(de->fyt) : NULL;
+        if (m)
+            tg_errf(e, "%s:%d:%d: YAML syntax: %s", path, m->line + 1, m->column + 1, de->msg);
+        else if (de)
+            tg_errf(e, "%s:%d:%d: YAML syntax: %s", path, de->line + 1, de->column + 1, de->msg);
+        else
+            tg_errf(e, "%s: YAML syntax error (expected a valid YAML document)", path);
+        goto done;
+    }
+    if (parse_root(&c, fy_document_root(doc), s) < 0) goto done;
+    rc = 0;
+done:
+    fy_document_destroy(doc);
+    fy_diag_destroy(diag);
+    free(c.dir);
+    if (rc == 0) *out = s;
+    else spec_free(s);
+    return rc;
+}
+
+int spec_load(tg_spec **out, const char *path, tg_err *e)
+{
+    *out = NULL;
+    char *text;
+    size_t len;
+    if (read_file(path, &text, &len, e) < 0) return -1;
+    int rc = spec_parse(out, path, text, len, e);
+    free(text);
+    return rc;
+}
+
+static void strv_free(char **v, int n)
+{
+    if (!v) return;
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+void spec_free(tg_spec *s)
+{
+    if (!s) return;
+    free(s->path);
+    free(s->text);
+    free(s->name);
+    free(s->model_path);
+    free(s->prompts_path);
+    for (int i = 0; i < s->n_prompts; i++) {
+        free(s->prompts[i].id);
+        free(s->prompts[i].text);
+    }
+    free(s->prompts);
+    free(s->mode);
+    free(s->reference);
+    free(s->policy_kind);
+    for (int i = 0; s->arms && i < s->n_arms; i++) {
+        spec_arm *a = &s->arms[i];
+        free(a->name);
+        free(a->role);
+        free(a->variant_of);
+        free(a->tier);
+        free(a->lib);
+        free(a->worker);
+        strv_free(a->wrap, a->n_wrap);
+        strv_free(a->argv, a->n_argv);
+        free(a->options_json);
+        free(a->config_json);
+    }
+    free(s->arms);
+    strv_free(s->fault_patterns, s->n_fault_patterns);
+    free(s);
+}
+
+int spec_check_artifact(const tg_spec *s, char actual[65], int64_t *size, tg_err *e)
+{
+    struct stat st;
+    if (stat(s->model_path, &st) < 0)
+        return tg_errf(e, "%s: model.path %s: %s", s->path, s->model_path, strerror(errno));
+    if (tg_sha256_file(s->model_path, actual, e) < 0) return tg_err_prefix(e, "%s: model.path", s->path);
+    if (size) *size = (int64_t)st.st_size;
+    if (strcmp(actual, s->model_sha256))
+        return tg_errf(e, "%s: model %s: sha256 mismatch: the spec pins %s, the file hashes to %s",
+                       s->path, s->model_path, s->model_sha256, actual);
+    return 0;
+}
+
+/* 1 when path is an ELF file for aarch64 (e_machine 183). */
+static int is_aarch64_elf(const char *path)
+{
+    unsigned char h[20];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t r = read(fd, h, sizeof h);
+    close(fd);
+    if (r != (ssize_t)sizeof h || memcmp(h, "\x7f" "ELF", 4)) return 0;
+    int m = h[5] == 2 ? (h[18] << 8 | h[19]) : (h[18] | h[19] << 8);
+    return m == 183;
+}
+
+typedef struct strv { char **v; int n, cap; } strv;
+
+static void strv_push(strv *a, const char *s)
+{
+    if (a->n + 2 > a->cap) {
+        a->cap = a->cap ? a->cap * 2 : 8;
+        a->v = realloc(a->v, (size_t)a->cap * sizeof *a->v);
+        if (!a->v) abort();
+    }
+    a->v[a->n++] = xstrdup(s);
+    a->v[a->n] = NULL;
+}
+
+char **spec_arm_argv(const tg_spec *s, int i, const char *bin_dir, tg_err *e)
+{
+    assert(i >= 0 && i < s->n_arms);
+    const spec_arm *a = &s->arms[i];
+    strv v = {0};
+    char path[PATH_MAX * 2];
+    switch (a->kind) {
+    case SPEC_ARM_ENGINE:
+        if (a->worker) snprintf(path, sizeof path, "%s", a->worker);
+        else snprintf(path, sizeof path, "%s/tg-engine", bin_dir);
+        strv_push(&v, path);
+        strv_push(&v, "--tier");
+        strv_push(&v, a->tier);
+        break;
+    case SPEC_ARM_LLAMA:
+        for (int k = 0; k < a->n_wrap; k++) strv_push(&v, a->wrap[k]);
+        if (a->worker) snprintf(path, sizeof path, "%s", a->worker);
+        else if (a->n_wrap && is_aarch64_elf(a->lib)) snprintf(path, sizeof path, "%s/../aarch64/bin/tg-llama", bin_dir);
+        else snprintf(path, sizeof path, "%s/tg-llama", bin_dir);
+        strv_push(&v, path);
+        strv_push(&v, "--lib");
+        strv_push(&v, a->lib);
+        break;
+    case SPEC_ARM_EXEC:
+        for (int k = 0; k < a->n_argv; k++) strv_push(&v, a->argv[k]);
+        break;
+    case SPEC_ARM_COMMAND:
+        tg_errf(e, "arm %s: a command arm has no protocol worker", a->name);
+        return NULL;
+    }
+    return v.v;
+}
+
+/* s with every {key} replaced by its value. */
+static char *substitute(const char *s, const char *const *keys, const char *const *vals, int n)
+{
+    size_t cap = strlen(s) + 1, len = 0;
+    char *o = malloc(cap);
+    if (!o) abort();
+    while (*s) {
+        int hit = -1;
+        for (int k = 0; k < n && hit < 0; k++)
+            if (!strncmp(s, keys[k], strlen(keys[k]))) hit = k;
+        const char *add = hit >= 0 ? vals[hit] : s;
+        size_t an = hit >= 0 ? strlen(vals[hit]) : 1;
+        if (len + an + 1 > cap) {
+            cap = (len + an + 1) * 2;
+            o = realloc(o, cap);
+            if (!o) abort();
+        }
+        memcpy(o + len, add, an);
+        len += an;
+        s += hit >= 0 ? strlen(keys[hit]) : 1;
+    }
+    o[len] = 0;
+    return o;
+}
+
+char **spec_command_argv(const tg_spec *s, int i, const char *prompt_text, tg_err *e)
+{
+    assert(i >= 0 && i < s->n_arms);
+    const spec_arm *a = &s->arms[i];
+    if (a->kind != SPEC_ARM_COMMAND) {
+        tg_errf(e, "arm %s: not a command arm", a->name);
+        return NULL;
+    }
+    char steps[32];
+    snprintf(steps, sizeof steps, "%d", s->steps);
+    const char *keys[] = {"{model}", "{prompt}", "{steps}"};
+    const char *vals[] = {s->model_path, prompt_text, steps};
+    strv v = {0};
+    for (int k = 0; k < a->n_argv; k++) {
+        char *w = substitute(a->argv[k], keys, vals, 3);
+        strv_push(&v, w);
+        free(w);
+    }
+    return v.v;
+}
+
+void spec_argv_free(char **argv)
+{
+    if (!argv) return;
+    for (char **p = argv; *p; p++) free(*p);
+    free(argv);
+}
+
+char *spec_arm_binary(const tg_spec *s, int i, char *const *argv)
+{
+    assert(i >= 0 && i < s->n_arms);
+    const spec_arm *a = &s->arms[i];
+    if (a->kind == SPEC_ARM_LLAMA) return xstrdup(a->lib);
+    if (!argv || !argv[0]) return NULL;
+    const char *prog = argv[0];
+    if (strchr(prog, '/')) {
+        char real[PATH_MAX];
+        return realpath(prog, real) ? xstrdup(real) : NULL;
+    }
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        const char *colon = strchr(path, ':');
+        size_t n = colon ? (size_t)(colon - path) : strlen(path);
+        char cand[PATH_MAX * 2], real[PATH_MAX];
+        snprintf(cand, sizeof cand, "%.*s/%s", (int)n, n ? path : ".", prog);
+        if (access(cand, X_OK) == 0 && realpath(cand, real)) return xstrdup(real);
+        path += n + (colon ? 1 : 0);
+    }
+    return NULL;
+}

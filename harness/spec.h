@@ -1,0 +1,122 @@
+/*
+ * spec.h: gate specs. A spec is a YAML file (parsed with libfyaml) that pins
+ * everything a verdict depends on: the artifact and its sha256, the prompt
+ * set, steps, top_k, legs, the mode, the reference arm, the policy and the
+ * arms themselves. spec_load() reads, validates and resolves one spec; every
+ * problem is reported as "FILE:LINE:COL: FIELD: expected WHAT" and unknown
+ * keys are errors, so a typo never passes silently. docs/spec.md is the
+ * reference of the format.
+ *
+ * Relative paths (model.path, prompts, llama.lib, llama.worker) are taken
+ * relative to the current directory when that file exists there, else
+ * relative to the spec file's folder; the resolved path is absolute.
+ *
+ * Ownership: a tg_spec owns every string and array it points to; they live
+ * until spec_free().
+ */
+#ifndef TG_SPEC_H
+#define TG_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util.h"
+
+typedef enum spec_arm_kind {
+    SPEC_ARM_ENGINE = 0,     /* built-in engine: tg-engine --tier T */
+    SPEC_ARM_LLAMA,          /* llama.cpp oracle: [wrap...] tg-llama --lib L */
+    SPEC_ARM_COMMAND,        /* chain of custody: argv per prompt, stdout = text */
+    SPEC_ARM_EXEC            /* any protocol v1 worker, by argv */
+} spec_arm_kind;
+
+typedef struct spec_arm {
+    char *name;              /* unique, [A-Za-z0-9_.-]+ */
+    spec_arm_kind kind;
+    const char *kind_name;   /* "engine" | "llama" | "command" | "exec" (static) */
+    char *role;              /* test | oracle | custody (declared or default) */
+    char *variant_of;        /* an arm name, or NULL */
+    char *tier;              /* engine: ref | cpu | gpu; else NULL */
+    char *lib;               /* llama: resolved libllama.so path; else NULL */
+    char *worker;            /* engine/llama: resolved worker path, or NULL = default */
+    int n_wrap;
+    char **wrap;             /* llama: argv prefix (e.g. qemu-aarch64 -L ...) */
+    int n_argv;
+    char **argv;             /* command / exec: the argv as written */
+    char *options_json;      /* load options as a JSON object ("{}" when none) */
+    char *config_json;       /* the arm's whole entry as JSON (for the store) */
+    double timeout_request;  /* seconds for one request (decode: the whole answer) */
+    double timeout_leg;      /* seconds for a whole leg (spawn to exit) */
+    int line;                /* 1-based line of the arm's entry in the spec */
+} spec_arm;
+
+typedef struct spec_prompt {
+    char *id;                /* p1..pN for a prompt file, else the spec's id */
+    char *text;
+} spec_prompt;
+
+typedef struct tg_spec {
+    char *path;              /* the spec file as given */
+    char *text;              /* its bytes (NUL-terminated), for the store */
+    size_t text_len;
+    char sha256[65];         /* of text */
+    char *name;
+    char *model_path;        /* resolved, absolute */
+    char model_sha256[65];   /* as the spec pins it (lowercase hex) */
+    char *prompts_path;      /* resolved prompt file, or NULL when inline */
+    int n_prompts;
+    spec_prompt *prompts;
+    int steps, top_k, legs;
+    int jobs;                /* arms run side by side (default 2) */
+    char *mode;              /* "teacher-forced" | "free" */
+    char *reference;         /* arm name */
+    int ref_index;           /* index of the reference in arms[] */
+    char *policy_kind;       /* "exact" | "near-tie" | "noise" */
+    double band;             /* near-tie band in logits (default 0.20) */
+    int n_arms;
+    spec_arm *arms;
+    int n_fault_patterns;
+    char **fault_patterns;
+    double timeout_request;  /* defaults for arms that set none */
+    double timeout_leg;
+} tg_spec;
+
+/* Reads and validates the spec at path. Returns 0 with *out (free with
+ * spec_free), or -1 with e ("path:line:col: field: expected ..."). Files the
+ * spec names (the prompt file) are read now; the model is only located:
+ * spec_check_artifact() hashes it. */
+int spec_load(tg_spec **out, const char *path, tg_err *e);
+
+/* The same from text already in memory; path names it in messages and its
+ * folder anchors relative paths. */
+int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg_err *e);
+
+void spec_free(tg_spec *s);  /* NULL is a no-op */
+
+/* Re-hashes the model file. Returns 0 when its sha256 equals the pinned one
+ * (actual[] and *size filled), or -1 with e naming the file and both hashes
+ * (or the read error). */
+int spec_check_artifact(const tg_spec *s, char actual[65], int64_t *size, tg_err *e);
+
+/* Index of the arm called name, or -1. */
+int spec_find_arm(const tg_spec *s, const char *name);
+
+/* The argv that starts arm i's protocol worker (engine, llama, exec arms):
+ * bin_dir is the folder of tokgate's own executables (tg-engine, tg-llama
+ * live there). A llama arm with a wrap and no worker, whose library is an
+ * aarch64 ELF, gets bin_dir/../aarch64/bin/tg-llama. Returns a
+ * NULL-terminated array the caller frees with spec_argv_free(), or NULL with
+ * e (a command arm, or out of memory). */
+char **spec_arm_argv(const tg_spec *s, int i, const char *bin_dir, tg_err *e);
+
+/* A command arm's argv for one prompt: "{model}", "{prompt}" and "{steps}"
+ * replaced inside every argument. NULL-terminated; free with spec_argv_free. */
+char **spec_command_argv(const tg_spec *s, int i, const char *prompt_text, tg_err *e);
+
+void spec_argv_free(char **argv);  /* NULL is a no-op */
+
+/* The path of the file a worker argv runs for hashing and the store: for a
+ * llama arm its library, else the worker (argv[0] after any wrap) as found
+ * through PATH. Returns a malloc'ed string, or NULL when it cannot be found. */
+char *spec_arm_binary(const tg_spec *s, int i, char *const *argv);
+
+#endif

@@ -1,0 +1,502 @@
+/*
+ * test_gpu_ops.cu: kernel-level differential tests of the GPU arm, in the
+ * manner of llama.cpp's test-backend-ops: every kernel of engine/gpu/
+ * kernels.cu against a host reference (engine/quant.c's scalar dequantize,
+ * util.c's top-k and XXH3 digest, plain C math in f64) on fresh random
+ * inputs of several shapes. Outputs are poisoned (NaN) before each run, so an
+ * element the kernel fails to write fails the case. Each case checks for
+ * NaN/Inf first, then the normalized mean squared error
+ * NMSE = sum (out - ref)^2 / sum ref^2 against the op's named limit, and
+ * prints one line: "OK   op(shape) nmse=..." or "FAIL op(shape) reason".
+ *
+ * Exit status: 0 when every case passed, 1 otherwise; 0 with "SKIP: no GPU"
+ * on a machine without a usable GPU. Seed: TG_SEED (default: the time).
+ */
+#include "gpu/kernels.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <vector>
+
+extern "C" {
+#include "quant.h"
+#include "util.h"
+}
+
+/* Named per-op NMSE limits. The matmul decodes exactly the reference's
+ * weights and accumulates in f32 (no activation quantization): rounding
+ * only. get_rows may differ from the reference by an FMA's single rounding. */
+static const double NMSE_MATMUL = 1e-9;
+static const double NMSE_GET_ROWS = 1e-12;
+static const double NMSE_RMSNORM = 1e-10;
+static const double NMSE_ROPE = 1e-10;   /* the reference takes ggml's f32 angle */
+static const double NMSE_ATTN = 1e-9;
+static const double NMSE_SWIGLU = 1e-12;
+static const double NMSE_ADD = 0.0;   /* f32 add is exact to the reference's f32 add */
+
+static int n_fail, n_ok;
+static uint64_t rng_state;
+
+static uint64_t rnd64(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+/* uniform in [-1, 1) */
+static float rndf(void) { return (float)((rnd64() >> 40) * (1.0 / 8388608.0) - 1.0); }
+static void fill(std::vector<float> &v, float scale)
+{
+    for (auto &x : v) x = rndf() * scale;
+}
+
+#define CK(call)                                                                                     \
+    do {                                                                                             \
+        cudaError_t rc_ = (call);                                                                    \
+        if (rc_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "FATAL: %s failed: %s (in %s, %s:%d)\n", #call, cudaGetErrorString(rc_), \
+                    __func__, __FILE__, __LINE__);                                                   \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+template <typename T>
+static T *dev_upload(const T *h, size_t n)
+{
+    T *d;
+    CK(cudaMalloc((void **)&d, n * sizeof(T) + 16));
+    CK(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+static float *dev_poisoned(size_t n)
+{
+    float *d;
+    CK(cudaMalloc((void **)&d, n * sizeof(float) + 16));
+    CK(cudaMemset(d, 0xFF, n * sizeof(float)));   /* NaN */
+    return d;
+}
+static std::vector<float> dev_download(const float *d, size_t n)
+{
+    std::vector<float> h(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* One case's verdict: non-finite first, then NMSE against limit. */
+static void judge(const char *name, const std::vector<float> &out, const std::vector<double> &ref, double limit)
+{
+    for (size_t i = 0; i < out.size(); i++)
+        if (!isfinite(out[i])) {
+            printf("FAIL %s: non-finite output %g at %zu (unwritten or overflow)\n", name, out[i], i);
+            n_fail++;
+            return;
+        }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        const double d = out[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    const double nmse = den > 0 ? num / den : num;
+    if (nmse > limit) {
+        printf("FAIL %s: nmse=%.3e above the limit %.1e\n", name, nmse, limit);
+        n_fail++;
+    } else {
+        printf("OK   %s: nmse=%.3e (limit %.1e)\n", name, nmse, limit);
+        n_ok++;
+    }
+}
+
+static void check_gk(int rc, const tg_err *e, const char *name)
+{
+    if (rc) {
+        printf("FAIL %s: launcher refused: %s\n", name, e->msg);
+        n_fail++;
+    }
+}
+
+/* Random weight rows of type t: f32 values quantized by the reference
+ * quantizer (so every block is a realistic one), and their dequantized
+ * values (the reference weights). */
+static std::vector<uint8_t> make_weights(uint32_t t, int K, int rows, std::vector<float> &deq)
+{
+    const tg_type_traits *tr = tg_traits(t);
+    const size_t rs = tg_row_size(t, K);
+    std::vector<uint8_t> w(rs * rows);
+    std::vector<float> f((size_t)K);
+    deq.resize((size_t)K * rows);
+    for (int r = 0; r < rows; r++) {
+        /* vary the row scale so sub-block scales and mins differ */
+        const float sc = 0.02f + 0.05f * (float)(rnd64() % 100) / 100.0f;
+        for (int i = 0; i < K; i++) f[i] = rndf() * sc + (i % 37 == 0 ? 0.1f * rndf() : 0.0f);
+        tr->from_float(f.data(), w.data() + rs * r, K);
+        tr->to_float(w.data() + rs * r, deq.data() + (size_t)K * r, K);
+    }
+    return w;
+}
+
+static void test_matmul(uint32_t t, int K, int rows, int ncols)
+{
+    char name[128];
+    snprintf(name, sizeof name, "matmul_%s(K=%d,rows=%d,cols=%d)", tg_type_name(t), K, rows, ncols);
+    std::vector<float> wd;
+    std::vector<uint8_t> w = make_weights(t, K, rows, wd);
+    std::vector<float> x((size_t)K * ncols);
+    fill(x, 1.0f);
+    std::vector<double> ref((size_t)rows * ncols);
+    for (int c = 0; c < ncols; c++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (int i = 0; i < K; i++) s += (double)wd[(size_t)r * K + i] * x[(size_t)c * K + i];
+            ref[(size_t)c * rows + r] = s;
+        }
+    uint8_t *dw = dev_upload(w.data(), w.size());
+    float *dx = dev_upload(x.data(), x.size());
+    float *dy = dev_poisoned(ref.size());
+    tg_err e = {{0}};
+    int rc = gk_matmul(0, t, dw, rows, K, dx, ncols, dy, &e);
+    if (!rc) judge(name, dev_download(dy, ref.size()), ref, NMSE_MATMUL);
+    else check_gk(rc, &e, name);
+    cudaFree(dw); cudaFree(dx); cudaFree(dy);
+}
+
+static void test_get_rows(uint32_t t, int K, int rows, int n)
+{
+    char name[128];
+    snprintf(name, sizeof name, "get_rows_%s(K=%d,rows=%d,n=%d)", tg_type_name(t), K, rows, n);
+    std::vector<float> wd;
+    std::vector<uint8_t> w = make_weights(t, K, rows, wd);
+    std::vector<int32_t> ids(n);
+    for (auto &i : ids) i = (int32_t)(rnd64() % rows);
+    std::vector<double> ref((size_t)K * n);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < K; i++) ref[(size_t)j * K + i] = wd[(size_t)ids[j] * K + i];
+    uint8_t *dw = dev_upload(w.data(), w.size());
+    int32_t *di = dev_upload(ids.data(), ids.size());
+    float *dy = dev_poisoned(ref.size());
+    tg_err e = {{0}};
+    int rc = gk_get_rows(0, t, dw, K, di, n, dy, &e);
+    if (!rc) judge(name, dev_download(dy, ref.size()), ref, NMSE_GET_ROWS);
+    else check_gk(rc, &e, name);
+    cudaFree(dw); cudaFree(di); cudaFree(dy);
+}
+
+static void test_rmsnorm(int nrows, int n, const char *what)
+{
+    char name[128];
+    snprintf(name, sizeof name, "rmsnorm_%s(rows=%d,n=%d)", what, nrows, n);
+    std::vector<float> x((size_t)nrows * n), w(n);
+    fill(x, 3.0f);
+    fill(w, 1.0f);
+    const float eps = 1e-6f;
+    std::vector<double> ref(x.size());
+    for (int r = 0; r < nrows; r++) {
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)x[(size_t)r * n + i] * x[(size_t)r * n + i];
+        const double sc = 1.0 / sqrt(ss / n + eps);
+        for (int i = 0; i < n; i++) ref[(size_t)r * n + i] = x[(size_t)r * n + i] * sc * w[i];
+    }
+    float *dx = dev_upload(x.data(), x.size()), *dw = dev_upload(w.data(), w.size());
+    float *dy = dev_poisoned(x.size());
+    tg_err e = {{0}};
+    int rc = gk_rmsnorm(0, dx, dw, dy, nrows, n, eps, &e);
+    if (!rc) judge(name, dev_download(dy, x.size()), ref, NMSE_RMSNORM);
+    else check_gk(rc, &e, name);
+    cudaFree(dx); cudaFree(dw); cudaFree(dy);
+}
+
+static void test_rope(int n_tok, int n_head, int hd, int pos0, int neox)
+{
+    char name[128];
+    snprintf(name, sizeof name, "rope_%s(tok=%d,heads=%d,hd=%d,pos0=%d)", neox ? "neox" : "norm", n_tok, n_head,
+             hd, pos0);
+    std::vector<float> x((size_t)n_tok * n_head * hd);
+    fill(x, 2.0f);
+    const double base = 1e6;
+    std::vector<double> ref(x.begin(), x.end());
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++)
+            for (int i = 0; i < hd / 2; i++) {
+                /* the angle in f32 as ggml computes it: pos * theta_scale^i */
+                const float theta_scale = powf((float)base, -2.0f / (float)hd);
+                const double th = (float)(pos0 + t) * powf(theta_scale, (float)i);
+                const size_t o = ((size_t)t * n_head + h) * hd;
+                const int i0 = neox ? i : 2 * i, i1 = neox ? i + hd / 2 : 2 * i + 1;
+                const double a = x[o + i0], b = x[o + i1];
+                ref[o + i0] = a * cos(th) - b * sin(th);
+                ref[o + i1] = a * sin(th) + b * cos(th);
+            }
+    float *dx = dev_upload(x.data(), x.size());
+    int32_t *dp = dev_upload(&pos0, 1);
+    tg_err e = {{0}};
+    int rc = gk_rope(0, dx, n_tok, n_head, hd, dp, (float)base, neox, &e);
+    if (!rc) judge(name, dev_download(dx, x.size()), ref, NMSE_ROPE);
+    else check_gk(rc, &e, name);
+    cudaFree(dx); cudaFree(dp);
+}
+
+/* kv_store then attention over a cache pre-filled with random history:
+ * positions < pos0 come from a host-written cache, pos0.. from kv_store. */
+static void test_attention(int kv_f16, int n_tok, int n_head, int n_head_kv, int hd, int pos0, int split)
+{
+    char name[160];
+    snprintf(name, sizeof name, "attn_%s%s(tok=%d,heads=%d/%d,hd=%d,pos0=%d)", kv_f16 ? "f16kv" : "f32kv",
+             split ? ",split" : "", n_tok, n_head, n_head_kv, hd, pos0);
+    const int n_ctx = pos0 + n_tok + 3, row = n_head_kv * hd;
+    std::vector<float> hist((size_t)n_ctx * row), knew((size_t)n_tok * row), vnew((size_t)n_tok * row);
+    std::vector<float> histv(hist.size()), q((size_t)n_tok * n_head * hd);
+    fill(hist, 1.0f); fill(histv, 1.0f); fill(knew, 1.0f); fill(vnew, 1.0f); fill(q, 1.5f);
+    /* the reference sees exactly what the cache holds */
+    std::vector<float> K(hist), V(histv);
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < row; i++) {
+            K[(size_t)(pos0 + t) * row + i] = knew[(size_t)t * row + i];
+            V[(size_t)(pos0 + t) * row + i] = vnew[(size_t)t * row + i];
+        }
+    void *dk, *dv;
+    const size_t el = kv_f16 ? 2 : 4;
+    CK(cudaMalloc(&dk, K.size() * el));
+    CK(cudaMalloc(&dv, V.size() * el));
+    if (kv_f16) {
+        std::vector<tg_half> hk(K.size()), hv(V.size());
+        for (size_t i = 0; i < K.size(); i++) {
+            hk[i] = tg_f32_to_half(hist[i]);
+            hv[i] = tg_f32_to_half(histv[i]);
+        }
+        for (size_t i = 0; i < K.size(); i++) {
+            K[i] = tg_half_to_f32(tg_f32_to_half(K[i]));
+            V[i] = tg_half_to_f32(tg_f32_to_half(V[i]));
+        }
+        CK(cudaMemcpy(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dv, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
+    } else {
+        CK(cudaMemcpy(dk, hist.data(), hist.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dv, histv.data(), histv.size() * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<double> ref(q.size());
+    const int grp = n_head / n_head_kv;
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            const int nkv = pos0 + t + 1, hk = h / grp;
+            std::vector<double> s(nkv);
+            double mx = -1e300;
+            for (int j = 0; j < nkv; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)q[((size_t)t * n_head + h) * hd + i] * K[(size_t)j * row + hk * hd + i];
+                s[j] = d / sqrt((double)hd);
+                mx = s[j] > mx ? s[j] : mx;
+            }
+            double sum = 0;
+            for (int j = 0; j < nkv; j++) sum += (s[j] = exp(s[j] - mx));
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = 0; j < nkv; j++) o += s[j] * V[(size_t)j * row + hk * hd + i];
+                ref[((size_t)t * n_head + h) * hd + i] = o / sum;
+            }
+        }
+    float *dkn = dev_upload(knew.data(), knew.size()), *dvn = dev_upload(vnew.data(), vnew.size());
+    float *dq = dev_upload(q.data(), q.size());
+    int32_t *dp = dev_upload(&pos0, 1);
+    float *dout = dev_poisoned(q.size());
+    tg_err e = {{0}};
+    int rc = gk_kv_store(0, dkn, dvn, dk, dv, kv_f16, n_tok, row, dp, &e);
+    void *scr = NULL;
+    if (split) CK(cudaMalloc(&scr, gk_attention_scratch(n_head, hd)));
+    if (!rc) rc = gk_attention(0, dq, dk, dv, kv_f16, dout, n_tok, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    if (!rc) judge(name, dev_download(dout, q.size()), ref, NMSE_ATTN);
+    else check_gk(rc, &e, name);
+    cudaFree(dk); cudaFree(dv); cudaFree(dkn); cudaFree(dvn); cudaFree(dq); cudaFree(dp); cudaFree(dout);
+    if (scr) cudaFree(scr);
+}
+
+/* kv_store alone: the cache must hold exactly the host's conversion. */
+static void test_kv_store(int kv_f16, int n_tok, int row, int pos0)
+{
+    char name[128];
+    snprintf(name, sizeof name, "kv_store_%s(tok=%d,row=%d,pos0=%d)", kv_f16 ? "f16" : "f32", n_tok, row, pos0);
+    const int n_ctx = pos0 + n_tok;
+    std::vector<float> k((size_t)n_tok * row), v(k.size());
+    fill(k, 4.0f); fill(v, 4.0f);
+    const size_t el = kv_f16 ? 2 : 4;
+    void *dk, *dv;
+    CK(cudaMalloc(&dk, (size_t)n_ctx * row * el));
+    CK(cudaMalloc(&dv, (size_t)n_ctx * row * el));
+    float *dkn = dev_upload(k.data(), k.size()), *dvn = dev_upload(v.data(), v.size());
+    int32_t *dp = dev_upload(&pos0, 1);
+    tg_err e = {{0}};
+    int rc = gk_kv_store(0, dkn, dvn, dk, dv, kv_f16, n_tok, row, dp, &e);
+    if (rc) { check_gk(rc, &e, name); return; }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> hk((size_t)n_tok * row * el), hv(hk.size());
+    CK(cudaMemcpy(hk.data(), (uint8_t *)dk + (size_t)pos0 * row * el, hk.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hv.data(), (uint8_t *)dv + (size_t)pos0 * row * el, hv.size(), cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < k.size(); i++) {
+        if (kv_f16) {
+            bad += ((tg_half *)hk.data())[i] != tg_f32_to_half(k[i]);
+            bad += ((tg_half *)hv.data())[i] != tg_f32_to_half(v[i]);
+        } else {
+            bad += memcmp(&((float *)hk.data())[i], &k[i], 4) != 0;
+            bad += memcmp(&((float *)hv.data())[i], &v[i], 4) != 0;
+        }
+    }
+    if (bad) { printf("FAIL %s: %zu cache entries differ from the host conversion\n", name, bad); n_fail++; }
+    else { printf("OK   %s: byte-identical to the host conversion\n", name); n_ok++; }
+    cudaFree(dk); cudaFree(dv); cudaFree(dkn); cudaFree(dvn); cudaFree(dp);
+}
+
+static void test_swiglu_add(int n)
+{
+    char name[96];
+    std::vector<float> g(n), u(n);
+    fill(g, 6.0f); fill(u, 2.0f);
+    std::vector<double> ref(n), refa(n);
+    for (int i = 0; i < n; i++) {
+        ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        refa[i] = (float)(g[i] + u[i]);
+    }
+    float *dg = dev_upload(g.data(), n), *du = dev_upload(u.data(), n), *dy = dev_poisoned(n);
+    tg_err e = {{0}};
+    snprintf(name, sizeof name, "swiglu(n=%d)", n);
+    int rc = gk_swiglu(0, dg, du, dy, n, &e);
+    if (!rc) judge(name, dev_download(dy, n), ref, NMSE_SWIGLU);
+    else check_gk(rc, &e, name);
+    snprintf(name, sizeof name, "add(n=%d)", n);
+    rc = gk_add(0, dg, du, n, &e);
+    if (!rc) judge(name, dev_download(dg, n), refa, NMSE_ADD);
+    else check_gk(rc, &e, name);
+    cudaFree(dg); cudaFree(du); cudaFree(dy);
+}
+
+/* Top-k must equal util.c's tg_topk exactly (ids and logit bits), on data
+ * with ties and, optionally, NaNs. */
+static void test_topk(int n, int k, int with_nan)
+{
+    char name[96];
+    snprintf(name, sizeof name, "topk(n=%d,k=%d%s)", n, k, with_nan ? ",nan" : "");
+    std::vector<float> x(n);
+    for (int i = 0; i < n; i++) x[i] = (float)(int)(rndf() * 2000.0f) / 64.0f;   /* many ties */
+    if (with_nan) {
+        x[rnd64() % n] = NAN;
+        x[rnd64() % n] = NAN;
+    }
+    std::vector<tg_top> ref(k), out(k);
+    tg_topk(x.data(), n, k, ref.data());
+    float *dx = dev_upload(x.data(), n);
+    void *scratch;
+    tg_top *dout;
+    CK(cudaMalloc(&scratch, gk_topk_scratch(n, k)));
+    CK(cudaMalloc((void **)&dout, sizeof(tg_top) * k));
+    CK(cudaMemset(dout, 0xFF, sizeof(tg_top) * k));
+    tg_err e = {{0}};
+    int rc = gk_topk(0, dx, n, k, scratch, dout, &e);
+    if (rc) { check_gk(rc, &e, name); return; }
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(out.data(), dout, sizeof(tg_top) * k, cudaMemcpyDeviceToHost));
+    int bad = -1;
+    for (int i = 0; i < k && bad < 0; i++)
+        if (out[i].id != ref[i].id || memcmp(&out[i].logit, &ref[i].logit, 4)) bad = i;
+    if (bad >= 0) {
+        printf("FAIL %s: entry %d is (%d, %g), the host says (%d, %g)\n", name, bad, out[bad].id, out[bad].logit,
+               ref[bad].id, ref[bad].logit);
+        n_fail++;
+    } else {
+        printf("OK   %s: identical to tg_topk\n", name);
+        n_ok++;
+    }
+    cudaFree(dx); cudaFree(scratch); cudaFree(dout);
+}
+
+/* The device XXH3-64 must equal the host's over the same bytes. */
+static void test_xxh3(size_t nfloats)
+{
+    char name[96];
+    snprintf(name, sizeof name, "xxh3(bytes=%zu)", nfloats * 4);
+    std::vector<float> x(nfloats);
+    fill(x, 30.0f);
+    char want[17], got[17];
+    tg_digest_logits(x.data(), nfloats, want);
+    float *dx = dev_upload(x.data(), nfloats);
+    void *scratch;
+    uint64_t *dout, h = 0;
+    CK(cudaMalloc(&scratch, gk_xxh3_scratch(nfloats * 4)));
+    CK(cudaMalloc((void **)&dout, 8));
+    tg_err e = {{0}};
+    int rc = gk_xxh3(0, dx, nfloats * 4, scratch, dout, &e);
+    if (rc) { check_gk(rc, &e, name); return; }
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(&h, dout, 8, cudaMemcpyDeviceToHost));
+    snprintf(got, sizeof got, "%016llx", (unsigned long long)h);
+    if (strcmp(got, want)) { printf("FAIL %s: device %s, host %s\n", name, got, want); n_fail++; }
+    else { printf("OK   %s: %s equals the host digest\n", name, got); n_ok++; }
+    cudaFree(dx); cudaFree(scratch); cudaFree(dout);
+}
+
+int main(void)
+{
+    char desc[160];
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIP: no GPU (the runtime sees no device); the GPU kernel tests did not run\n");
+        return 0;
+    }
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    snprintf(desc, sizeof desc, "%.100s", p.name);
+    const char *seed = getenv("TG_SEED");
+    rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    printf("test_gpu_ops on %s, seed %llu\n", desc, (unsigned long long)rng_state);
+
+    const uint32_t types[] = {TG_TYPE_F32, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_Q8_0,
+                              TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K};
+    struct { int K, rows, cols; } mm[] = {{256, 64, 1}, {1024, 301, 1}, {4096, 128, 1}, {768, 96, 8},
+                                          {512, 77, 13}, {2048, 40, 3}};
+    for (uint32_t t : types) {
+        for (auto &s : mm) test_matmul(t, s.K, s.rows, s.cols);
+        test_get_rows(t, 256, 50, 3);
+        test_get_rows(t, 1024, 300, 7);
+    }
+    test_rmsnorm(1, 256, "vec");
+    test_rmsnorm(5, 1024, "vec");
+    test_rmsnorm(3, 4096, "vec");
+    test_rmsnorm(16 * 3, 128, "head");
+    test_rmsnorm(4 * 2, 64, "head");
+    for (int neox = 0; neox < 2; neox++) {
+        test_rope(1, 16, 128, 4000, neox);
+        test_rope(7, 8, 64, 3, neox);
+        test_rope(3, 32, 128, 0, neox);
+    }
+    for (int f16 = 0; f16 < 2; f16++) {
+        test_kv_store(f16, 1, 1024, 17);
+        test_kv_store(f16, 9, 256, 0);
+        for (int split = 0; split < 2; split++) {
+            test_attention(f16, 1, 4, 2, 64, 0, split);      /* fewer keys than splits */
+            test_attention(f16, 1, 16, 8, 128, 37, split);
+            test_attention(f16, 1, 32, 8, 128, 1500, split); /* more keys than one shared-memory chunk */
+            test_attention(f16, 1, 32, 8, 128, 20000, split);
+        }
+        test_attention(f16, 7, 4, 2, 64, 5, 0);           /* prefill, causal */
+        test_attention(f16, 12, 16, 8, 128, 0, 0);        /* prefill from an empty cache */
+    }
+    test_swiglu_add(1000);
+    test_swiglu_add(12288 * 3);
+    test_topk(8192, 1, 0);
+    test_topk(8192, 32, 1);
+    test_topk(151936, 32, 0);
+    test_topk(151936, 256, 1);
+    test_topk(300, 256, 1);
+    test_topk(200, 200, 1);      /* k == n */
+    test_xxh3(61);          /* 244 bytes: shortest long input */
+    test_xxh3(256);         /* exactly one 1024-byte block */
+    test_xxh3(8192);
+    test_xxh3(151936);
+    test_xxh3(151936 + 3);
+    printf("test_gpu_ops: %d OK, %d FAIL\n", n_ok, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,447 @@
+/*
+ * test_gate.c: the gate run (harness/gate.c) into a real store, scored by
+ * verdict.c.
+ *
+ * Fault handling uses tests/helpers/tg-fault-arm, a TEST DOUBLE worker (not
+ * an engine): a well-behaved double as reference and as a test arm, next to
+ * doubles that crash mid-stream, hang and print garbage. The good arm must
+ * finish and pass, the faulted arms must never pass, and the store must
+ * stay intact. A real gate over the shipped tiny trained model runs when
+ * tg-llama (and optionally tg-engine) are built; it is skipped otherwise.
+ */
+#include <limits.h>
+#include <setjmp.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "arm.h"
+#include "gate.h"
+#include "spec.h"
+#include "store.h"
+#include "verdict.h"
+
+static char g_root[PATH_MAX], g_bin[PATH_MAX + 64], g_cache[PATH_MAX + 64];
+static char g_dir[PATH_MAX];     /* temporary folder of one test */
+
+static int exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static int setup(void **st)
+{
+    (void)st;
+    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT"), *c = getenv("TG_CACHE");
+    snprintf(g_root, sizeof g_root, "%s", r ? r : ".");
+    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
+    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", g_root);
+    if (c) snprintf(g_cache, sizeof g_cache, "%s", c);
+    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
+    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-gate-XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", NULL};
+    char p[2 * PATH_MAX];
+    for (int i = 0; names[i]; i++) {
+        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
+        unlink(p);
+    }
+    rmdir(g_dir);
+    return 0;
+}
+
+static void path_in(char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "%s/%s", g_dir, name);
+}
+
+/* A stand-in "model" file for the double (it never reads it); its sha256 into hex. */
+static void make_model(char hex[65])
+{
+    char p[2 * PATH_MAX];
+    path_in(p, sizeof p, "m.bin");
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("a stand-in artifact for the test double\n", f);
+    fclose(f);
+    tg_err e;
+    assert_int_equal(tg_sha256_file(p, hex, &e), 0);
+}
+
+static tg_spec *write_spec(const char *text)
+{
+    char p[2 * PATH_MAX];
+    path_in(p, sizeof p, "s.yaml");
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    tg_spec *s;
+    tg_err e;
+    if (spec_load(&s, p, &e) < 0) {
+        print_message("spec: %s\n", e.msg);
+        fail();
+    }
+    return s;
+}
+
+static char *fault_arm(void)
+{
+    static char p[2 * PATH_MAX];
+    snprintf(p, sizeof p, "%s/tg-fault-arm", g_bin);
+    if (!exists(p)) {
+        print_message("missing %s (the test double): build tests/helpers\n", p);
+        fail();
+    }
+    return p;
+}
+
+/* The fault spec: a good double as reference and as test arm, and three
+ * faulted doubles. sha: the model's pinned hash. */
+static tg_spec *fault_spec(const char *sha, int legs)
+{
+    char m[2 * PATH_MAX];
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t = NULL;
+    int n = asprintf(&t,
+                     "name: fault-gate\n"
+                     "model: {path: %s, sha256: %s}\n"
+                     "prompts: [{id: p1, text: ab}, {id: p2, text: cd}]\n"
+                     "steps: 5\ntop_k: 4\nlegs: %d\nreference: ref\npolicy: {kind: exact}\n"
+                     "timeout: {request: 3, leg: 30}\n"
+                     "arms:\n"
+                     "  - {name: ref, exec: [%s, ok], role: oracle}\n"
+                     "  - {name: good, exec: [%s, ok]}\n"
+                     "  - {name: crash, exec: [%s, segv-decode]}\n"
+                     "  - {name: hang, exec: [%s, hang], timeout: 0.5}\n"
+                     "  - {name: junk, exec: [%s, garbage]}\n"
+                     "fault_patterns: [\"Memory access fault\"]\n",
+                     m, sha, legs, fa, fa, fa, fa, fa);
+    assert_true(n > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    return s;
+}
+
+static tg_store *open_db(void)
+{
+    char p[2 * PATH_MAX];
+    path_in(p, sizeof p, "t.db");
+    tg_store *st;
+    tg_err e;
+    if (store_open(&st, p, &e) < 0) {
+        print_message("store: %s\n", e.msg);
+        fail();
+    }
+    return st;
+}
+
+static long long q_int(tg_store *st, const char *sql, int64_t run, const char *arm)
+{
+    sqlite3 *db = store_db(st);
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(db, sql, -1, &q, NULL) != SQLITE_OK) {
+        print_message("sql %s: %s\n", sql, sqlite3_errmsg(db));
+        fail();
+    }
+    if (sqlite3_bind_parameter_count(q) >= 1) sqlite3_bind_int64(q, 1, run);
+    if (sqlite3_bind_parameter_count(q) >= 2) sqlite3_bind_text(q, 2, arm, -1, SQLITE_STATIC);
+    long long v = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+    sqlite3_finalize(q);
+    return v;
+}
+
+/* The arm's overall TOKEN_GATE in the latest verdict set, into word. */
+static void arm_verdict(tg_store *st, int64_t run, const char *arm, char word[32])
+{
+    sqlite3 *db = store_db(st);
+    sqlite3_stmt *q;
+    const char *sql = "SELECT value FROM verdict WHERE run_id = ?1 AND arm = ?2 AND prompt IS NULL "
+                      "AND key = 'TOKEN_GATE' ORDER BY set_no DESC LIMIT 1";
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK);
+    sqlite3_bind_int64(q, 1, run);
+    sqlite3_bind_text(q, 2, arm, -1, SQLITE_STATIC);
+    snprintf(word, 32, "%s", sqlite3_step(q) == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : "(none)");
+    sqlite3_finalize(q);
+}
+
+static void assert_integrity(tg_store *st)
+{
+    sqlite3 *db = store_db(st);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    const char *r = (const char *)sqlite3_column_text(q, 0);
+    if (strcmp(r, "ok")) {
+        print_message("integrity_check: %s\n", r);
+        fail();
+    }
+    sqlite3_finalize(q);
+}
+
+static gate_options opts(void)
+{
+    gate_options o = {.bin_dir = g_bin, .jobs = 2, .grace = 0.3};
+    return o;
+}
+
+static void test_faulted_arms(void **unused)
+{
+    (void)unused;
+    char sha[65];
+    make_model(sha);
+    tg_spec *s = fault_spec(sha, 2);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    double t0 = tg_now();
+    if (gate_run(st, s, &o, &r, &e) < 0) {
+        print_message("gate_run: %s\n", e.msg);
+        fail();
+    }
+    double took = tg_now() - t0;
+    if (took > 30) {
+        print_message("the faulted gate took %.1f s, expected the timeouts to end it well within 30 s\n", took);
+        fail();
+    }
+    assert_int_equal(r.legs_planned, 10);
+    assert_int_equal(r.legs_run, 10);
+    assert_int_equal(r.legs_faulted, 6);
+    assert_integrity(st);
+    /* every leg stored, with a cause exactly for the faulted arms */
+    assert_int_equal(q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1", r.run_id, NULL), 10);
+    const char *bad[] = {"crash", "hang", "junk"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(q_int(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 "
+                                   "AND a.name = ?2 AND l.cause IS NOT NULL", r.run_id, bad[i]), 2);
+    assert_int_equal(q_int(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 "
+                               "AND a.name = ?2 AND l.cause IS NULL", r.run_id, "good"), 2);
+    /* the crash arm's partial steps were kept (2 per prompt before the SIGSEGV of the first) */
+    assert_int_equal(q_int(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
+                               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", r.run_id, "crash"), 2);
+    /* teacher forcing: the good arm's forced tokens are the reference's leg-1 tokens */
+    assert_int_equal(q_int(st,
+                           "SELECT count(*) FROM step g JOIN leg lg ON lg.id = g.leg_id JOIN arm ag ON ag.id = lg.arm_id "
+                           "JOIN step f ON f.prompt_id = g.prompt_id AND f.step = g.step "
+                           "JOIN leg lf ON lf.id = f.leg_id JOIN arm af ON af.id = lf.arm_id "
+                           "WHERE lg.run_id = ?1 AND ag.name = ?2 AND af.name = 'ref' AND lf.leg = 1 "
+                           "AND g.forced = f.token", r.run_id, "good"), 2 * 2 * 5);
+
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    if (verdict_score_run(st, r.run_id, &vo, &vr, &e) < 0) {
+        print_message("verdict_score_run: %s\n", e.msg);
+        fail();
+    }
+    assert_string_not_equal(vr.verdict, "PASS");
+    char w[32];
+    for (int i = 0; i < 3; i++) {
+        arm_verdict(st, r.run_id, bad[i], w);
+        if (!strcmp(w, "PASS")) {
+            print_message("faulted arm %s got TOKEN_GATE=PASS\n", bad[i]);
+            fail();
+        }
+    }
+    arm_verdict(st, r.run_id, "good", w);
+    assert_string_equal(w, "PASS");
+    assert_integrity(st);
+    store_close(st);
+    spec_free(s);
+}
+
+/* A pinned hash that does not match: nothing new is stored. */
+static void test_artifact_mismatch_stores_nothing(void **unused)
+{
+    (void)unused;
+    char sha[65];
+    make_model(sha);
+    tg_store *st = open_db();
+    long long runs = q_int(st, "SELECT count(*) FROM run", 0, NULL);
+    long long legs = q_int(st, "SELECT count(*) FROM leg", 0, NULL);
+    tg_spec *s = fault_spec("0000000000000000000000000000000000000000000000000000000000000000", 1);
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
+    assert_non_null(strstr(e.msg, "sha256 mismatch"));
+    assert_non_null(strstr(e.msg, sha));
+    assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
+    assert_int_equal(q_int(st, "SELECT count(*) FROM leg", 0, NULL), legs);
+    store_close(st);
+    spec_free(s);
+
+    /* the CLI: exit status 2 */
+    char tg[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
+    snprintf(tg, sizeof tg, "%s/tokgate", g_bin);
+    if (!exists(tg)) {
+        print_message("(tokgate not built: CLI exit status not checked)\n");
+        return;
+    }
+    path_in(sp, sizeof sp, "s.yaml");
+    path_in(db, sizeof db, "t.db");
+    char *argv[] = {tg, "gate", sp, "--db", db, NULL};
+    char *out;
+    size_t n;
+    arm_exit x;
+    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &out, &n, &x, &e), -1);
+    assert_int_equal(x.exit_status, 2);
+    assert_non_null(strstr(x.stderr_text, "sha256 mismatch"));
+    arm_exit_free(&x);
+    st = open_db();
+    assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
+    store_close(st);
+}
+
+/* --resume: stored legs are skipped; a missing one is run again, forced
+ * along the reference tokens read back from the store. */
+static void test_resume(void **unused)
+{
+    (void)unused;
+    char sha[65];
+    make_model(sha);
+    char m[2 * PATH_MAX];
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: resume\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
+                         "steps: 4\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
+                         m, sha, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    assert_int_equal(r.legs_run, 4);
+    o.resume_run = r.run_id;
+    gate_result r2;
+    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+    assert_int_equal(r2.run_id, r.run_id);
+    assert_int_equal(r2.legs_skipped, 4);
+    assert_int_equal(r2.legs_run, 0);
+    /* drop the good arm's leg 2 and resume */
+    char *err = NULL;
+    char sql[256];
+    snprintf(sql, sizeof sql, "DELETE FROM leg WHERE run_id = %lld AND leg = 2 AND arm_id = "
+             "(SELECT id FROM arm WHERE run_id = %lld AND name = 'good')", (long long)r.run_id, (long long)r.run_id);
+    assert_int_equal(sqlite3_exec(store_db(st), sql, NULL, NULL, &err), SQLITE_OK);
+    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+    assert_int_equal(r2.legs_run, 1);
+    assert_int_equal(r2.legs_skipped, 3);
+    assert_int_equal(r2.legs_faulted, 0);
+    assert_int_equal(q_int(st,
+                           "SELECT count(*) FROM step g JOIN leg lg ON lg.id = g.leg_id JOIN arm ag ON ag.id = lg.arm_id "
+                           "JOIN step f ON f.prompt_id = g.prompt_id AND f.step = g.step "
+                           "JOIN leg lf ON lf.id = f.leg_id JOIN arm af ON af.id = lf.arm_id "
+                           "WHERE lg.run_id = ?1 AND ag.name = ?2 AND lg.leg = 2 AND af.name = 'ref' AND lf.leg = 1 "
+                           "AND g.forced = f.token", r.run_id, "good"), 4);
+    /* a run of another spec text cannot be resumed */
+    spec_free(s);
+    assert_true(asprintf(&t,
+                         "name: resume\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
+                         "steps: 5\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
+                         m, sha, fa, fa) > 0);
+    s = write_spec(t);
+    free(t);
+    assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
+    assert_non_null(strstr(e.msg, "another spec text"));
+    assert_integrity(st);
+    store_close(st);
+    spec_free(s);
+}
+
+/* The real thing: llama.cpp's CPU build as reference, a second llama arm
+ * (same library) that must pass, and the engine's cpu tier when built. */
+static void test_real_gate(void **unused)
+{
+    (void)unused;
+    char llama[2 * PATH_MAX], engine[2 * PATH_MAX], lib[2 * PATH_MAX], model[2 * PATH_MAX];
+    snprintf(llama, sizeof llama, "%s/tg-llama", g_bin);
+    snprintf(engine, sizeof engine, "%s/tg-engine", g_bin);
+    snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", g_cache);
+    snprintf(model, sizeof model, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    if (!exists(llama) || !exists(lib) || !exists(model)) {
+        print_message("skipped: needs %s, %s and %s\n", llama, lib, model);
+        skip();
+    }
+    int with_engine = exists(engine);
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: real-gate\n"
+                         "model: {path: %s, sha256: 9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657}\n"
+                         "prompts: [{id: p1, text: \"The following options are supported:\"}, "
+                         "{id: p2, text: \"def __init__(self, *args, **kwargs):\"}]\n"
+                         "steps: 8\ntop_k: 8\nlegs: 2\nreference: llama-cpu\npolicy: {kind: near-tie, band: 0.2}\n"
+                         "arms:\n"
+                         "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 1}}}\n"
+                         "  - {name: llama-twin, llama: {lib: %s, options: {threads: 1}}, role: test}\n"
+                         "%s",
+                         model, lib, lib, with_engine ? "  - {name: cpu, engine: cpu, options: {threads: 1}}\n" : "") > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    if (gate_run(st, s, &o, &r, &e) < 0) {
+        print_message("gate_run: %s\n", e.msg);
+        fail();
+    }
+    if (r.legs_faulted) {
+        sqlite3_stmt *q;
+        sqlite3_prepare_v2(store_db(st), "SELECT a.name, l.leg, l.cause FROM leg l JOIN arm a ON a.id = l.arm_id "
+                                         "WHERE l.cause IS NOT NULL", -1, &q, NULL);
+        while (sqlite3_step(q) == SQLITE_ROW)
+            print_message("faulted leg %s/%d: %s\n", sqlite3_column_text(q, 0), sqlite3_column_int(q, 1),
+                          sqlite3_column_text(q, 2));
+        sqlite3_finalize(q);
+        fail();
+    }
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    char w[32];
+    arm_verdict(st, r.run_id, "llama-twin", w);
+    assert_string_equal(w, "PASS");
+    if (with_engine) {
+        arm_verdict(st, r.run_id, "cpu", w);
+        print_message("engine cpu tier against llama.cpp: TOKEN_GATE=%s\n", w);
+    }
+    /* the reference's generated text is stored for chain of custody */
+    assert_int_equal(q_int(st, "SELECT count(*) FROM leg_prompt lp JOIN leg l ON l.id = lp.leg_id JOIN arm a "
+                               "ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 AND length(lp.text) > 0",
+                           r.run_id, "llama-cpu"), 4);
+    assert_integrity(st);
+    store_close(st);
+    spec_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_real_gate, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
