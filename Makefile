@@ -75,7 +75,7 @@ ifneq ($(wildcard harness/main.c),)
 endif
 
 .PHONY: all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
-        bench-cpu bench-gpu fuzz valgrind
+        bench-cpu bench-gpu fuzz valgrind fuzz-bins
 .DEFAULT_GOAL := all
 # Keep objects of pattern chains, so a rebuild compiles only what changed.
 .SECONDARY:
@@ -161,9 +161,40 @@ test: setup
 	$(MAKE) all
 	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS)
 
-# ASan+UBSan flavour of the unit tests, in its own build folder.
+# ASan+UBSan flavour of the unit tests, in its own build folder, then one
+# small gate on the shipped model with the sanitized tokgate and workers.
 asan:
 	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" NO_SETUP=$(NO_SETUP) test
+	bash scripts/small-gate.sh build/asan
+
+# One small gate with tokgate and the engine workers under valgrind (any
+# valgrind error makes a process exit 99, which fails its leg or the gate).
+VALGRIND ?= valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --quiet
+valgrind: all
+	SMALL_GATE_STEPS=2 bash scripts/small-gate.sh $(BUILD) $(VALGRIND)
+
+# Fuzzing: each target of tests/fuzz/ as a libFuzzer program (clang, ASan,
+# UBSan) over a clang build of the libraries in build/fuzz/, run for
+# FUZZ_SECONDS each from the kept corpus (scripts/fuzz.sh). The kept corpus
+# is also replayed under gcc by tests/test_fuzz_replay in make test.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := gguf tokenizer spec proto
+FUZZ_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+fuzz:
+	$(MAKE) BUILD=build/fuzz CC=clang OPT=-O1 SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" NO_SETUP=1 fuzz-bins
+	bash scripts/fuzz.sh build/fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# The parsers live in engine/*.c and harness/*.c; the SIMD kernels
+# (engine/cpu/) are left out of the fuzz library.
+FUZZ_OBJ := $(filter-out $(ISA_SKIP),$(wildcard engine/*.c)) $(HARNESS_SRC)
+FUZZ_OBJ := $(FUZZ_OBJ:%.c=$(BUILD)/obj/%.o)
+$(BUILD)/lib/libtg_fuzz.a: $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+fuzz-bins: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(BUILD)/lib/libtg_fuzz.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -DTG_LIBFUZZER -fsanitize=fuzzer -o $@ $< $(BUILD)/lib/libtg_fuzz.a $(LDLIBS)
 
 # The default gate on the model the project ships (the aarch64 oracle needs
 # the cross-built worker).
@@ -175,6 +206,11 @@ gate: setup
 # Benchmarks: figures as ratios against llama.cpp measured in the same run.
 bench: all fetch
 	bash scripts/bench.sh $(BUILD)
+
+# The cpu tier against llama.cpp (same file, threads and run): decode and
+# prefill tokens/s as ratios, and resident memory (scripts/bench-cpu.sh).
+bench-cpu: $(BUILD)/bin/tg-engine $(BUILD)/bin/tg-llama $(BUILD)/bin/tg-mkmodel fetch
+	bash scripts/bench-cpu.sh $(BUILD)
 
 # Cross build of the arm workers for aarch64 (run under qemu-aarch64).
 aarch64:

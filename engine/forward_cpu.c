@@ -88,17 +88,37 @@ static void k_vec_dot(uint32_t type, int n, float *s, const void *x, const void 
     tg_cpu_vec_dot(type)(n, s, x, y);
 }
 
-/* y[i] += a * x[i], x a row of n values of type (F16 or F32). */
+#if defined(__x86_64__)
+void tg_cpu_axpy_f16_avx2(int n, float *y, const tg_half *x, float a);  /* forward_cpu_avx2.c */
+#endif
+
+/* y[i] += a * x[i], x a row of n values of type (F16 or F32); the product
+ * and the sum rounded separately (the SIMD version gives the same bytes). */
 static void k_axpy_row(uint32_t type, int n, float *y, const void *x, float a)
 {
     if (type == TG_TYPE_F32) {
         const float *xf = x;
-        for (int i = 0; i < n; i++)
-            y[i] += a * xf[i];
-    } else {
-        const tg_half *xh = x;
-        for (int i = 0; i < n; i++)
-            y[i] += a * tg_half_to_f32(xh[i]);
+        for (int i = 0; i < n; i++) {
+            float prod = a * xf[i];
+            y[i] = y[i] + prod;
+        }
+        return;
+    }
+#if defined(__x86_64__)
+    static int simd = -1;
+    if (simd < 0) {
+        const char *isa = tg_cpu_isa();
+        simd = strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512vnni") == 0;
+    }
+    if (simd) {
+        tg_cpu_axpy_f16_avx2(n, y, x, a);
+        return;
+    }
+#endif
+    const tg_half *xh = x;
+    for (int i = 0; i < n; i++) {
+        float prod = a * tg_half_to_f32(xh[i]);
+        y[i] = y[i] + prod;
     }
 }
 

@@ -68,6 +68,7 @@ struct tg_arm {
     char *cause;             /* protocol failure, or exit trouble after finish */
     int finished;
     json_t *hello_arm;
+    pid_t pgid;              /* the worker's process group until it is killed, else -1 */
 };
 
 static char *xstrdup(const char *s)
@@ -260,20 +261,38 @@ static void close_in(tg_arm *a)
     a->fd_in = -1;
 }
 
-/* SIGTERM to the worker's process group, grace, SIGKILL; always reaps. */
+/* SIGKILL to whatever is left of the worker's process group once the
+ * worker itself has exited: children it forked must not outlive the leg
+ * (one that ignores SIGTERM and holds the pipes would otherwise run on).
+ * Called right after the reap, while the group id cannot have been reused
+ * by another group (a pid is not reused while its group has members). */
+static void kill_group(tg_arm *a)
+{
+    if (a->pgid > 0) kill(-a->pgid, SIGKILL);
+    a->pgid = -1;
+}
+
+/* SIGTERM to the worker's process group, grace, SIGKILL; always reaps, and
+ * kills what is left of the group. */
 static void kill_and_reap(tg_arm *a)
 {
     close_in(a);
-    if (a->pid < 0) return;
-    if (reap(a, tg_now())) return;
+    if (a->pid < 0 || reap(a, tg_now())) {
+        kill_group(a);
+        return;
+    }
     kill(-a->pid, SIGTERM);
     kill(a->pid, SIGTERM);
-    if (reap(a, tg_now() + a->grace)) return;
+    if (reap(a, tg_now() + a->grace)) {
+        kill_group(a);
+        return;
+    }
     kill(-a->pid, SIGKILL);
     kill(a->pid, SIGKILL);
     while (!reap(a, tg_now() + 5.0)) {
         /* SIGKILL cannot be ignored: only an uninterruptible sleep delays it */
     }
+    kill_group(a);
 }
 
 __attribute__((format(printf, 2, 3)))
@@ -549,6 +568,7 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
         return -1;
     }
     a->pid = pid;
+    a->pgid = pid;
     a->leg_deadline = cfg->timeout_leg > 0 ? a->t_start + cfg->timeout_leg : INFINITY;
     *out = a;
     return 0;
@@ -755,6 +775,27 @@ static const char *parse_step(json_t *j, int expect, int top_k, arm_step *st, ch
     return NULL;
 }
 
+int arm_parse_step_line(const char *line, size_t len, int expect, int top_k, arm_step *st, tg_err *e)
+{
+    memset(st, 0, sizeof *st);
+    json_error_t je;
+    json_t *j = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return tg_errf(e, "step line: expected a JSON object%s%s", j ? "" : ": ", j ? "" : je.text);
+    }
+    char why[256];
+    const char *bad = parse_step(j, expect, top_k, st, why, sizeof why);
+    json_decref(j);
+    if (bad) {
+        tg_errf(e, "step line %d: %s", expect, bad);
+        free(st->top);
+        memset(st, 0, sizeof *st);
+        return -1;
+    }
+    return 0;
+}
+
 /* Reads a dump line's file into du. Returns NULL or what was wrong. */
 static const char *parse_dump(json_t *j, const char *dir, arm_dump *du, char *why, size_t wn)
 {
@@ -776,6 +817,15 @@ static const char *parse_dump(json_t *j, const char *dir, arm_dump *du, char *wh
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         snprintf(why, wn, "dump file %.160s cannot be opened: %s", path, strerror(errno));
+        return why;
+    }
+    /* n is the worker's word: check it against the file before allocating */
+    struct stat fst;
+    if (fstat(fileno(fp), &fst) != 0 || !S_ISREG(fst.st_mode) ||
+        (uint64_t)fst.st_size != (uint64_t)du->n * sizeof(float)) {
+        fclose(fp);
+        snprintf(why, wn, "dump file %.160s is not a regular file of exactly n=%lld f32 values", path,
+                 (long long)du->n);
         return why;
     }
     du->data = xrealloc(NULL, (size_t)(du->n ? du->n : 1) * sizeof(float));
@@ -927,6 +977,7 @@ int arm_finish(tg_arm *a, arm_exit *x)
         } else {
             kill_and_reap(a);
         }
+        kill_group(a);
         /* drain stderr to its end (grandchildren may hold it: bounded wait) */
         double d = tg_now() + 0.5;
         while (a->fd_err >= 0 && tg_now() < d) {
@@ -948,6 +999,7 @@ void arm_free(tg_arm *a)
         a->failed = 1;
         kill_and_reap(a);
     }
+    kill_group(a);
     if (a->fd_in >= 0) close(a->fd_in);
     if (a->fd_out >= 0) close(a->fd_out);
     if (a->fd_err >= 0) close(a->fd_err);

@@ -113,6 +113,13 @@ typedef struct arm_decode_res {
     double ms_load, ms_prefill, ms_decode;  /* NaN when absent */
 } arm_decode_res;
 
+/* Parses and validates one decode step line as arm_decode does (expected
+ * step number, token, top of 1..top_k entries ordered by logit descending,
+ * ties by lower id, token = top[0], digest of 16 hex digits when present).
+ * Returns 0 with *st (free st->top), or -1 with e. Exposed for the
+ * protocol fuzz target and tests. */
+int arm_parse_step_line(const char *line, size_t len, int expect, int top_k, arm_step *st, tg_err *e);
+
 /* Called after each step line (for progress); may be NULL. */
 typedef void (*arm_progress_fn)(void *ud, int step);
 

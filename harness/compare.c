@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "noise.h"
+
 static const char *const CLASS_NAMES[CMP_N_CLASSES] = {
     "EXACT", "NEAR_TIE", "RANK2", "TOPK", "OUTSIDE", "WITHIN_NOISE", "UNCOMPARABLE"};
 
@@ -30,7 +32,8 @@ int compare_class_ok(cmp_class c, const char *policy)
 {
     if (c == CMP_EXACT || c == CMP_UNCOMPARABLE) return 1;
     if (!strcmp(policy, "exact")) return 0;
-    return c == CMP_NEAR_TIE || c == CMP_WITHIN_NOISE;
+    if (!strcmp(policy, "noise")) return c == CMP_WITHIN_NOISE;
+    return c == CMP_NEAR_TIE;
 }
 
 static char *dup_col(sqlite3_stmt *s, int i)
@@ -77,6 +80,7 @@ void compare_free(cmp_run *r)
     free(r->prompts);
     for (int c = 0; c < r->n_contested; c++) free(r->contested[c].tokens), free(r->contested[c].sentence);
     free(r->contested);
+    free(r->bands);
     free(r->spec_name), free(r->spec_sha256), free(r->artifact_sha256), free(r->artifact_path);
     free(r->mode), free(r->reference);
     free(r);
@@ -549,6 +553,7 @@ static int compare_leg(cmp_run *r, cmp_arm *arm, cmp_leg *g, tg_err *e)
             row->ref_token = -1;
             row->ref_top2 = -1;
             row->ref_gap = row->own_gap = row->kl = NAN;
+            row->noise_dev = row->noise_band = NAN;
             row->own_gap = gap_of(x->top[i], x->n_top[i]);
             /* same step index in the reference, with the same prefix */
             int ok = prefix_ok && i < y->n_steps && y->step_no[i] == x->step_no[i];
@@ -739,6 +744,109 @@ static int contest(cmp_run *r, tg_err *e)
             c->sentence = strdup(sentence);
             c->tokens = strdup(tokens);
             if (!c->sentence || !c->tokens) return tg_errf(e, "out of memory");
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The oracle's noise band (noise.h, docs/verdicts.md)                 */
+
+/* The root of an arm's variant_of chain (its own index when it has none). */
+static int variant_root(const cmp_run *r, int a)
+{
+    for (int hops = 0; hops < 64; hops++) {
+        char of[128];
+        json_str(r->arms[a].config, NULL, "variant_of", of, sizeof of);
+        int next = -1;
+        for (int b = 0; of[0] && b < r->n_arms; b++)
+            if (!strcmp(r->arms[b].name, of)) next = b;
+        if (next < 0 || next == a) return a;
+        a = next;
+    }
+    return a;
+}
+
+/* Index of `step` in lp (steps are ordered), or -1. */
+static int lp_index(const cmp_lp *lp, int step)
+{
+    for (int i = 0; i < lp->n_steps; i++)
+        if (lp->step_no[i] == step) return i;
+    return -1;
+}
+
+/* Marks the reference's variant family, records every step's band and
+ * judges every non-EXACT compared row; under policy noise a row the rule
+ * passes becomes WITHIN_NOISE. */
+static int noise_pass(cmp_run *r, tg_err *e)
+{
+    cmp_arm *ref = &r->arms[r->ref];
+    int root = variant_root(r, r->ref);
+    int fam[64], n_fam = 0;
+    for (int a = 0; a < r->n_arms && n_fam < 63; a++) {
+        cmp_arm *arm = &r->arms[a];
+        if (a == r->ref || !arm->is_oracle || arm->is_custody) continue;
+        if (variant_root(r, a) != root) continue;
+        arm->is_variant = 1;
+        fam[n_fam++] = a;
+    }
+    r->n_variants = n_fam;
+    if (n_fam == 0 || ref->n_legs == 0 || ref->legs[0].leg != 1) return 0;
+    cmp_leg *rl = &ref->legs[0];
+    int cap = 0;
+    for (int p = 0; p < r->n_prompts; p++) {
+        cmp_lp *y = &rl->lp[p];
+        for (int i = 0; i < y->n_steps; i++) {
+            int step = y->step_no[i];
+            noise_view v[64];
+            int owner[64], n = 0;
+            v[n] = (noise_view){y->token[i], y->n_top[i], y->top[i]}, owner[n++] = r->ref;
+            for (int f = 0; f < n_fam; f++) {
+                cmp_arm *va = &r->arms[fam[f]];
+                if (!scoring_row(va, p, step)) continue;
+                cmp_lp *x = &va->legs[va->scoring].lp[p];
+                int k = lp_index(x, step);
+                if (k < 0) continue;
+                v[n] = (noise_view){x->token[k], x->n_top[k], x->top[k]}, owner[n++] = fam[f];
+            }
+            if (n < 2) continue;
+            noise_step ns;
+            noise_band(v, n, &ns);
+            if (r->n_bands == cap) {
+                cap = cap ? 2 * cap : 64;
+                struct cmp_band *b = realloc(r->bands, sizeof *b * (size_t)cap);
+                if (!b) return tg_errf(e, "out of memory");
+                r->bands = b;
+            }
+            struct cmp_band *b = &r->bands[r->n_bands++];
+            b->prompt = p, b->step = step, b->n_views = ns.n_views;
+            b->ref_gap = ns.ref_gap, b->spread = ns.spread, b->n_tokens = ns.n_tokens;
+            memcpy(b->tokens, ns.tokens, sizeof b->tokens);
+            /* judge every arm leg's row at this step against the views
+             * other than the arm's own */
+            for (int a = 0; a < r->n_arms; a++) {
+                cmp_arm *arm = &r->arms[a];
+                if (a == r->ref || arm->is_custody) continue;
+                noise_view w[64];
+                int m = 0;
+                for (int k = 0; k < n; k++)
+                    if (owner[k] != a) w[m++] = v[k];
+                for (int l = 0; l < arm->n_legs; l++) {
+                    cmp_leg *g = &arm->legs[l];
+                    cmp_row *row = find_row(g, p, step);
+                    if (!row || row->cls == CMP_EXACT || row->cls == CMP_UNCOMPARABLE) continue;
+                    int k = lp_index(&g->lp[p], step);
+                    if (k < 0) continue;
+                    row->noise = (int)noise_judge(w, m, row->token, g->lp[p].top[k], g->lp[p].n_top[k],
+                                                  &row->noise_dev, &row->noise_band);
+                    if (row->noise == NOISE_WITHIN && !strcmp(r->policy, "noise"))
+                        row->cls = CMP_WITHIN_NOISE;
+                    if (l == arm->scoring) {
+                        arm->noise_within += row->noise == NOISE_WITHIN;
+                        arm->noise_search += row->noise == NOISE_SEARCH;
+                    }
+                }
+            }
         }
     }
     return 0;
@@ -945,7 +1053,9 @@ int compare_run(tg_store *st, int64_t run_id, const char *policy, double band, c
         for (int l = 0; l < arm->n_legs; l++)
             if (compare_leg(r, arm, &arm->legs[l], e) < 0) goto fail;
     }
-    if (contest(r, e) < 0 || arm_prompts(r, e) < 0 || oracle_repro(db, r, e) < 0) goto fail;
+    if (noise_pass(r, e) < 0 || contest(r, e) < 0 || arm_prompts(r, e) < 0 ||
+        oracle_repro(db, r, e) < 0)
+        goto fail;
     sqlite3_exec(db, "RELEASE compare_read", NULL, NULL, NULL);
     *out = r;
     return 0;

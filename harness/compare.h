@@ -27,7 +27,7 @@ typedef enum cmp_class {
     CMP_RANK2,
     CMP_TOPK,
     CMP_OUTSIDE,
-    CMP_WITHIN_NOISE,   /* reserved for the noise policy */
+    CMP_WITHIN_NOISE,   /* policy noise: an oracle variant emits it, inside the band (noise.h) */
     CMP_UNCOMPARABLE,   /* prefix differs from the reference's: not scored */
     CMP_N_CLASSES
 } cmp_class;
@@ -35,7 +35,10 @@ typedef enum cmp_class {
 /* "EXACT", "NEAR_TIE", ... (static strings). */
 const char *compare_class_name(cmp_class c);
 
-/* Does class c satisfy policy ("exact" | "near-tie" | "noise")? */
+/* Does class c satisfy policy ("exact" | "near-tie" | "noise")? exact:
+ * EXACT; near-tie: EXACT, NEAR_TIE; noise: EXACT, WITHIN_NOISE (a near tie
+ * is not enough without the oracle's band). UNCOMPARABLE is never a
+ * failure (it is not scored). */
 int compare_class_ok(cmp_class c, const char *policy);
 
 /* One compared step of one arm leg against the reference. */
@@ -49,6 +52,8 @@ typedef struct cmp_row {
     double kl;               /* KL(ref || arm) over the reference top-k, NaN if unknown */
     cmp_class cls;
     int oracle_split;        /* the oracle arms disagree at this (prompt, step) */
+    int noise;               /* noise_call (noise.h): 0 none, 1 within, 2 search hit only */
+    double noise_dev, noise_band; /* the arm's deviation and band(token); NaN when unknown */
 } cmp_row;
 
 /* A prompt of one arm leg. */
@@ -111,6 +116,8 @@ typedef struct cmp_arm {
     int64_t repro_run;        /* the previous run compared with, 0 if none */
     char repro_why[256];
     int rank_hist[66];        /* scoring leg: [0] outside, [1..64] rank, [65] above 64 */
+    int is_variant;           /* an oracle variant of the reference (variant_of chain) */
+    int noise_within, noise_search; /* scoring leg: steps the noise rule passed / search hits */
 } cmp_arm;
 
 typedef struct cmp_prompt {
@@ -141,6 +148,15 @@ typedef struct cmp_run {
     char ref_why[256];
     int n_contested;
     cmp_contested *contested;
+    int n_variants;           /* oracle variants of the reference (noise band views - 1) */
+    int n_bands;              /* steps of the reference's leg 1 with at least two views */
+    struct cmp_band {
+        int prompt, step;
+        int n_views;          /* the reference and the variants comparable at the step */
+        double ref_gap, spread; /* spread: band of the reference gap (NaN if unknown) */
+        int n_tokens;
+        int32_t tokens[8];    /* distinct top-1 tokens, the reference's first */
+    } *bands;
 } cmp_run;
 
 /* Computes the facts of run_id under policy / band (the caller resolves

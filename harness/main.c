@@ -20,6 +20,10 @@
 #include "spec.h"
 #include "store.h"
 #include "verdict.h"
+#include "sweep.h"
+#include "trend.h"
+#include "merge.h"
+#include "localize.h"
 
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
@@ -33,11 +37,24 @@ static const char USAGE[] =
     "  report [RUN] [--db FILE] [--format F] [--out FILE] [--set N]\n"
     "                           the report of a run (default: the latest)\n"
     "  step P/S [RUN] [--db FILE] [--set N]\n"
-    "                           one step of one prompt across all arms\n"
+    "                           one step of one prompt across all arms and oracle variants\n"
+    "  localize P/S [RUN] --arms A,B [--third C] [--spec FILE] [--db FILE] [--evidence DIR]\n"
+    "                           per layer and stage error of B against A over the same\n"
+    "                           prefix; names the first stage over the noise floor\n"
     "  rescore RUN [--db FILE] [--band X] [--policy exact|near-tie|noise]\n"
     "                           verdicts again from the stored rows (a new verdict set)\n"
     "  bench SPEC [--db FILE]   prefill/decode tokens/s per arm; refused unless the\n"
     "                           latest gate of SPEC passed on the same binaries and model\n"
+    "  sweep SWEEP.yaml [--db FILE] [--jobs N] [--only SPEC]\n"
+    "                           run every spec of a sweep file, one run each; a summary table\n"
+    "  trend [SPEC] [--db FILE] [--format text|md] [--out FILE] [--svg DIR]\n"
+    "                           latest run of each spec against its history; exit 1 on a regression\n"
+    "  plan SWEEP.yaml --shards N [--out PLAN]\n"
+    "                           split a sweep into N shards (a plan file, default tokgate-plan.json)\n"
+    "  run --shard I/N [PLAN] [--db FILE] [--jobs N]\n"
+    "                           run shard I of N into its own store (default tokgate-shard-I-of-N.db)\n"
+    "  merge A.db [B.db ...] -o ALL.db\n"
+    "                           merge stores (idempotent; conflicting runs are an error)\n"
     "  version                  print the version\n"
     "  help                     this text\n"
     "\n"
@@ -487,6 +504,12 @@ int main(int argc, char **argv)
     if (!strcmp(c, "step")) return cmd_step(argc, argv);
     if (!strcmp(c, "rescore")) return cmd_rescore(argc, argv);
     if (!strcmp(c, "bench")) return cmd_bench(argc, argv);
+    if (!strcmp(c, "sweep")) return sweep_main(argc, argv);
+    if (!strcmp(c, "trend")) return trend_main(argc, argv);
+    if (!strcmp(c, "plan")) return sweep_plan_main(argc, argv);
+    if (!strcmp(c, "run")) return sweep_run_main(argc, argv);
+    if (!strcmp(c, "merge")) return merge_main(argc, argv);
+    if (!strcmp(c, "localize")) return localize_main(argc, argv);
     if (!strcmp(c, "version") || !strcmp(c, "--version")) {
         printf("tokgate %s\n", TOKGATE_VERSION);
         return 0;

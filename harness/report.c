@@ -912,6 +912,77 @@ int report_parse_step_ref(const char *ref, char prompt[64], int *step, tg_err *e
     return 0;
 }
 
+/* The step view's ROLE column: reference, test, oracle, or "variant of X". */
+static void step_role(rctx *c, const rarm *arm, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", arm->is_ref ? "reference" : arm->role);
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, "SELECT json_extract(config, '$.variant_of') FROM arm"
+                                  " WHERE run_id=?1 AND name=?2", -1, &s, NULL) != SQLITE_OK)
+        return;
+    sqlite3_bind_int64(s, 1, c->run);
+    sqlite3_bind_text(s, 2, arm->name, -1, SQLITE_STATIC);
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) == SQLITE_TEXT)
+        snprintf(out, cap, "variant of %.40s", (const char *)sqlite3_column_text(s, 0));
+    sqlite3_finalize(s);
+}
+
+/* The step view's NOISE column for a differing arm: which oracle variants
+ * emit the same token (a search over configurations unless the class is
+ * WITHIN_NOISE). */
+static void step_noise(rctx *c, const char *arm, const char *prompt, int step, int rank, char *out,
+                       size_t cap)
+{
+    (void)rank;
+    sqlite3_stmt *s = NULL;
+    out[0] = 0;
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT o.arm FROM compare o JOIN compare m ON m.run_id = o.run_id"
+                           " AND m.set_no = o.set_no AND m.prompt = o.prompt AND m.step = o.step"
+                           " JOIN arm ON arm.run_id = o.run_id AND arm.name = o.arm"
+                           " WHERE o.run_id=?1 AND o.set_no=?2 AND m.arm=?3 AND o.prompt=?4"
+                           " AND o.step=?5 AND o.arm <> m.arm AND o.token = m.token"
+                           " AND json_extract(arm.config, '$.variant_of') IS NOT NULL"
+                           " AND o.leg = (SELECT min(leg) FROM compare x WHERE x.run_id = o.run_id"
+                           " AND x.set_no = o.set_no AND x.arm = o.arm) AND m.leg = (SELECT min(leg)"
+                           " FROM compare y WHERE y.run_id = m.run_id AND y.set_no = m.set_no AND y.arm = m.arm)",
+                           -1, &s, NULL) != SQLITE_OK)
+        return;
+    sqlite3_bind_int64(s, 1, c->run);
+    sqlite3_bind_int(s, 2, c->set);
+    sqlite3_bind_text(s, 3, arm, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 4, prompt, -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 5, step);
+    size_t k = 0;
+    while (sqlite3_step(s) == SQLITE_ROW && k < cap)
+        k += (size_t)snprintf(out + k, cap - k, "%s%s", k ? "," : "also ", sqlite3_column_text(s, 0));
+    sqlite3_finalize(s);
+}
+
+/* The step's noise band line (noise_band rows), when the run has variants. */
+static void step_band(rctx *c, const char *prompt, int step, FILE *out)
+{
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT n_views, ref_gap, spread, tokens FROM noise_band WHERE run_id=?1"
+                           " AND set_no=?2 AND prompt=?3 AND step=?4",
+                           -1, &s, NULL) != SQLITE_OK)
+        return;
+    sqlite3_bind_int64(s, 1, c->run);
+    sqlite3_bind_int(s, 2, c->set);
+    sqlite3_bind_text(s, 3, prompt, -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 4, step);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        char g[16], sp[16];
+        fmt_gap(g, sizeof g, sqlite3_column_type(s, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 1));
+        fmt_gap(sp, sizeof sp, sqlite3_column_type(s, 2) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 2));
+        fprintf(out, "noise band: %d oracle views (the reference and its variants), reference gap %s,"
+                     " spread of that gap %s, top-1 tokens {%s}\n",
+                sqlite3_column_int(s, 0), g, sp, sqlite3_column_text(s, 3));
+    }
+    sqlite3_finalize(s);
+}
+
 int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, int verdict_set,
                 FILE *out, tg_err *e)
 {
@@ -939,8 +1010,8 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
     }
     fprintf(out, "run %lld %s/%d  (verdict set %d, policy %s, band %g)\n", (long long)run_id,
             prompt_id, step, c.set, c.policy, c.band);
-    fprintf(out, "%-16s %-4s %8s %8s %12s %8s %12s %9s %-13s %4s\n", "ARM", "LEG", "TOKEN", "TOP1",
-            "LOGIT1", "TOP2", "LOGIT2", "OWN_GAP", "CLASS", "RANK");
+    fprintf(out, "%-16s %-18s %-4s %8s %8s %12s %8s %12s %9s %9s %-13s %4s %s\n", "ARM", "ROLE", "LEG",
+            "TOKEN", "TOP1", "LOGIT1", "TOP2", "LOGIT2", "OWN_GAP", "REF_GAP", "CLASS", "RANK", "NOISE");
     int shown = 0;
     for (int a = 0; a < c.n_arms; a++) {
         const rarm *arm = &c.arms[a];
@@ -963,12 +1034,14 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
                 goto out;
             }
         }
-        char cls[16] = "reference", rank[8] = "";
+        char cls[16] = "reference", rank[8] = "1", rgap[16] = "-", noise[96] = "", role[64];
+        step_role(&c, arm, role, sizeof role);
         if (!arm->is_ref) {
             sqlite3_stmt *cq = NULL;
             snprintf(cls, sizeof cls, "-");
             if (sqlite3_prepare_v2(c.db,
-                                   "SELECT class, rank FROM compare WHERE run_id=?1 AND set_no=?2"
+                                   "SELECT class, rank, ref_gap, token <> ref_token FROM compare"
+                                   " WHERE run_id=?1 AND set_no=?2"
                                    " AND arm=?3 AND leg=?4 AND prompt=?5 AND step=?6",
                                    -1, &cq, NULL) == SQLITE_OK) {
                 sqlite3_bind_int64(cq, 1, run_id);
@@ -980,18 +1053,28 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
                 if (sqlite3_step(cq) == SQLITE_ROW) {
                     cpy(cls, sizeof cls, sqlite3_column_text(cq, 0));
                     snprintf(rank, sizeof rank, "%d", sqlite3_column_int(cq, 1));
+                    fmt_gap(rgap, sizeof rgap, sqlite3_column_type(cq, 2) == SQLITE_NULL
+                                                   ? NAN : sqlite3_column_double(cq, 2));
+                    if (sqlite3_column_int(cq, 3)) step_noise(&c, arm->name, prompt_id, step,
+                                                              sqlite3_column_int(cq, 1), noise, sizeof noise);
                 }
             }
             sqlite3_finalize(cq);
         }
         char g[16];
         fmt_gap(g, sizeof g, sqlite3_column_type(q, 2) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 2));
-        fprintf(out, "%-16s %-4d %8d ", arm->name, arm->scored_leg, sqlite3_column_int(q, 0));
+        fprintf(out, "%-16s %-18s %-4d %8d ", arm->name, role, arm->scored_leg, sqlite3_column_int(q, 0));
         if (n >= 1) fprintf(out, "%8d %12.6f ", top[0].id, top[0].logit);
         else fprintf(out, "%8s %12s ", "-", "-");
         if (n >= 2) fprintf(out, "%8d %12.6f ", top[1].id, top[1].logit);
         else fprintf(out, "%8s %12s ", "-", "-");
-        fprintf(out, "%9s %-13s %4s\n", g, cls, rank);
+        if (arm->is_ref) snprintf(rgap, sizeof rgap, "%s", g);
+        if (noise[0]) {
+            char t[64];
+            snprintf(t, sizeof t, "%s: %.48s", strcmp(cls, "WITHIN_NOISE") ? "search hit" : "in band", noise);
+            snprintf(noise, sizeof noise, "%s", t);
+        }
+        fprintf(out, "%9s %9s %-13s %4s %s\n", g, rgap, cls, rank, noise);
     }
     sqlite3_finalize(q);
     q = NULL;
@@ -1013,6 +1096,7 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
         else
             fprintf(out, "not contested: every arm emits the reference's token\n");
     }
+    step_band(&c, prompt_id, step, out);
     rc = ferror(out) ? tg_errf(e, "report: write error") : 0;
 out:
     sqlite3_finalize(q);

@@ -131,8 +131,48 @@ static const char SCHEMA_V1[] =
     "  SELECT run_id, set_no, arm, rank, count(*) AS n FROM v_step_compare\n"
     "  WHERE class <> 'UNCOMPARABLE' GROUP BY run_id, set_no, arm, rank;\n";
 
+/* Version 2: a globally unique id per run (32 hex digits, random), set by
+ * store_begin_run, so `tokgate merge` can re-key the rows of stores written
+ * on several machines without colliding on autoincrement ids. Runs of an
+ * older store get a fresh uid when it is migrated. */
+static const char SCHEMA_V2[] =
+    "ALTER TABLE run ADD COLUMN uid TEXT;\n"
+    "UPDATE run SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL;\n"
+    "CREATE UNIQUE INDEX run_uid ON run(uid);\n";
+
+/* Version 3: the oracle's noise band per step of a verdict set (written by
+ * verdict.c from compare.c's facts, docs/verdicts.md) and the records of
+ * `tokgate localize` (harness/localize.c, docs/localize.md): one localize
+ * row, its arms with their step top-k, their dumps (zstd over byte-shuffled
+ * f32, as the dump table) and the per layer/stage comparison. */
+static const char SCHEMA_V3[] =
+    "CREATE TABLE noise_band(\n"
+    "  run_id INTEGER NOT NULL, set_no INTEGER NOT NULL, prompt TEXT NOT NULL, step INTEGER NOT NULL,\n"
+    "  n_views INTEGER NOT NULL, ref_gap REAL, spread REAL, tokens TEXT NOT NULL,\n"
+    "  PRIMARY KEY(run_id, set_no, prompt, step),\n"
+    "  FOREIGN KEY(run_id, set_no) REFERENCES verdict_set(run_id, set_no) ON DELETE CASCADE\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE TABLE localize(\n"
+    "  id INTEGER PRIMARY KEY, created TEXT NOT NULL, run_id INTEGER REFERENCES run(id) ON DELETE SET NULL,\n"
+    "  spec_name TEXT, artifact_path TEXT, artifact_sha256 TEXT, prompt TEXT NOT NULL,\n"
+    "  prompt_text TEXT, step INTEGER NOT NULL, arm_a TEXT NOT NULL, arm_b TEXT NOT NULL,\n"
+    "  third TEXT, prefix TEXT NOT NULL, rule TEXT NOT NULL, first_layer INTEGER, first_stage TEXT);\n"
+    "CREATE TABLE localize_arm(\n"
+    "  localize_id INTEGER NOT NULL REFERENCES localize(id) ON DELETE CASCADE, arm TEXT NOT NULL,\n"
+    "  role TEXT NOT NULL, config TEXT, hello TEXT, token INTEGER NOT NULL, top TEXT,\n"
+    "  PRIMARY KEY(localize_id, arm)) WITHOUT ROWID;\n"
+    "CREATE TABLE localize_dump(\n"
+    "  localize_id INTEGER NOT NULL REFERENCES localize(id) ON DELETE CASCADE, arm TEXT NOT NULL,\n"
+    "  layer INTEGER NOT NULL, stage TEXT NOT NULL, n INTEGER NOT NULL, data BLOB,\n"
+    "  PRIMARY KEY(localize_id, arm, layer, stage)) WITHOUT ROWID;\n"
+    "CREATE TABLE localize_row(\n"
+    "  localize_id INTEGER NOT NULL REFERENCES localize(id) ON DELETE CASCADE,\n"
+    "  layer INTEGER NOT NULL, stage TEXT NOT NULL, n INTEGER NOT NULL, rel_l2 REAL, cosine REAL,\n"
+    "  max_abs REAL, growth REAL, third REAL, floor REAL, exceeds INTEGER NOT NULL,\n"
+    "  PRIMARY KEY(localize_id, layer, stage)) WITHOUT ROWID;\n";
+
 /* Migrations: MIGRATIONS[v] takes a store at version v to v + 1. */
-static const char *const MIGRATIONS[STORE_SCHEMA_VERSION] = {SCHEMA_V1};
+static const char *const MIGRATIONS[STORE_SCHEMA_VERSION] = {SCHEMA_V1, SCHEMA_V2, SCHEMA_V3};
 
 /* ------------------------------------------------------------------ */
 /* Statements                                                          */
@@ -153,8 +193,8 @@ static const char *const SQL[Q_COUNT] = {
     [Q_BIN_FIND] = "SELECT id FROM binary WHERE path=?1 AND sha256=?2 AND version=?3",
     [Q_BIN_INS] = "INSERT INTO binary(path, sha256, version) VALUES(?1,?2,?3)",
     [Q_RUN_INS] = "INSERT INTO run(spec_id, artifact_id, started, host, tokgate_version, mode,"
-                  " reference, policy, band, steps, top_k, legs)"
-                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+                  " reference, policy, band, steps, top_k, legs, uid)"
+                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12, lower(hex(randomblob(16))))",
     [Q_ARM_INS] = "INSERT INTO arm(run_id, name, kind, role, config) VALUES(?1,?2,?3,?4,?5)",
     [Q_PROMPT_INS] = "INSERT INTO prompt(run_id, no, name, text) VALUES(?1,?2,?3,?4)",
     [Q_RUN_FINISH] = "UPDATE run SET verdict=?2, finished=?3 WHERE id=?1",

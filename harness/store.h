@@ -126,7 +126,9 @@ int store_latest_run(tg_store *st, const char *spec_name, int64_t *run_id, tg_er
 
 /* The schema version this build writes (PRAGMA user_version). store_open
  * migrates older stores up to it and refuses newer ones. */
-#define STORE_SCHEMA_VERSION 1
+/* Version 2 added run.uid (a random 32-hex-digit id, unique across stores). */
+/* Version 3 added noise_band and the localize tables (docs/localize.md). */
+#define STORE_SCHEMA_VERSION 3
 
 /* Decoding of the compact step blob (ids and logits of the top-k, lossless):
  * writes up to cap entries into top and returns the count, or -1 with e

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "compare.h"
+#include "noise.h"
 
 verdict_options verdict_options_default(void)
 {
@@ -189,6 +190,103 @@ static void bind_real(sqlite3_stmt *s, int i, double x)
     if (isfinite(x)) sqlite3_bind_double(s, i, x); else sqlite3_bind_null(s, i);
 }
 
+/* The noise band of every step that has oracle variants (noise_band rows). */
+static int put_bands(writer *w, const cmp_run *r)
+{
+    if (r->n_bands == 0) return 0;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(w->db,
+                           "INSERT INTO noise_band(run_id, set_no, prompt, step, n_views, ref_gap,"
+                           " spread, tokens) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
+                           -1, &s, NULL) != SQLITE_OK)
+        return -1;
+    for (int i = 0; i < r->n_bands; i++) {
+        const struct cmp_band *b = &r->bands[i];
+        char toks[128];
+        size_t k = 0;
+        toks[0] = 0;
+        for (int t = 0; t < b->n_tokens && k < sizeof toks; t++)
+            k += (size_t)snprintf(toks + k, sizeof toks - k, "%s%d", t ? "," : "", b->tokens[t]);
+        sqlite3_reset(s);
+        sqlite3_bind_int64(s, 1, w->run);
+        sqlite3_bind_int(s, 2, w->set);
+        sqlite3_bind_text(s, 3, r->prompts[b->prompt].name, -1, SQLITE_STATIC);
+        sqlite3_bind_int(s, 4, b->step);
+        sqlite3_bind_int(s, 5, b->n_views);
+        bind_real(s, 6, b->ref_gap);
+        bind_real(s, 7, b->spread);
+        sqlite3_bind_text(s, 8, toks, -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(s) != SQLITE_DONE) {
+            sqlite3_finalize(s);
+            return -1;
+        }
+    }
+    sqlite3_finalize(s);
+    return 0;
+}
+
+/* Paired test of arm a's divergence rate against every later scored arm's
+ * over the steps both compared (McNemar, exact): RATE_VS.<other> on arm a. */
+static int put_rate_tests(writer *w, const cmp_run *r, int a)
+{
+    const cmp_arm *x = &r->arms[a];
+    if (x->scoring < 0) return 0;
+    const cmp_leg *gx = &x->legs[x->scoring];
+    for (int b = a + 1; b < r->n_arms; b++) {
+        const cmp_arm *y = &r->arms[b];
+        if (y->is_ref || y->is_custody || y->scoring < 0) continue;
+        const cmp_leg *gy = &y->legs[y->scoring];
+        int only_x = 0, only_y = 0, both = 0, n = 0, j = 0;
+        for (int i = 0; i < gx->n_rows; i++) {
+            const cmp_row *rx = &gx->rows[i];
+            if (rx->cls == CMP_UNCOMPARABLE) continue;
+            while (j < gy->n_rows && (gy->rows[j].prompt < rx->prompt ||
+                                      (gy->rows[j].prompt == rx->prompt && gy->rows[j].step < rx->step)))
+                j++;
+            if (j >= gy->n_rows) break;
+            const cmp_row *ry = &gy->rows[j];
+            if (ry->prompt != rx->prompt || ry->step != rx->step || ry->cls == CMP_UNCOMPARABLE) continue;
+            int dx = rx->cls != CMP_EXACT, dy = ry->cls != CMP_EXACT;
+            n++;
+            only_x += dx && !dy, only_y += dy && !dx, both += dx && dy;
+        }
+        double p = noise_mcnemar(only_x, only_y);
+        char key[160];
+        snprintf(key, sizeof key, "RATE_VS.%.140s", y->name);
+        if (put_kv(w, x->name, NULL, key,
+                   "%d/%d vs %d/%d paired steps, discordant %d/%d, McNemar exact p=%.4g: %s",
+                   only_x + both, n, only_y + both, n, only_x, only_y, p,
+                   p < 0.05 ? "DIFFER" : "NOT_DIFFERENT") < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Steps the policy's rules decided on arm's scoring leg: passed EXACT,
+ * passed by the near-tie or noise rule, failed. */
+static int put_policy_counts(writer *w, const cmp_run *r, const cmp_arm *arm)
+{
+    int n_exact = 0, n_rule = 0, n_fail = 0;
+    for (int p = 0; p < r->n_prompts; p++) {
+        const cmp_arm_prompt *ap = &arm->ap[p];
+        n_exact += ap->count[CMP_EXACT];
+        for (int c = 0; c < CMP_N_CLASSES; c++) {
+            if (c == CMP_EXACT || c == CMP_UNCOMPARABLE) continue;
+            if (compare_class_ok((cmp_class)c, r->policy)) n_rule += ap->count[c];
+            else n_fail += ap->count[c];
+        }
+    }
+    const char *rule = !strcmp(r->policy, "noise") ? "noise" : !strcmp(r->policy, "near-tie") ? "near_tie" : "none";
+    if (put_kv(w, arm->name, NULL, "POLICY_DECIDED", "exact=%d %s=%d fail=%d", n_exact, rule, n_rule,
+               n_fail) < 0)
+        return -1;
+    if (r->n_variants > 0 &&
+        (put_kv(w, arm->name, NULL, "NOISE_WITHIN", "%d", arm->noise_within) < 0 ||
+         put_kv(w, arm->name, NULL, "VARIANT_SEARCH", "%d", arm->noise_search) < 0))
+        return -1;
+    return 0;
+}
+
 static int put_rows(writer *w, const cmp_run *r)
 {
     for (int a = 0; a < r->n_arms; a++) {
@@ -232,7 +330,7 @@ static int put_rows(writer *w, const cmp_run *r)
         sqlite3_bind_text(s, 7, ct->sentence, -1, SQLITE_STATIC);
         if (sqlite3_step(s) != SQLITE_DONE) return -1;
     }
-    return 0;
+    return put_bands(w, r);
 }
 
 static int custody_rank(const char *c)
@@ -350,6 +448,7 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
             put_kv(w, name, NULL, "NEAR_TIES_WON", "%d/%d", near_won, near_n) < 0 ||
             put_kv(w, name, NULL, "IN_GATE", "%s", in_gate ? "YES" : "NO") < 0)
             return -1;
+        if (put_policy_counts(w, r, arm) < 0 || put_rate_tests(w, r, a) < 0) return -1;
         if (!in_gate) continue;
         n_gate++;
         n_pass += av->v == V_PASS;
@@ -387,6 +486,17 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         put_kv(w, NULL, NULL, "ORACLE_SPLITS", "%d", n_split) < 0 ||
         put_kv(w, NULL, NULL, "GATE_ARMS", "%d", n_gate) < 0)
         return -1;
+    if (r->n_variants > 0) {
+        int split = 0, known = 0;
+        for (int i = 0; i < r->n_bands; i++) {
+            split += r->bands[i].n_tokens > 1;
+            known += isfinite(r->bands[i].spread);
+        }
+        if (put_kv(w, NULL, NULL, "NOISE_VARIANTS", "%d", r->n_variants) < 0 ||
+            put_kv(w, NULL, NULL, "NOISE_STEPS", "%d/%d", split, r->n_bands) < 0 ||
+            put_kv(w, NULL, NULL, "NOISE_BANDS_KNOWN", "%d/%d", known, r->n_bands) < 0)
+            return -1;
+    }
     if (!r->ref_ok && put_kv(w, NULL, NULL, "REASON", "%s", r->ref_why) < 0) return -1;
     if (custody_worst >= 0) {
         static const char *const CW[] = {"EXACT", "PREFIX", "UNKNOWN", "DIVERGE"};

@@ -51,8 +51,8 @@ typedef struct verdict_result {
  * visible to report/step, which show the latest set unless told otherwise).
  * Returns 0 with *out filled, or -1 with e (unknown run, unknown policy,
  * band negative for near-tie, a reference arm without legs, store errors).
- * Policy "noise" is accepted but scored as near-tie until the noise band
- * exists (the verdict rows record "noise"). */
+ * Policy "noise" passes EXACT and WITHIN_NOISE steps only (noise.h: an
+ * oracle variant emits the token and the deviation is inside the band). */
 int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
                       verdict_result *out, tg_err *e);
 

@@ -35,7 +35,8 @@ command -v cmake >/dev/null || { echo "build-llama-completion: cmake not found (
 sum=$(sha256sum "$bundle" | cut -c1-16)
 dest=${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-$sum
 bin=$dest/bin/llama-completion
-commit=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
+commit=unknown
+[ -e "$src/.git" ] && commit=$(git -C "$src" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
 flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF

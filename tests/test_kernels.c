@@ -7,7 +7,8 @@
  *   line per case with the largest relative error seen;
  * - activation quantizers and f32 -> f16 rows: identical bytes;
  * - tg_cpu_matmul / tg_cpu_gemv: against a loop of reference dots, rows
- *   outside [r0, r1) untouched.
+ *   outside [r0, r1) untouched;
+ * - rows of the shipped model (made by llama-quantize) through every tier.
  * A tier the CPU lacks is skipped with a message. Seed: /dev/urandom or
  * TG_SEED, printed first.
  */
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "gguf.h"
 #include "quant.h"
 
 static uint64_t rng_state;
@@ -315,6 +317,71 @@ static void test_matmul(void **state)
     free(w); free(a); free(out); free(gv); free(wd); free(ad);
 }
 
+/* Real weights: rows of every matrix of the shipped Q4_K_M model (written
+ * by llama.cpp's own quantizer) through every tier, against the reference. */
+static void test_model_rows(void **state)
+{
+    (void)state;
+    const char *root = getenv("TG_ROOT");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", root ? root : ".");
+    gguf *g = NULL;
+    tg_err e;
+    if (gguf_open(&g, path, &e) != 0) {
+        printf("  SKIP: cannot open the shipped model: %s\n", e.msg);
+        skip();
+    }
+    static const char *const tiers[] = {"avx2", "avx512vnni", "neon", "neon-dotprod"};
+    int checked[TG_TYPE_COUNT] = {0};
+    double worst[TG_TYPE_COUNT] = {0};
+    for (int64_t ti = 0; ti < gguf_n_tensors(g); ti++) {
+        const gguf_tensor *t = gguf_tensor_at(g, ti);
+        const tg_type_traits *tx = tg_traits(t->type);
+        if (t->n_dims != 2 || !tx || !tx->vec_dot) continue;
+        const int64_t ncols = (int64_t)t->ne[0], nrows = (int64_t)t->ne[1];
+        const tg_type_traits *ty = tg_traits(tx->vec_dot_type);
+        const size_t wrow = tg_row_size(t->type, ncols);
+        assert_true(wrow > 0 && wrow * (size_t)nrows <= t->nbytes);
+        float *a = malloc(ncols * sizeof(float)), *wd = malloc(ncols * sizeof(float));
+        float *ad = malloc(ncols * sizeof(float));
+        void *qa = malloc(ncols * 4);
+        fill(a, ncols);
+        ty->from_float(a, qa, ncols);
+        ty->to_float(qa, ad, ncols);
+        for (int k = 0; k < 8; k++) {
+            const int64_t r = (nrows - 1) * k / 7;
+            const char *row = (const char *)t->data + (size_t)r * wrow;
+            tx->to_float(row, wd, ncols);
+            double mag = 0;
+            for (int64_t i = 0; i < ncols; i++) mag += fabs((double)wd[i] * ad[i]);
+            float ref;
+            tx->vec_dot((int)ncols, &ref, row, qa);
+            for (size_t ki = 0; ki < sizeof tiers / sizeof tiers[0]; ki++) {
+                const tg_cpu_kernels *kk = tg_cpu_kernels_tier(tiers[ki]);
+                if (!kk) continue;
+                float fast;
+                kk->vec_dot[t->type]((int)ncols, &fast, row, qa);
+                const double rel = mag > 0 ? fabs((double)fast - ref) / mag : fabs((double)fast - ref);
+                if (!(rel <= TG_CPU_DOT_TOL))
+                    fail_msg("%s: %s row %lld (%s): fast %.9g, reference %.9g, rel %g", path, t->name,
+                             (long long)r, kk->isa, fast, ref, rel);
+                if (rel > worst[t->type]) worst[t->type] = rel;
+            }
+            checked[t->type]++;
+        }
+        free(a); free(wd); free(ad); free(qa);
+    }
+    gguf_close(g);
+    int any = 0;
+    for (int t = 0; t < TG_TYPE_COUNT; t++)
+        if (checked[t]) {
+            printf("  model rows %-4s: %d rows, every tier here, max |fast-ref|/sum|terms| %.2e\n",
+                   tg_type_name(t), checked[t], worst[t]);
+            any = 1;
+        }
+    if (!any) fail_msg("%s: no matrix with a vec_dot type", path);
+}
+
 static void test_quantize_row_errors(void **state)
 {
     (void)state;
@@ -337,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_tier_neon),
         cmocka_unit_test(test_tier_neon_dotprod),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_model_rows),
         cmocka_unit_test(test_quantize_row_errors),
     };
     return cmocka_run_group_tests(tests, setup_seed, NULL);

@@ -380,6 +380,18 @@ static void test_not_gguf_and_malformed(void **state)
     /* and it still decodes */
     int32_t tok[2];
     decode(&w, (int32_t[]){345, 926}, 2, 2, NULL, tok, NULL);
+
+    /* a vocab_only load tokenizes but refuses to decode */
+    snprintf(req, sizeof req, "{\"op\":\"load\",\"model\":\"%s\",\"options\":{\"vocab_only\":true}}", MODEL);
+    j = wp_ask(&w, req);
+    expect_ok(j, "vocab_only load");
+    assert_null(json_object_get(json_object_get(j, "model"), "n_head"));
+    json_decref(j);
+    int32_t ids[64];
+    assert_true(tokenize(&w, PROMPTS[0], ids, 64) > 0);
+    j = wp_ask(&w, "{\"op\":\"decode\",\"prompt\":[1],\"steps\":1}");
+    expect_contains(expect_err(j, "decode after vocab_only"), "vocab_only", "decode after vocab_only");
+    json_decref(j);
     assert_int_equal(wp_stop(&w), 0);
 }
 

@@ -225,7 +225,7 @@ static void cli_errors_are_clear(void **state)
     assert_non_null(strstr(err, "multiple of --n-head-kv"));
     const char *a5[] = {"--preset", "tiny", "--type", "f32", "--n-embd", "-3", "-o", "/tmp/x.gguf", NULL};
     assert_int_equal(run_tool(a5, 1, err, sizeof err), 2);
-    assert_non_null(strstr(err, "--n-embd: expected a positive integer"));
+    assert_non_null(strstr(err, "--n-embd: expected an integer from 1 to 2147483647"));
     const char *a6[] = {"--preset", "tiny", "--type", "f32", "--tokenizer", "/nonexistent.json",
                         "-o", "/tmp/x.gguf", NULL};
     assert_int_equal(run_tool(a6, 0, err, sizeof err), 1);

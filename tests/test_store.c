@@ -102,7 +102,9 @@ static void test_newer_schema_refused(void **state)
     unlink(other);
     /* teardown needs a store */
     sqlite3_open(c->path, &db);
-    sqlite3_exec(db, "PRAGMA user_version=1", NULL, NULL, NULL);
+    char pv[64];
+    snprintf(pv, sizeof pv, "PRAGMA user_version=%d", STORE_SCHEMA_VERSION);
+    sqlite3_exec(db, pv, NULL, NULL, NULL);
     sqlite3_close(db);
     assert_int_equal(store_open(&c->st, c->path, &e), 0);
 }

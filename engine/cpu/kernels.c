@@ -98,9 +98,9 @@ static void init_tiers(void)
         if (hw & HWCAP_ASIMDDP) build_tier(TIER_NEON_DOT, TIER_NEON, tg_cpu_fill_neon_dotprod);
     }
 #endif
-    for (int t = 0; t < TIER_COUNT; t++)
-        if (tier_ok[t] && t != TIER_NEON) selected = t;
-    if (tier_ok[TIER_NEON] && !tier_ok[TIER_NEON_DOT]) selected = TIER_NEON;
+    static const int best_first[] = {TIER_AVX512, TIER_AVX2, TIER_NEON_DOT, TIER_NEON, TIER_SCALAR};
+    for (int i = (int)(sizeof best_first / sizeof best_first[0]) - 1; i >= 0; i--)
+        if (tier_ok[best_first[i]]) selected = best_first[i];
     const char *want = getenv("TG_CPU_ISA");
     if (want && *want) {
         int found = -1;

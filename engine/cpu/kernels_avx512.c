@@ -1,14 +1,15 @@
 /*
  * kernels_avx512.c: AVX-512 (F, BW, VL, DQ) + VNNI versions of the hot
- * dot products: q4_K and q6_K against Q8_K, q8_0 against Q8_0. The other
- * kernels of this tier are the AVX2 ones (kernels.c builds this tier on top
- * of avx2).
+ * dot products: q4_K and q6_K against Q8_K, q8_0 against Q8_0, and the
+ * float dots. The other kernels of this tier are the AVX2 ones (kernels.c
+ * builds this tier on top of avx2).
  *
  * K-quants: 64 weight quants per 512-bit register, vpmaddubsw for the
  * byte products (pairs in int16, no saturation for |q8| <= 127), then
  * vpdpwssd (VNNI) multiplies by the 16-bit sub-block scales and accumulates
  * in int32: the reference's integers, converted to float once per block.
  * Q8_0: two blocks per register, vpdpbusd on |x| and sign(x)*y.
+ * F32 / F16 / BF16: 512-bit versions of the AVX2 float dots.
  */
 /* No multiply-add contraction: the quantizers must round each product as
  * the reference does (explicit fmadd intrinsics stay fused). */
@@ -226,10 +227,55 @@ static void vec_dot_q8_0(int n, float *s, const void *vx, const void *vy)
     *s = sum;
 }
 
+/* Float dots: four 16-lane accumulators, 64 values per step; the tail in
+ * 16s, then scalar. Summation order differs from the reference (f64). */
+static inline __m512 load_f32(const void *p, int i)
+{
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+static inline __m512 load_f16(const void *p, int i)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const tg_half *)p + i)));
+}
+
+static inline __m512 load_bf16(const void *p, int i)
+{
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const tg_bf16 *)p + i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+#define DEFINE_FLOAT_DOT(NAME, LOAD, SCALAR)                                                   \
+static void NAME(int n, float *s, const void *x, const void *y)                               \
+{                                                                                              \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
+    int i = 0;                                                                                 \
+    for (; i + 64 <= n; i += 64) {                                                             \
+        a0 = _mm512_fmadd_ps(LOAD(x, i), LOAD(y, i), a0);                                      \
+        a1 = _mm512_fmadd_ps(LOAD(x, i + 16), LOAD(y, i + 16), a1);                            \
+        a2 = _mm512_fmadd_ps(LOAD(x, i + 32), LOAD(y, i + 32), a2);                            \
+        a3 = _mm512_fmadd_ps(LOAD(x, i + 48), LOAD(y, i + 48), a3);                            \
+    }                                                                                          \
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LOAD(x, i), LOAD(y, i), a0);             \
+    float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
+    for (; i < n; i++) sum += SCALAR(x, i) * SCALAR(y, i);                                     \
+    *s = sum;                                                                                  \
+}
+
+#define SCALAR_F32(p, i) (((const float *)(p))[i])
+#define SCALAR_F16(p, i) half_to_f32(((const tg_half *)(p))[i])
+#define SCALAR_BF16(p, i) tg_bf16_to_f32(((const tg_bf16 *)(p))[i])
+DEFINE_FLOAT_DOT(vec_dot_f32, load_f32, SCALAR_F32)
+DEFINE_FLOAT_DOT(vec_dot_f16, load_f16, SCALAR_F16)
+DEFINE_FLOAT_DOT(vec_dot_bf16, load_bf16, SCALAR_BF16)
+
 void tg_cpu_fill_avx512(tg_cpu_kernels *k)
 {
     k->vec_dot[TG_TYPE_Q4_K] = vec_dot_q4_K;
     k->vec_dot[TG_TYPE_Q6_K] = vec_dot_q6_K;
     k->vec_dot4[TG_TYPE_Q6_K] = vec_dot4_q6_K;
     k->vec_dot[TG_TYPE_Q8_0] = vec_dot_q8_0;
+    k->vec_dot[TG_TYPE_F32] = vec_dot_f32;
+    k->vec_dot[TG_TYPE_F16] = vec_dot_f16;
+    k->vec_dot[TG_TYPE_BF16] = vec_dot_bf16;
 }

@@ -9,8 +9,8 @@
  * Q4_K_M with llama-quantize's tensor mixture (FORMATS.md).
  *
  * Weights are Gaussian-like (the sum of four uniform 16-bit draws of a
- * splitmix64 stream, rescaled: exact integer and double arithmetic only, so
- * the bytes do not depend on the libm or the CPU), each row seeded from
+ * splitmix64 stream, rescaled: exact integer and double arithmetic, no libm
+ * call whose last bit could vary between CPUs), each row seeded from
  * (seed, tensor name, row), so a tensor can be generated in any chunking.
  * Every tensor streams through gguf_writer_tensor_fn: generated, quantized
  * and written a few rows at a time, so the 8b preset never holds more than
@@ -19,7 +19,10 @@
  * Scales: every matrix that reads a normalised vector has entries of
  * standard deviation 1/sqrt(fan_in), so its outputs have unit RMS; the
  * branch outputs (attn_output, ffn_down) are scaled so each residual branch
- * adds about BRANCH_RMS; the token embedding (and the output projection,
+ * adds about BRANCH_RMS, large against the embedding's RMS (0.25 at width
+ * 256) so that a tied model does not simply echo its input token (at
+ * BRANCH_RMS 1 greedy decoding repeated the prompt's last token with top-1
+ * logits up to 40); the token embedding (and the output projection,
  * tied or not) has standard deviation LOGIT_STD/sqrt(n_embd), so logits
  * over the normalised final state have a standard deviation near LOGIT_STD
  * and the maximum over 151,936 tokens lands in the 10-30 range, with
@@ -204,8 +207,8 @@ static int parse_pos(const char *opt, const char *v, int64_t *out)
     char *end;
     errno = 0;
     long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || errno || *end || x <= 0 || x > (1ll << 40)) {
-        fprintf(stderr, "tg-mkmodel: %s: expected a positive integer, got '%s'\n", opt, v ? v : "");
+    if (!v || errno || *end || x <= 0 || x > INT32_MAX) {
+        fprintf(stderr, "tg-mkmodel: %s: expected an integer from 1 to 2147483647, got '%s'\n", opt, v ? v : "");
         return -1;
     }
     *out = x;

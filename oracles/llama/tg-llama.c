@@ -199,7 +199,7 @@ static int cb_load(void *ud, const char *path, const json_t *opts, json_t *out, 
     }
     char arch[128] = "", desc[256] = "";
     if (dl->model_meta_val_str(w->model, "general.architecture", arch, sizeof arch) < 0) arch[0] = 0;
-    if (dl->model_desc(w->model, desc, sizeof desc) < 0) desc[0] = 0;
+    if (!vocab_only && dl->model_desc(w->model, desc, sizeof desc) < 0) desc[0] = 0;
 
     if (!vocab_only) {
         cp.n_ctx = (uint32_t)n_ctx;
@@ -229,14 +229,19 @@ static int cb_load(void *ud, const char *path, const json_t *opts, json_t *out, 
     }
     json_object_set_new(out, "arch", json_string(arch));
     json_object_set_new(out, "n_vocab", json_integer(w->n_vocab));
-    json_object_set_new(out, "n_layer", json_integer(dl->model_n_layer(w->model)));
-    json_object_set_new(out, "n_embd", json_integer(dl->model_n_embd(w->model)));
-    json_object_set_new(out, "n_head", json_integer(dl->model_n_head(w->model)));
-    json_object_set_new(out, "n_head_kv", json_integer(dl->model_n_head_kv(w->model)));
-    json_object_set_new(out, "n_ctx_train", json_integer(dl->model_n_ctx_train(w->model)));
-    json_object_set_new(out, "desc", json_string(desc));
-    json_object_set_new(out, "size", json_integer((json_int_t)dl->model_size(w->model)));
-    json_object_set_new(out, "n_params", json_integer((json_int_t)dl->model_n_params(w->model)));
+    if (!vocab_only) {
+        /* a vocab_only model has no hyperparameters: llama.cpp aborts on
+         * llama_model_n_head() of one */
+        json_object_set_new(out, "n_layer", json_integer(dl->model_n_layer(w->model)));
+        json_object_set_new(out, "n_embd", json_integer(dl->model_n_embd(w->model)));
+        json_object_set_new(out, "n_head", json_integer(dl->model_n_head(w->model)));
+        json_object_set_new(out, "n_head_kv", json_integer(dl->model_n_head_kv(w->model)));
+        json_object_set_new(out, "n_ctx_train", json_integer(dl->model_n_ctx_train(w->model)));
+        json_object_set_new(out, "desc", json_string(desc));
+        json_object_set_new(out, "size", json_integer((json_int_t)dl->model_size(w->model)));
+        json_object_set_new(out, "n_params",
+                            json_integer((json_int_t)dl->model_n_params(w->model)));
+    }
     json_object_set_new(out, "bos", json_integer(dl->vocab_bos(w->vocab)));
     json_object_set_new(out, "eos", json_integer(dl->vocab_eos(w->vocab)));
     json_object_set_new(out, "add_bos", json_boolean(dl->vocab_get_add_bos(w->vocab)));

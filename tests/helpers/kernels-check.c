@@ -83,6 +83,29 @@ static void check_tier(const tg_cpu_kernels *k)
             failures += !ok;
         }
     }
+    /* vec_dot4 where the tier has one: bit-identical to vec_dot */
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        if (!k->vec_dot4[types[t]]) continue;
+        const tg_type_traits *tx = tg_traits(types[t]), *ty = tg_traits(tx->vec_dot_type);
+        const int n = 2048;
+        const size_t ar = tg_row_size(tx->vec_dot_type, n);
+        fill(x, n);
+        tx->from_float(x, qx, n);
+        for (int j = 0; j < 4; j++) {
+            fill(y, n);
+            ty->from_float(y, qy + j * ar, n);
+        }
+        float s4[4], s1;
+        k->vec_dot4[types[t]](n, s4, qx, qy, ar);
+        int ok = 1;
+        for (int j = 0; j < 4; j++) {
+            k->vec_dot[types[t]](n, &s1, qx, qy + j * ar);
+            ok &= memcmp(&s1, &s4[j], sizeof s1) == 0;
+        }
+        printf("%s %-12s vec_dot4 %-4s: %s\n", ok ? "ok  " : "FAIL", k->isa, tx->name,
+               ok ? "bit-identical to vec_dot" : "differs from vec_dot");
+        failures += !ok;
+    }
     /* quantizers: identical bytes, including a zero block and ties */
     for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
         const int n = lens[l];

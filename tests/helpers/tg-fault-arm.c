@@ -24,6 +24,14 @@
  *   fault-stderr  a good session that prints "Memory access fault" on stderr
  *   error-decode  answers decode with {"ok":false,...} and stays up
  *   exit3         a good session that exits with status 3 after bye
+ *   child-ignore-term  forks a child that ignores SIGTERM and keeps the
+ *                 pipes open; the parent exits 0 at the first request
+ *                 without answering (so stdout never reaches EOF: only a
+ *                 kill of the whole process group ends the leg)
+ *   segv-prompt2  a good first decode, SIGSEGV in the second one
+ *   dump-lie      a decode whose first line is a dump line naming /dev/zero
+ *                 with n = 2^31 values (the harness must check n against
+ *                 the file before it allocates or reads)
  */
 #include <jansson.h>
 #include <signal.h>
@@ -31,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 static void msleep(long ms)
@@ -73,6 +82,9 @@ static void decode(const char *mode, json_t *req)
     }
     long last = 0;
     for (size_t i = 0; i < json_array_size(prompt); i++) last = json_integer_value(json_array_get(prompt, i));
+    if (!strcmp(mode, "dump-lie"))
+        answer(json_pack("{s:{s:i,s:i,s:s,s:I,s:s}}", "dump", "step", 0, "layer", 0, "stage", "q", "n",
+                         (json_int_t)1 << 31, "file", "/dev/zero"));
     for (int s = 0; s < steps; s++) {
         if (!strcmp(mode, "segv-decode") && s == 2) crash();
         if (!strcmp(mode, "eof-decode") && s == 1) {
@@ -98,6 +110,7 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "ok";
     if (!strcmp(mode, "ignore-term")) signal(SIGTERM, SIG_IGN);
+    int decodes = 0;
     if (!strcmp(mode, "fault-stderr")) {
         fprintf(stderr, "starting up\nMemory access fault by GPU node-1 on address 0x0\n");
         fflush(stderr);
@@ -107,6 +120,14 @@ int main(int argc, char **argv)
         if (!strcmp(mode, "segv-hello")) crash();
         if (!strcmp(mode, "hang") || !strcmp(mode, "ignore-term")) hang();
         if (!strcmp(mode, "exit0")) exit(0);
+        if (!strcmp(mode, "child-ignore-term")) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                signal(SIGTERM, SIG_IGN);
+                hang();
+            }
+            exit(0);
+        }
         if (!strcmp(mode, "garbage")) {
             printf("this is not JSON {\n");
             fflush(stdout);
@@ -144,6 +165,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "detokenize")) {
             answer(json_pack("{s:b,s:s,s:s}", "ok", 1, "text", "AB", "hex", "4142"));
         } else if (!strcmp(op, "decode")) {
+            if (!strcmp(mode, "segv-prompt2") && ++decodes == 2) crash();
             decode(mode, req);
         } else if (!strcmp(op, "bye")) {
             json_decref(req);

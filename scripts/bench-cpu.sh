@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# bench-cpu.sh: the cpu tier against llama.cpp, same file, same threads, same
+# run. Prints prompt (prefill) and decode tokens/s of both and their ratios,
+# and each worker's peak resident memory (VmHWM) against the model file size
+# plus the KV cache the run fills. A benchmark, not a test: it never fails on
+# a slow figure (exit 1 only when a worker cannot run).
+#
+#   scripts/bench-cpu.sh [BUILD]        (make bench-cpu)
+#
+# Environment: MODEL (default: the 0.6b-shape Q4_K_M from tg-mkmodel, made
+# and cached in $TG_CACHE/models like tests/test_model does), THREADS
+# (default 2), PROMPT (prompt tokens, default 128), STEPS (decode steps,
+# default 64), REPS (measured decodes per worker, best kept, default 3),
+# LLAMA_LIB (default the prebuilt x86-64 libllama from the npm cache).
+# Both workers speak protocol v1; the figures are the "ms" of their done
+# lines: prefill = PROMPT / ms.prefill, decode = (STEPS-1) / ms.decode.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build}
+case $build in /*) ;; *) build=$top/$build ;; esac
+cache=${TG_CACHE:-$top/.cache}
+threads=${THREADS:-2}
+prompt_n=${PROMPT:-128}
+steps=${STEPS:-64}
+reps=${REPS:-3}
+lib=${LLAMA_LIB:-$cache/npm/linux-x64/bins/linux-x64/libllama.so}
+engine=$build/bin/tg-engine
+llama=$build/bin/tg-llama
+
+for b in "$engine" "$llama"; do
+  [ -x "$b" ] || { echo "bench-cpu: $b is not built (make BUILD=${build#$top/})" >&2; exit 1; }
+done
+[ -f "$lib" ] || { echo "bench-cpu: $lib is missing (make fetch)" >&2; exit 1; }
+
+model=${MODEL:-}
+if [ -z "$model" ]; then
+  mk=$build/bin/tg-mkmodel
+  [ -x "$mk" ] || { echo "bench-cpu: $mk is not built" >&2; exit 1; }
+  sha=$(sha256sum "$mk" | cut -c1-16)
+  mkdir -p "$cache/models"
+  model=$cache/models/mk-$sha-0.6b-q4_k_m-s1.gguf
+  if [ ! -f "$model" ]; then
+    echo "bench-cpu: generating $model (once)" >&2
+    "$mk" --preset 0.6b --type q4_k_m --seed 1 -o "$model" >&2
+  fi
+fi
+
+# The prompt: token ids 1000, 1001, ... (any valid ids do for speed).
+ids=$(seq 1000 $((1000 + prompt_n - 1)) | paste -sd, -)
+n_ctx=$((prompt_n + steps + 16))
+decode_req="{\"op\":\"decode\",\"prompt\":[$ids],\"steps\":$steps,\"top_k\":8}"
+
+# Runs one worker (argv after the name) over the protocol: load, a warm-up
+# decode, REPS measured decodes; prints "name prefill_tps decode_tps hwm_kib".
+bench_worker() {
+  local name=$1; shift
+  local load_opts=$1; shift
+  coproc W { "$@" 2>/dev/null; }
+  local wpid=$W_PID
+  echo "{\"op\":\"load\",\"model\":\"$model\",\"options\":$load_opts}" >&"${W[1]}"
+  local line
+  IFS= read -r line <&"${W[0]}"
+  case $line in *'"ok":true'*) ;; *) echo "bench-cpu: $name load failed: $line" >&2; return 1 ;; esac
+  local best_p=0 best_d=0 r
+  for r in $(seq 0 "$reps"); do
+    echo "$decode_req" >&"${W[1]}"
+    while IFS= read -r line <&"${W[0]}"; do
+      case $line in *'"done"'*|*'"ok":false'*) break ;; esac
+    done
+    case $line in *'"ok":true'*) ;; *) echo "bench-cpu: $name decode failed: $line" >&2; return 1 ;; esac
+    [ "$r" -eq 0 ] && continue   # warm-up: pages the model in
+    local mp md
+    mp=$(sed -n 's/.*"prefill":\([0-9.e+-]*\).*/\1/p' <<<"$line")
+    md=$(sed -n 's/.*"decode":\([0-9.e+-]*\).*/\1/p' <<<"$line")
+    read -r best_p best_d < <(awk -v p="$mp" -v d="$md" -v bp="$best_p" -v bd="$best_d" \
+      -v n="$prompt_n" -v s="$steps" 'BEGIN {
+        tp = n / (p / 1000); td = (s - 1) / (d / 1000);
+        if (tp > bp) bp = tp; if (td > bd) bd = td; printf "%.3f %.3f\n", bp, bd }')
+  done
+  local hwm
+  hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$wpid/status")
+  echo '{"op":"bye"}' >&"${W[1]}"
+  IFS= read -r line <&"${W[0]}" || true
+  exec {W[1]}>&-
+  wait "$wpid" 2>/dev/null || true
+  echo "$name $best_p $best_d $hwm"
+}
+
+file_bytes=$(stat -c %s "$model")
+# KV cache the run fills: layers x positions x kv width x (K and V) x bytes.
+read -r n_layer kv_dim < <("$engine" --tier cpu <<<"{\"op\":\"load\",\"model\":\"$model\",\"options\":{\"threads\":1,\"n_ctx\":16}}" 2>/dev/null |
+  sed -n 's/.*"n_layer":\([0-9]*\).*"n_head_kv":\([0-9]*\),"head_dim":\([0-9]*\).*/\1 \2 \3/p' |
+  awk '{print $1, $2 * $3}')
+positions=$((prompt_n + steps - 1))
+kv_f16=$((n_layer * positions * kv_dim * 2 * 2))
+
+echo "bench-cpu: $(basename "$model") ($((file_bytes / 1048576)) MiB), $threads threads, prompt $prompt_n tokens, $steps decode steps, best of $reps"
+echo "bench-cpu: $(uname -m), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+eng=$(bench_worker tg-engine "{\"threads\":$threads,\"n_ctx\":$n_ctx}" "$engine" --tier cpu --threads "$threads")
+lla=$(bench_worker llama.cpp "{\"threads\":$threads,\"n_ctx\":$n_ctx}" "$llama" --lib "$lib")
+
+read -r _ ep ed eh <<<"$eng"
+read -r _ lp ld lh <<<"$lla"
+awk -v ep="$ep" -v ed="$ed" -v eh="$eh" -v lp="$lp" -v ld="$ld" -v lh="$lh" -v fb="$file_bytes" -v kv="$kv_f16" 'BEGIN {
+  printf "%-10s %14s %14s %14s\n", "", "prefill tok/s", "decode tok/s", "VmHWM MiB"
+  printf "%-10s %14.2f %14.2f %14.1f\n", "tg-engine", ep, ed, eh / 1024
+  printf "%-10s %14.2f %14.2f %14.1f\n", "llama.cpp", lp, ld, lh / 1024
+  printf "RATIO_PREFILL=%.3f\n", ep / lp
+  printf "RATIO_DECODE=%.3f   (target >= 1.10)\n", ed / ld
+  lim = fb * 1.10 + kv
+  printf "MEMORY: tg-engine VmHWM %.1f MiB; file %.1f MiB + 10%% + KV cache (f16, %d positions) %.1f MiB = %.1f MiB: %s\n",
+    eh / 1024, fb / 1048576, '"$positions"', kv / 1048576, lim / 1048576, (eh * 1024 <= lim) ? "within" : "OVER"
+}'
