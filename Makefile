@@ -159,7 +159,7 @@ endif
 # Unit and integration tests; prints cmocka's summary line of every program.
 test: setup
 	$(MAKE) all
-	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS)
+	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS) $(wildcard tests/test_*.sh)
 
 # ASan+UBSan flavour of the unit tests, in its own build folder, then one
 # small gate on the shipped model with the sanitized tokgate and workers.

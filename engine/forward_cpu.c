@@ -17,11 +17,12 @@
  *  - silu(x) = x / (1 + expf(-x)).
  *
  * A prompt is evaluated in batches: each weight row is streamed once per
- * batch and dotted with every token's activations. Matmuls split output
- * rows over the thread pool in fixed contiguous ranges; each output value is
- * one dot product whatever the split, so the bytes depend neither on the
- * thread count nor on timing. Attention splits (token, head) pairs the same
- * way.
+ * batch and dotted with every token's activations. Matmuls hand chunks of
+ * output rows to the thread pool (gate and up together, with the swiglu of
+ * the chunk's rows); each output value is one dot product whichever thread
+ * computes it, so the bytes depend neither on the thread count nor on
+ * timing. Attention hands out (token, head) pairs the same way, each
+ * computed whole by one thread.
  */
 #include <assert.h>
 #include <math.h>

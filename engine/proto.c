@@ -320,6 +320,29 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 
 /* ---- answers ---- */
 
+/* Writes one step line from an ordered top list and a digest. */
+static void write_step(proto_conn *c, int step, const tg_top *top, int k, const char *dig)
+{
+    c->len = 0;
+    cbuf_printf(c, "{\"step\":%d,\"token\":%d,\"top\":[", step, top[0].id);
+    for (int i = 0; i < k; i++) {
+        float v = top[i].logit;
+        const char *sep = i ? "," : "";
+        if (isnan(v)) cbuf_printf(c, "%s[%d,\"nan\"]", sep, top[i].id);
+        else if (isinf(v)) cbuf_printf(c, "%s[%d,\"%sinf\"]", sep, top[i].id, v < 0 ? "-" : "");
+        else cbuf_printf(c, "%s[%d,%.9g]", sep, top[i].id, (double)v);
+    }
+    cbuf_printf(c, "],\"digest\":\"%s\"}", dig);
+    cbuf_flush(c);
+}
+
+/* The token to append after step: forced, or the worker's argmax. */
+static int32_t next_token(const proto_decode_req *req, int step, int32_t argmax)
+{
+    if (req->force && step < req->n_force) return req->force[step];
+    return argmax;
+}
+
 int32_t proto_step(proto_conn *c, const proto_decode_req *req, int step, const float *logits, int n)
 {
     assert(n > 0 && "proto_step: a logit vector is never empty");
@@ -328,7 +351,7 @@ int32_t proto_step(proto_conn *c, const proto_decode_req *req, int step, const f
         tg_top *nt = realloc(c->top, sizeof *nt * (size_t)k);
         if (!nt) {
             c->werr = 1;
-            return req->force ? req->force[step] : tg_argmax(logits, n);
+            return next_token(req, step, tg_argmax(logits, n));
         }
         c->top = nt;
         c->top_cap = k;
@@ -336,20 +359,17 @@ int32_t proto_step(proto_conn *c, const proto_decode_req *req, int step, const f
     k = tg_topk(logits, n, k, c->top);
     char dig[17];
     tg_digest_logits(logits, (size_t)n, dig);
-    int32_t argmax = c->top[0].id;
-    c->len = 0;
-    cbuf_printf(c, "{\"step\":%d,\"token\":%d,\"top\":[", step, argmax);
-    for (int i = 0; i < k; i++) {
-        float v = c->top[i].logit;
-        const char *sep = i ? "," : "";
-        if (isnan(v)) cbuf_printf(c, "%s[%d,\"nan\"]", sep, c->top[i].id);
-        else if (isinf(v)) cbuf_printf(c, "%s[%d,\"%sinf\"]", sep, c->top[i].id, v < 0 ? "-" : "");
-        else cbuf_printf(c, "%s[%d,%.9g]", sep, c->top[i].id, (double)v);
-    }
-    cbuf_printf(c, "],\"digest\":\"%s\"}", dig);
-    cbuf_flush(c);
-    if (req->force && step < req->n_force) return req->force[step];
-    return argmax;
+    write_step(c, step, c->top, k, dig);
+    return next_token(req, step, c->top[0].id);
+}
+
+int32_t proto_step_top(proto_conn *c, const proto_decode_req *req, int step, const tg_top *top,
+                       int k, const char *dig)
+{
+    assert(k >= 1 && "proto_step_top: at least the argmax");
+    if (k > req->top_k) k = req->top_k;
+    write_step(c, step, top, k, dig);
+    return next_token(req, step, top[0].id);
 }
 
 bool proto_wants_dump(const proto_decode_req *req, int step)

@@ -678,19 +678,19 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
     memset(arms, 0, sizeof arms);
     for (int i = 0; i < n_arms; i++) {
         int j = spec_find_arm(s, names[i]);
-        if (j < 0) return tg_errf(e, "localize: spec %s has no arm '%s'", s->name, names[i]);
+        if (j < 0) return tg_errf(e, "spec %s has no arm '%s'", s->name, names[i]);
         if (s->arms[j].kind == SPEC_ARM_COMMAND)
-            return tg_errf(e, "localize: arm '%s' is a command (custody) arm, not a protocol worker", names[i]);
+            return tg_errf(e, "arm '%s' is a command (custody) arm, not a protocol worker", names[i]);
         for (int k = 0; k < i; k++)
-            if (!strcmp(names[k], names[i])) return tg_errf(e, "localize: arm '%s' named twice", names[i]);
+            if (!strcmp(names[k], names[i])) return tg_errf(e, "arm '%s' named twice", names[i]);
         arms[i].name = names[i];
         arms[i].index = j;
     }
     const char *text = NULL;
     for (int p = 0; p < s->n_prompts; p++)
         if (!strcmp(s->prompts[p].id, q->prompt_id)) text = s->prompts[p].text;
-    if (!text) return tg_errf(e, "localize: spec %s has no prompt '%s'", s->name, q->prompt_id);
-    if (q->step < 0 || q->step > 100000) return tg_errf(e, "localize: step %d out of range", q->step);
+    if (!text) return tg_errf(e, "spec %s has no prompt '%s'", s->name, q->prompt_id);
+    if (q->step < 0 || q->step > 100000) return tg_errf(e, "step %d out of range", q->step);
 
     char tmpl[] = "/tmp/tokgate-localize-XXXXXX";
     const char *tmpdir = getenv("TMPDIR");
@@ -698,7 +698,7 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
     snprintf(base, sizeof base, "%s/tokgate-localize-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
     char *root = mkdtemp(base);
     if (!root) root = mkdtemp(tmpl);
-    if (!root) return tg_errf(e, "localize: cannot make a temporary folder: %s", strerror(errno));
+    if (!root) return tg_errf(e, "cannot make a temporary folder: %s", strerror(errno));
     for (int i = 0; i < n_arms; i++) snprintf(arms[i].dir, sizeof arms[i].dir, "%s/%d", root, i);
 
     int rc = -1;
@@ -729,7 +729,7 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
         goto out;
     }
     if (na == 0 || nb == 0) {
-        tg_errf(e, "localize: arm %s dumped nothing at step %d", na == 0 ? q->arm_a : q->arm_b, q->step);
+        tg_errf(e, "arm %s dumped nothing at step %d", na == 0 ? q->arm_a : q->arm_b, q->step);
         goto out;
     }
     if (localize_table(&t, ta, na, tb, nb, tc, nc, e) < 0) goto out;

@@ -23,7 +23,7 @@
  * of the source is reported as skipped. */
 static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg",
                                     "leg_prompt", "step", "dump", "verdict_set", "verdict",
-                                    "compare", "contested", NULL};
+                                    "compare", "contested", "noise_band", NULL};
 
 static int sql_err(sqlite3 *db, tg_err *e, const char *what)
 {
@@ -88,6 +88,10 @@ static int copy_rows(sqlite3 *db, const char *t, const char *where, const char *
     char cols[4096] = "", exprs[8192] = "";
     size_t nc = 0, ne = 0;
     char q[256];
+    /* a table of a later schema that one side lacks: nothing to copy */
+    snprintf(q, sizeof q, "SELECT 1 FROM src.sqlite_master WHERE type = 'table' AND name = '%s'", t);
+    int64_t one;
+    if (int2(db, q, 0, 0, &one, e) != 1) return 0;
     snprintf(q, sizeof q, "SELECT name FROM main.pragma_table_info('%s') ORDER BY cid", t);
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, q, -1, &s, NULL) != SQLITE_OK) return sql_err(db, e, q);
@@ -283,7 +287,8 @@ static int copy_run(sqlite3 *db, int64_t r, int64_t *new_run, tg_err *e)
     if (copy_rows(db, "verdict_set", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
         copy_rows(db, "verdict", "s.run_id = ?1", "s.id", v_sub, 2, r, nr, e) < 0 ||
         copy_rows(db, "compare", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
-        copy_rows(db, "contested", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0)
+        copy_rows(db, "contested", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
+        copy_rows(db, "noise_band", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0)
         return -1;
     return 0;
 }

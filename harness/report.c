@@ -373,6 +373,33 @@ static void fmt_gap(char *out, size_t cap, double g)
 /* ------------------------------------------------------------------ */
 /* Text                                                                */
 
+/* The arm's policy rule counts, noise-band counts and paired rate tests
+ * (verdict keys POLICY_DECIDED, NOISE_WITHIN, VARIANT_SEARCH, RATE_VS.*),
+ * one line each, prefixed by indent. */
+static void policy_lines(rctx *c, const rarm *arm, FILE *out, const char *indent)
+{
+    char v[1024], w[64];
+    if (kv(c, arm->name, NULL, "POLICY_DECIDED", v, sizeof v))
+        fprintf(out, "%s%-16s steps decided (policy %s): %s\n", indent, "", c->policy, v);
+    if (kv(c, arm->name, NULL, "NOISE_WITHIN", v, sizeof v) &&
+        kv(c, arm->name, NULL, "VARIANT_SEARCH", w, sizeof w))
+        fprintf(out, "%s%-16s within the oracle's noise band: %s steps; another configuration"
+                     " emitted its token outside the band (a search over configurations, not"
+                     " counted as right): %s steps\n", indent, "", v, w);
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, "SELECT key, value FROM verdict WHERE run_id=?1 AND set_no=?2"
+                                  " AND arm=?3 AND prompt IS NULL AND key LIKE 'RATE_VS.%' ORDER BY id",
+                           -1, &s, NULL) != SQLITE_OK)
+        return;
+    sqlite3_bind_int64(s, 1, c->run);
+    sqlite3_bind_int(s, 2, c->set);
+    sqlite3_bind_text(s, 3, arm->name, -1, SQLITE_STATIC);
+    while (sqlite3_step(s) == SQLITE_ROW)
+        fprintf(out, "%s%-16s rate vs %s: %s\n", indent, "", (const char *)sqlite3_column_text(s, 0) + 8,
+                sqlite3_column_text(s, 1));
+    sqlite3_finalize(s);
+}
+
 static void text_report(rctx *c, FILE *out)
 {
     char v[1024];
@@ -477,6 +504,7 @@ static void text_report(rctx *c, FILE *out)
         for (int r = 1; r <= 65; r++)
             if (h[r]) fprintf(out, r == 65 ? " >64:%d" : " %d:%d", r == 65 ? h[r] : r, h[r]);
         fprintf(out, " outside:%d\n", h[0]);
+        policy_lines(c, arm, out, "  ");
     }
     fprintf(out, "\n");
     keys_block(c, out);
@@ -609,6 +637,13 @@ static void md_report(rctx *c, FILE *out)
         kv(c, arm->name, NULL, "SAME_TOP1", same, sizeof same);
         fprintf(out, "| %s | %s | %s | %s |\n", arm->name, rate, kl, same);
     }
+    fprintf(out, "\nPolicy rules, the oracle's noise band and paired rate tests:\n\n```\n");
+    for (int a = 0; a < c->n_arms; a++)
+        if (scored(&c->arms[a])) {
+            fprintf(out, "%s\n", c->arms[a].name);
+            policy_lines(c, &c->arms[a], out, "");
+        }
+    fprintf(out, "```\n");
 
     /* rank histogram: groups 1, 2, 3-5, 6-k, outside */
     static const char *const groups[] = {"1", "2", "3-5", "6-64", ">64", "outside"};
@@ -1010,7 +1045,7 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
     }
     fprintf(out, "run %lld %s/%d  (verdict set %d, policy %s, band %g)\n", (long long)run_id,
             prompt_id, step, c.set, c.policy, c.band);
-    fprintf(out, "%-16s %-18s %-4s %8s %8s %12s %8s %12s %9s %9s %-13s %4s %s\n", "ARM", "ROLE", "LEG",
+    fprintf(out, "%-16s %-22s %-4s %8s %8s %12s %8s %12s %9s %9s %-13s %4s %s\n", "ARM", "ROLE", "LEG",
             "TOKEN", "TOP1", "LOGIT1", "TOP2", "LOGIT2", "OWN_GAP", "REF_GAP", "CLASS", "RANK", "NOISE");
     int shown = 0;
     for (int a = 0; a < c.n_arms; a++) {
@@ -1063,7 +1098,7 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
         }
         char g[16];
         fmt_gap(g, sizeof g, sqlite3_column_type(q, 2) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 2));
-        fprintf(out, "%-16s %-18s %-4d %8d ", arm->name, role, arm->scored_leg, sqlite3_column_int(q, 0));
+        fprintf(out, "%-16s %-22s %-4d %8d ", arm->name, role, arm->scored_leg, sqlite3_column_int(q, 0));
         if (n >= 1) fprintf(out, "%8d %12.6f ", top[0].id, top[0].logit);
         else fprintf(out, "%8s %12s ", "-", "-");
         if (n >= 2) fprintf(out, "%8d %12.6f ", top[1].id, top[1].logit);

@@ -750,6 +750,13 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
             snprintf(g, sizeof g, "arms[%d].variant_of", i);
             if (j < 0 || j == i)
                 return perr(c, (pos){a->line, 1}, g, "expected the name of another arm, got '%s'", a->variant_of);
+            /* a variant measures an oracle's own noise: both are oracles */
+            if (!a->role || strcmp(a->role, "oracle"))
+                return perr(c, (pos){a->line, 1}, g, "expected on an oracle arm (role oracle), '%s' has role %s",
+                            a->name, a->role ? a->role : "?");
+            if (s->arms[j].kind == SPEC_ARM_COMMAND || !s->arms[j].role || strcmp(s->arms[j].role, "oracle"))
+                return perr(c, (pos){a->line, 1}, g, "expected the name of an oracle arm, '%s' is not one",
+                            a->variant_of);
         }
     }
 
@@ -775,6 +782,35 @@ int spec_find_arm(const tg_spec *s, const char *name)
     for (int i = 0; s && name && i < s->n_arms; i++)
         if (s->arms[i].name && !strcmp(s->arms[i].name, name)) return i;
     return -1;
+}
+
+/* Checks that text is well-formed UTF-8 (no overlong forms, surrogates or
+ * code points above U+10FFFF). libfyaml loops forever on some invalid
+ * bytes after a '%' directive indicator (found by tests/fuzz/fuzz_spec), so
+ * they never reach it. Returns 0, or -1 with e naming line and column. */
+static int check_utf8(const char *path, const char *text, size_t len, tg_err *e)
+{
+    const unsigned char *p = (const unsigned char *)text;
+    int line = 1, col = 1;
+    for (size_t i = 0; i < len;) {
+        unsigned c = p[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = n != 0 && i + n <= len;
+        for (size_t k = 1; ok && k < n; k++) ok = (p[i + k] & 0xC0) == 0x80;
+        if (ok && n > 1) {
+            unsigned cp = c & (0x7F >> n);
+            for (size_t k = 1; k < n; k++) cp = cp << 6 | (p[i + k] & 0x3F);
+            static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
+            ok = cp >= min[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+        }
+        if (!ok)
+            return tg_errf(e, "%s:%d:%d: spec: expected UTF-8 text, got byte 0x%02x at offset %zu", path, line,
+                           col, c, i);
+        if (c == '\n') line++, col = 1;
+        else col++;
+        i += n;
+    }
+    return 0;
 }
 
 int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg_err *e)
@@ -816,6 +852,7 @@ int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg
         tg_errf(e, "%s:1:1: spec: expected a YAML mapping, the file is empty", path);
         goto done;
     }
+    if (check_utf8(path, s->text, len, e) < 0) goto done;
     doc = fy_document_build_from_string(&cfg, s->text, len);
     if (!doc || fy_diag_got_error(diag)) {
         void *it = NULL;

@@ -23,6 +23,7 @@
 
 #include "gate.h"
 #include "spec.h"
+#include "trend.h"
 #include "verdict.h"
 
 typedef struct sweep_entry {
@@ -464,6 +465,7 @@ int sweep_run_spec(tg_store *st, const char *path, const char *text, const char 
     memset(row, 0, sizeof *row);
     snprintf(row->verdict, sizeof row->verdict, "ERROR");
     snprintf(row->divergences, sizeof row->divergences, "-");
+    snprintf(row->trend, sizeof row->trend, "-");
     double t0 = tg_now();
     tg_err e = {{0}};
     tg_spec *spec;
@@ -499,6 +501,13 @@ int sweep_run_spec(tg_store *st, const char *path, const char *text, const char 
     row->n_arms = vr.n_test_arms;
     row->n_pass = vr.n_pass;
     run_key(st, gr.run_id, "GENERATION_DIVERGENCES", row->divergences, sizeof row->divergences);
+    /* what changed against the spec's earlier runs in this store */
+    FILE *sink = fopen("/dev/null", "w");
+    trend_result tr;
+    if (sink && trend_spec(st, spec->name, 0, sink, &tr, &e) == 0)
+        snprintf(row->trend, sizeof row->trend, "%s",
+                 tr.n_regressions ? "REGRESSION" : tr.n_runs < 2 ? "FIRST" : "CLEAN");
+    if (sink) fclose(sink);
     rc = 0;
 done:
     row->seconds = tg_now() - t0;
@@ -508,13 +517,14 @@ done:
 
 void sweep_print_summary(FILE *out, const sweep_row *rows, int n)
 {
-    fprintf(out, "\n%-36s %6s %-15s %9s %14s %8s\n", "spec", "run", "verdict", "arms ok", "divergences", "seconds");
+    fprintf(out, "\n%-36s %6s %-15s %9s %14s %-11s %8s\n", "spec", "run", "verdict", "arms ok", "divergences",
+            "trend", "seconds");
     for (int i = 0; i < n; i++) {
         const sweep_row *r = &rows[i];
         char arms[24];
         snprintf(arms, sizeof arms, "%d/%d", r->n_pass, r->n_arms);
-        fprintf(out, "%-36s %6lld %-15s %9s %14s %8.1f\n", r->name, (long long)r->run_id, r->verdict,
-                r->error[0] ? "-" : arms, r->divergences, r->seconds);
+        fprintf(out, "%-36s %6lld %-15s %9s %14s %-11s %8.1f\n", r->name, (long long)r->run_id, r->verdict,
+                r->error[0] ? "-" : arms, r->divergences, r->trend, r->seconds);
         if (r->error[0]) fprintf(out, "    error: %s\n", r->error);
     }
     int pass = 0, err = 0;
@@ -522,7 +532,10 @@ void sweep_print_summary(FILE *out, const sweep_row *rows, int n)
         pass += !strcmp(rows[i].verdict, "PASS");
         err += !strcmp(rows[i].verdict, "ERROR");
     }
-    fprintf(out, "%d specs: %d PASS, %d not PASS, %d ERROR\n", n, pass, n - pass - err, err);
+    int regress = 0;
+    for (int i = 0; i < n; i++) regress += !strcmp(rows[i].trend, "REGRESSION");
+    fprintf(out, "%d specs: %d PASS, %d not PASS, %d ERROR; %d with a regression (see `tokgate trend`)\n", n,
+            pass, n - pass - err, err, regress);
 }
 
 int sweep_exit_code(const sweep_row *rows, int n)

@@ -52,6 +52,7 @@ typedef struct sweep_row {
     int n_arms, n_pass;      /* gate arms scored / passed */
     char divergences[32];    /* GENERATION_DIVERGENCES k/n, "-" if none */
     double seconds;
+    char trend[16];          /* TREND of the spec after this run (trend.h): CLEAN | REGRESSION | FIRST, or "-" */
     char error[1100];        /* why ERROR, else "" */
 } sweep_row;
 

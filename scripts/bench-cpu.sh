@@ -55,7 +55,7 @@ decode_req="{\"op\":\"decode\",\"prompt\":[$ids],\"steps\":$steps,\"top_k\":8}"
 bench_worker() {
   local name=$1; shift
   local load_opts=$1; shift
-  coproc W { "$@" 2>/dev/null; }
+  coproc W { exec "$@" 2>/dev/null; }
   local wpid=$W_PID
   echo "{\"op\":\"load\",\"model\":\"$model\",\"options\":$load_opts}" >&"${W[1]}"
   local line

@@ -5,9 +5,13 @@
 # it never fails on a slow figure.
 # Usage: scripts/gpu-bench.sh GPUBUILD   (GPUBUILD = BUILD/gpu, holding tests/bench_gpu)
 # Environment: TG_GPU_BENCH_MODEL (an 8b-shape Q4_K_M GGUF; default: the
-#   synthetic 8b shape in memory), LLAMA_BENCH (llama.cpp's llama-bench built
-#   with CUDA, e.g. by scripts/build-llama-gpu.sh), TG_GPU_PREFILL (512),
-#   TG_GPU_DECODE (128).
+#   synthetic 8b shape in memory), LLAMA_CUDA_LIB (a CUDA libllama.so, e.g.
+#   build/llama-cuda/lib/libllama.so from scripts/gpu-gate.sh or
+#   scripts/build-llama-gpu.sh: then tg-engine --tier gpu and tg-llama over
+#   that library get the same protocol requests, a 512-token prompt and 128
+#   steps after a warm-up, and the ratio is printed), LLAMA_BENCH (llama.cpp's
+#   llama-bench built with CUDA, the same through its CSV), TG_GPU_PREFILL
+#   (512), TG_GPU_DECODE (128).
 set -u
 gb=${1:?usage: gpu-bench.sh GPUBUILD}
 bench=$gb/tests/bench_gpu
@@ -36,6 +40,24 @@ PY
     echo "llama_cuda_prefill_tok_s=$llama_p llama_cuda_decode_tok_s=$llama_d"
     python3 -c "print('decode_ratio=%.3f prefill_ratio=%.3f' % ($ours_d/$llama_d, $ours_p/$llama_p))"
   fi
+elif [ -n "$model" ] && [ -f "${LLAMA_CUDA_LIB:-}" ]; then
+  bins=${TG_BIN:-$(dirname "$gb")/bin}
+  ids=$(seq -s, 1000 $((999 + np)))
+  dec="{\"op\":\"decode\",\"prompt\":[$ids],\"steps\":$((nd + 1)),\"top_k\":32}"
+  one() { # name options worker...
+    local name=$1 opts=$2; shift 2
+    printf '%s\n' '{"op":"hello","protocol":1}' "{\"op\":\"load\",\"model\":\"$model\",\"options\":$opts}" \
+      "$dec" "$dec" "$dec" '{"op":"bye"}' | "$@" 2>/dev/null | grep '"done"' |
+    awk -v n="$name" -v np="$np" -v nd="$nd" -F'[:,}]' '
+      { for (i = 1; i < NF; i++) { if ($i ~ /"prefill"/) p = $(i+1); if ($i ~ /"decode"/ && $(i+1) ~ /^[0-9.]+$/) d = $(i+1) }
+        if (NR > 1) { pt = np / (p / 1000); dt = nd / (d / 1000); if (pt > bp) bp = pt; if (dt > bd) bd = dt } }
+      END { printf "%s_prefill_tok_s=%.1f %s_decode_tok_s=%.1f\n", n, bp, n, bd }'
+  }
+  g=$(one gpu_arm '{"n_ctx":1024}' "$gb/bin/tg-engine" --tier gpu)
+  l=$(one llama_cuda '{"n_gpu_layers":999,"n_ctx":1024}' "$bins/tg-llama" --lib "$LLAMA_CUDA_LIB")
+  echo "$g"; echo "$l"
+  awk -v g="$g" -v l="$l" 'BEGIN { split(g, a, /[= ]/); split(l, b, /[= ]/);
+    if (b[2] > 0 && b[4] > 0) printf "ratio gpu/llama-cuda: prefill %.2f decode %.2f (protocol requests, best of 2 after a warm-up)\n", a[2]/b[2], a[4]/b[4] }'
 else
-  echo "gpu-bench: no llama.cpp CUDA figure (set TG_GPU_BENCH_MODEL and LLAMA_BENCH for the ratio)"
+  echo "gpu-bench: no llama.cpp CUDA figure (set TG_GPU_BENCH_MODEL and LLAMA_CUDA_LIB or LLAMA_BENCH for the ratio)"
 fi

@@ -11,6 +11,7 @@ pkgs=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross qemu-user
   hipcc libamdhip64-dev rocm-device-libs
   cmake nodejs npm
+  slurm-wlm munge
   libjansson-dev:arm64 libssl-dev:arm64 libpcre2-dev:arm64 libxxhash-dev:arm64
   libzstd-dev:arm64 libc6:arm64 libstdc++6:arm64 libgomp1:arm64
 )

@@ -266,9 +266,10 @@ static void library_digests(const tg_opts *o, const int32_t *prompt, int np, int
     for (int i = 0; i < steps; i++) {
         const float *lg = tg_session_logits(s);
         tg_digest_logits(lg, (size_t)m->hp.n_vocab, dg[i]);
+        if (i == steps - 1)
+            break;
         int32_t next = force ? force[i] : tg_argmax(lg, m->hp.n_vocab);
-        if (i < steps - 1)
-            assert_int_equal(tg_session_eval(s, &next, 1, &e), 0);
+        assert_int_equal(tg_session_eval(s, &next, 1, &e), 0);
     }
     tg_session_free(s);
     tg_model_free(m);
@@ -492,9 +493,10 @@ static float *library_logits(const tg_opts *o, const int32_t *prompt, int np, in
         const float *lg = tg_session_logits(s);
         memcpy(all + (size_t)i * *n_vocab, lg, (size_t)*n_vocab * sizeof(float));
         tokens[i] = tg_argmax(lg, *n_vocab);
+        if (i == steps - 1)
+            break;
         int32_t next = force ? force[i] : tokens[i];
-        if (i < steps - 1)
-            assert_int_equal(tg_session_eval(s, &next, 1, &e), 0);
+        assert_int_equal(tg_session_eval(s, &next, 1, &e), 0);
     }
     tg_session_free(s);
     tg_model_free(m);

@@ -17,6 +17,8 @@
  *  - no process of a mode is left behind (the child that ignores SIGTERM
  *    included).
  * Skipped when tg-llama, libllama.so or the shipped model are missing.
+ * A second test checks the arm layer alone (no llama.cpp needed) for the
+ * child that ignores SIGTERM and holds the pipes.
  */
 #include <dirent.h>
 #include <limits.h>
@@ -319,9 +321,51 @@ static void test_faults_through_gate(void **unused)
     }
 }
 
+/* The arm layer alone (no llama.cpp needed): a worker that exits at once
+ * while a child it forked ignores SIGTERM and holds the pipes. The request
+ * times out and the child dies with the worker's process group. Before the
+ * fix in harness/arm.c (kill_group) the child outlived the leg. */
+static void test_child_holding_pipes_is_killed(void **unused)
+{
+    (void)unused;
+    char fa[2 * PATH_MAX];
+    snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
+    if (!exists(fa)) {
+        print_message("skipped: needs the test double %s\n", fa);
+        skip();
+    }
+    char *argv[] = {fa, "child-ignore-term", NULL};
+    arm_config cfg = {.name = "child", .argv = argv, .timeout_request = 0.5, .grace = 0.3};
+    tg_arm *a;
+    tg_err e;
+    assert_int_equal(arm_start(&a, &cfg, &e), 0);
+    double t0 = tg_now();
+    assert_int_equal(arm_hello(a, NULL, &e), -1);
+    assert_true(arm_failed(a));
+    assert_non_null(strstr(arm_cause(a), "timeout:"));
+    arm_exit x;
+    arm_finish(a, &x);
+    double took = tg_now() - t0;
+    arm_free(a);
+    if (took > 5) {
+        print_message("ending the leg took %.1f s, expected the 0.5 s timeout and the 0.3 s grace\n", took);
+        fail();
+    }
+    /* the kill is asynchronous: give the kernel a moment */
+    char word[80];
+    snprintf(word, sizeof word, "tg-fault-arm %s", "child-ignore-term");
+    int left = 0;
+    for (int i = 0; i < 50 && (left = count_procs(word, g_bin)); i++) usleep(20000);
+    if (left) {
+        print_message("%d child process(es) holding the pipes outlived the leg\n", left);
+        fail();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_child_holding_pipes_is_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faults_through_gate, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -74,7 +74,7 @@ static int g_verbose;                    /* print every name (TG_FUZZ_VERBOSE, o
 /* On a crash (assert, SIGSEGV, a sanitizer's abort), name the input first. */
 static void on_crash(int sig)
 {
-    static const char msg[] = "\ntest_fuzz_replay: crashed while replaying ";
+    static const char msg[] = "\ntest_fuzz_replay: crashed (or hung 30 s) while replaying ";
     (void)!write(2, msg, sizeof msg - 1);
     (void)!write(2, g_current, strlen(g_current));
     (void)!write(2, "\n", 1);
@@ -94,7 +94,9 @@ static void replay_file(fuzz_fn fn, const char *path)
     }
     snprintf(g_current, sizeof g_current, "%s", path);
     if (g_verbose) fprintf(stderr, "replay %s\n", path);
+    alarm(30);   /* a hang is a bug too: SIGALRM names the input and ends the program */
     fn(b, n);
+    alarm(0);
     free(b);
 }
 
@@ -152,6 +154,7 @@ int main(int argc, char **argv)
     signal(SIGABRT, on_crash);
     signal(SIGSEGV, on_crash);
     signal(SIGBUS, on_crash);
+    signal(SIGALRM, on_crash);
     g_verbose = getenv("TG_FUZZ_VERBOSE") != NULL || argc >= 2;
     if (argc >= 2) {
         fuzz_fn fn = target(argv[1]);

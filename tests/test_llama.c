@@ -426,6 +426,89 @@ static void test_greedy_repeatable(void **state)
         }
 }
 
+/* ---- dumps ---- */
+
+/* Dumps at steps 0 and 2: one file per layer and stage plus the logits;
+ * the logits file hashes to the step's digest, and the step lines equal
+ * those of the same decode without dumps. */
+static void test_dumps(void **state)
+{
+    need(TG_LLAMA, "tg-llama");
+    need(LIB_X86, "x86-64 libllama");
+    need(MODEL, "shipped model");
+    char dir[] = "/tmp/tg-test-llama-dump-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    wproc w;
+    start_llama(&w, TG_LLAMA, LIB_X86, NULL);
+    json_t *m = load_model(&w, MODEL);
+    int n_layer = (int)json_integer_value(json_object_get(json_object_get(m, "model"), "n_layer"));
+    json_decref(m);
+    int32_t plain[3];
+    char plain_dig[3][17];
+    decode(&w, (int32_t[]){345, 926, 1361}, 3, 3, NULL, plain, plain_dig);
+
+    char req[1024];
+    snprintf(req, sizeof req, "{\"op\":\"decode\",\"prompt\":[345,926,1361],\"steps\":3,\"top_k\":4,"
+                              "\"dump\":{\"steps\":[0,2],\"path\":\"%s\"}}", dir);
+    wp_send(&w, req);
+    int files = 0, step = 0;
+    char logits_file[2][4096] = {"", ""};
+    for (;;) {
+        json_t *j = wp_read(&w);
+        if (!j) fail_msg("dump decode: no answer");
+        json_t *d = json_object_get(j, "dump");
+        if (d) {
+            const char *file = json_string_value(json_object_get(d, "file"));
+            const char *stage = json_string_value(json_object_get(d, "stage"));
+            int ds = (int)json_integer_value(json_object_get(d, "step"));
+            struct stat st;
+            if (stat(file, &st) != 0) fail_msg("dump file %s missing", file);
+            assert_int_equal((size_t)st.st_size, sizeof(float) * (size_t)json_integer_value(json_object_get(d, "n")));
+            if (strcmp(stage, "logits") == 0) snprintf(logits_file[ds == 2], sizeof logits_file[0], "%s", file);
+            files++;
+        } else if (json_object_get(j, "step")) {
+            assert_int_equal(json_integer_value(json_object_get(j, "token")), plain[step]);
+            assert_string_equal(json_string_value(json_object_get(j, "digest")), plain_dig[step]);
+            if (step == 0 || step == 2) {
+                /* the logits file is the step's full vector */
+                FILE *f = fopen(logits_file[step == 2], "rb");
+                assert_non_null(f);
+                float *x = malloc(sizeof *x * 8192);
+                size_t k = fread(x, sizeof *x, 8192, f);
+                fclose(f);
+                char dig[17];
+                tg_digest_logits(x, k, dig);
+                assert_string_equal(dig, plain_dig[step]);
+                free(x);
+            }
+            step++;
+        } else {
+            expect_ok(j, "dump decode done");
+            json_decref(j);
+            break;
+        }
+        json_decref(j);
+    }
+    /* 8 stages per layer and the logits, at two steps */
+    assert_int_equal(files, 2 * (n_layer * 8 + 1));
+    assert_int_equal(wp_stop(&w), 0);
+    char cmd_dir[64];
+    snprintf(cmd_dir, sizeof cmd_dir, "%s", dir);
+    /* clean up: the files are named s<step>-l<layer>-<stage>.f32 */
+    static const char *const stages[] = {"attn_norm", "q", "k", "v", "attn_out", "ffn_norm", "ffn_out", "residual"};
+    for (int s2 = 0; s2 <= 2; s2 += 2) {
+        char f[4096];
+        for (int l = 0; l < n_layer; l++)
+            for (int k = 0; k < 8; k++) {
+                snprintf(f, sizeof f, "%s/s%d-l%d-%s.f32", cmd_dir, s2, l, stages[k]);
+                unlink(f);
+            }
+        snprintf(f, sizeof f, "%s/s%d-lout-logits.f32", cmd_dir, s2);
+        unlink(f);
+    }
+    assert_int_equal(rmdir(cmd_dir), 0);
+}
+
 /* ---- chain of custody ---- */
 
 /* Path of the cached llama-completion, or "" when not built. */
@@ -526,7 +609,11 @@ static void test_custody_llama_completion(void **state)
         int status;
         char *theirs = capture(argv, &len, &status);
         if (status != 0) fail_msg("llama-completion exited with %d for prompt %d", status, p);
-        /* it may end its output with " [end of text]\n" after an EOG token */
+        /* its stdout: the generated text, " [end of text]\n" when it stopped
+         * at an EOG token, then "\n\n" (tools/completion/completion.cpp) */
+        if (len < 2 || strcmp(theirs + len - 2, "\n\n") != 0)
+            fail_msg("prompt %d: llama-completion's output does not end in \\n\\n: [%s]", p, theirs);
+        theirs[len -= 2] = 0;
         const char *eot = " [end of text]\n";
         if (len >= strlen(eot) && strcmp(theirs + len - strlen(eot), eot) == 0)
             theirs[len -= strlen(eot)] = 0;
@@ -624,6 +711,7 @@ int main(void)
         cmocka_unit_test(test_not_a_libllama),
         cmocka_unit_test(test_not_gguf_and_malformed),
         cmocka_unit_test(test_greedy_repeatable),
+        cmocka_unit_test(test_dumps),
         cmocka_unit_test(test_custody_llama_completion),
         cmocka_unit_test(test_aarch64_oracle),
     };

@@ -268,6 +268,10 @@ static void accept_model(const accept_cfg *cfg)
         printf("    cpu tier: largest top-16 logit difference %.5f (%s)\n", dcpu,
                dcpu <= tol ? "within" : "OUTSIDE");
         int miss = argmax_misses("cpu", &ll, &cpu, CPU_GAP_MIN);
+        // llama.cpp against itself under the same rule (information only)
+        int self_miss = argmax_misses("llama.cpp FA off", &ll, &ll_off, CPU_GAP_MIN);
+        printf("    llama.cpp FA off vs on: %d step(s) with another argmax at gap >= %.1f\n", self_miss,
+               CPU_GAP_MIN);
         if (dcpu > tol || miss) {
             printf("    FAIL: cpu tier on %s p%d\n", cfg->label, p + 1);
             fails++;
@@ -372,11 +376,11 @@ static int mkmodel(const char *preset, const char *type, char *out, size_t n)
     tg_err e;
     if (tg_sha256_file(tool, sha, &e) != 0)
         return -1;
-    char dir[4200];
+    char dir[4500];
     snprintf(dir, sizeof dir, "%s/models", g_cache);
     mkdir(g_cache, 0755);
     mkdir(dir, 0755);
-    snprintf(out, n, "%s/mk-%.16s-%s-%s-s1.gguf", dir, sha, preset, type);
+    snprintf(out, n, "%.4300s/mk-%.16s-%s-%s-s1.gguf", dir, sha, preset, type);
     if (file_exists(out))
         return 0;
     char *argv[] = {tool, "--preset", (char *)preset, "--type", (char *)type, "--seed", "1", "-o", out, NULL};
@@ -395,7 +399,7 @@ static void test_trained(void **state)
     snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
     if (!file_exists(path))
         skip();
-    accept_cfg c = {"trained Q4_K_M", path, 48, 3, 48, 1};
+    accept_cfg c = {"trained Q4_K_M", path, 48, 3, 24, 1};
     accept_model(&c);
 }
 
@@ -412,6 +416,9 @@ static void accept_mk(const char *preset, const char *type, int steps, int n_pro
     accept_cfg c = {label, path, steps, n_prompts, ref_steps, thr};
     accept_model(&c);
 }
+
+static void write_variant(const char *src, const char *dst, const char *arch, const char *drop,
+                          const char *retype);
 
 /* The trained model's weights as a Llama file (no q/k norms, normal rope):
  * meaningless as a language model, but llama.cpp and the engine must still
@@ -437,9 +444,9 @@ static void test_llama_arch(void **state)
     unlink(dst);
 }
 
-static void test_mk_tiny_f32(void **state) { (void)state; accept_mk("tiny", "f32", 16, 2, 16, 1); }
-static void test_mk_tiny_q8_0(void **state) { (void)state; accept_mk("tiny", "q8_0", 16, 2, 16, 1); }
-static void test_mk_tiny_q4_k_m(void **state) { (void)state; accept_mk("tiny", "q4_k_m", 16, 2, 16, 1); }
+static void test_mk_tiny_f32(void **state) { (void)state; accept_mk("tiny", "f32", 16, 2, 8, 0); }
+static void test_mk_tiny_q8_0(void **state) { (void)state; accept_mk("tiny", "q8_0", 16, 2, 8, 0); }
+static void test_mk_tiny_q4_k_m(void **state) { (void)state; accept_mk("tiny", "q4_k_m", 16, 2, 8, 1); }
 static void test_mk_06b_q4_k_m(void **state) { (void)state; accept_mk("0.6b", "q4_k_m", 16, 2, 2, 0); }
 
 /* --- loader and options ---------------------------------------------------- */

@@ -340,6 +340,35 @@ static void test_step_lines(void **state)
     free(out);
 }
 
+/* proto_step_top (device-selected top-k) writes the same line as proto_step. */
+static void test_step_top_same_line(void **state)
+{
+    float l[FAKE_VOCAB];
+    for (int i = 0; i < FAKE_VOCAB; i++) l[i] = (float)((i * 7) % 11) * 0.5f - 2.0f;
+    char *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    FILE *fa = open_memstream(&a, &la), *fb = open_memstream(&b, &lb);
+    proto_conn *ca = proto_conn_new(fa), *cb = proto_conn_new(fb);
+    int32_t force[2] = {9, 9};
+    proto_decode_req r = {.prompt = (int32_t[]){1}, .n_prompt = 1, .steps = 2, .top_k = 5,
+                          .force = force, .n_force = 2};
+    tg_top top[8];
+    int k = tg_topk(l, FAKE_VOCAB, 8, top);
+    char dig[17];
+    tg_digest_logits(l, FAKE_VOCAB, dig);
+    assert_int_equal(proto_step(ca, &r, 1, l, FAKE_VOCAB), 9);
+    assert_int_equal(proto_step_top(cb, &r, 1, top, k, dig), 9); /* k clamped to top_k */
+    fflush(fa);
+    fflush(fb);
+    assert_string_equal(a, b);
+    proto_conn_free(ca);
+    proto_conn_free(cb);
+    fclose(fa);
+    fclose(fb);
+    free(a);
+    free(b);
+}
+
 static void test_nonfinite_logits(void **state)
 {
     float l[4] = {NAN, -INFINITY, INFINITY, 1.0f};
@@ -537,6 +566,7 @@ int main(void)
         cmocka_unit_test_setup(test_validation_messages, setup),
         cmocka_unit_test_setup(test_unsupported_op, setup),
         cmocka_unit_test_setup(test_step_lines, setup),
+        cmocka_unit_test_setup(test_step_top_same_line, setup),
         cmocka_unit_test_setup(test_nonfinite_logits, setup),
         cmocka_unit_test_setup(test_decode_and_forcing, setup),
         cmocka_unit_test_setup(test_decode_error_after_steps, setup),

@@ -309,6 +309,27 @@ static void test_spec_sizes_checked(void **unused)
     }
 }
 
+/* A spec that is not UTF-8 is refused before libfyaml sees it (libfyaml
+ * loops forever on "%" followed by an invalid byte: found by fuzz_spec). */
+static void test_spec_invalid_utf8_refused(void **unused)
+{
+    (void)unused;
+    const char *bad[] = {"%\xff\n", "%a\x80", "name: x\nsteps: \xc0\xaf\n", "a: \xed\xa0\x80\n",
+                         "a: \xf4\x90\x80\x80\n", NULL};
+    for (int i = 0; bad[i]; i++) {
+        tg_err e;
+        tg_spec *s = spec_text(bad[i], &e);
+        assert_null(s);
+        if (!strstr(e.msg, "expected UTF-8 text")) {
+            print_message("input %d: %s\n", i, e.msg);
+            fail();
+        }
+    }
+    tg_err e;
+    assert_null(spec_text("name: x\nsteps: \xc0\xaf\n", &e));
+    assert_non_null(strstr(e.msg, ":2:8:"));
+}
+
 /* Hostile GGUF files (kept in the fuzz corpus): refused with a message. */
 static void test_gguf_sizes_checked(void **unused)
 {
@@ -436,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_no_shell_in_sources),
         cmocka_unit_test(test_spec_values_are_not_options),
         cmocka_unit_test(test_spec_sizes_checked),
+        cmocka_unit_test(test_spec_invalid_utf8_refused),
         cmocka_unit_test(test_gguf_sizes_checked),
         cmocka_unit_test(test_proto_sizes_checked),
         cmocka_unit_test(test_dump_size_checked),

@@ -53,7 +53,9 @@ HIP_FLAGS  := -std=c++17 -O3 -DTG_GPU_HIP $(HIP_ARCH) -I$(TOP)/engine $(DEP_INC)
               -Wall -Wextra -Wno-unused-parameter -Wno-unused-result
 HOST_CFLAGS := -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
                -Wno-missing-field-initializers -I$(TOP)/engine $(DEP_INC)
-CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+# the CUDA runtime linked statically: the binaries then need only the driver
+# (libcuda.so) on the machine that runs them, whatever toolkit it has
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -ldl
 HIP_LIBS   := -lamdhip64
 HOST_LIBS  := $(DEP_LIB) $(PKG_LIBS) -ldl -lm -lpthread -lstdc++
 

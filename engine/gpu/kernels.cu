@@ -304,6 +304,184 @@ static void launch_get_rows(cudaStream_t s, const void *W, int K, const int32_t 
     k_get_rows<T><<<grid, 128, 0, s>>>((const uint8_t *)W, row_bytes, nb, ids, y, K);
 }
 
+/* ---- mat-vec over 8-bit activations (single-token steps) ------------------
+ *
+ * The f32 mat-vec above spends about 5 instructions per weight (decode,
+ * convert, multiply-add): at one token it is instruction-bound far below the
+ * memory bandwidth. For Q4_K and Q6_K, a single-token step instead quantizes
+ * the activation vector once per thread block into shared memory, in blocks
+ * of 32 values as llama.cpp's CUDA backend does for its mat-vec (Q8_1:
+ * d = max|x| / 127, q = round(x / d), plus the block's sum of q), and takes
+ * the dot products on 4 bytes at a time (dp4a) over the raw 4- and 6-bit
+ * weight codes; scales and mins are applied per sub-block in f32. Each warp
+ * serves rpw consecutive rows. TG_GPU_MMVQ=0 in the environment keeps the
+ * f32 kernel (the ref-tier yardstick figures of docs/gpu.md were measured
+ * both ways). */
+
+#define MV_WARPS 8
+#define MV_MAX_K 32768   /* shared memory: K bytes + K/32 * 8 */
+
+__device__ __forceinline__ int dot4(int a, int b, int c)
+{
+#ifdef TG_GPU_HIP
+#pragma unroll
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+#else
+    return __dp4a(a, b, c);
+#endif
+}
+
+/* Bytes 0..63 minus 32 each, as signed bytes. */
+__device__ __forceinline__ int sub32x4(int v)
+{
+#ifdef TG_GPU_HIP
+    int r = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) r |= ((((v >> (8 * i)) & 0xFF) - 32) & 0xFF) << (8 * i);
+    return r;
+#else
+    return (int)__vsub4((unsigned)v, 0x20202020u);
+#endif
+}
+
+/* Q4_K part p (as tr_q4_K: 16 bytes of qs, 16 values of sub-blocks 2g and
+ * 2g+1 each) against the block's quantized activations xq (256), their
+ * scales xd (8) and sums xs (8). The min term of a whole sub-block is added
+ * by the part with hh == 0. */
+__device__ __forceinline__ float mv_dot_q4_K(const uint8_t *b, int p, const int8_t *xq, const float *xd,
+                                             const float *xs)
+{
+    const int g = p >> 1, hh = p & 1;
+    const float d = h2f(*(const uint16_t *)b), dmin = h2f(*(const uint16_t *)(b + 2));
+    float sc0, m0, sc1, m1;
+    scale_min_k4(2 * g, b + 4, &sc0, &m0);
+    scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+    const uint4 q4 = *(const uint4 *)(b + 16 + 32 * g + 16 * hh);
+    const int4 xl = *(const int4 *)(xq + 64 * g + 16 * hh);
+    const int4 xh = *(const int4 *)(xq + 64 * g + 32 + 16 * hh);
+    int dl = 0, dh = 0;
+    dl = dot4((int)(q4.x & 0x0F0F0F0Fu), xl.x, dl);
+    dl = dot4((int)(q4.y & 0x0F0F0F0Fu), xl.y, dl);
+    dl = dot4((int)(q4.z & 0x0F0F0F0Fu), xl.z, dl);
+    dl = dot4((int)(q4.w & 0x0F0F0F0Fu), xl.w, dl);
+    dh = dot4((int)((q4.x >> 4) & 0x0F0F0F0Fu), xh.x, dh);
+    dh = dot4((int)((q4.y >> 4) & 0x0F0F0F0Fu), xh.y, dh);
+    dh = dot4((int)((q4.z >> 4) & 0x0F0F0F0Fu), xh.z, dh);
+    dh = dot4((int)((q4.w >> 4) & 0x0F0F0F0Fu), xh.w, dh);
+    const float x0 = xd[2 * g], x1 = xd[2 * g + 1];
+    float r = x0 * (d * sc0) * (float)dl + x1 * (d * sc1) * (float)dh;
+    if (hh == 0) r -= x0 * (dmin * m0) * xs[2 * g] + x1 * (dmin * m1) * xs[2 * g + 1];
+    return r;
+}
+
+/* Q6_K part p (as tr_q6_K: 4 runs of 4 values, run r in activation block
+ * 4h + r). */
+__device__ __forceinline__ float mv_dot_q6_K(const uint8_t *b, int p, const int8_t *xq, const float *xd,
+                                             const float *xs)
+{
+    const int h = p >> 3, l0 = 4 * (p & 7);
+    const uint16_t *ql0 = (const uint16_t *)(b + 64 * h + l0);
+    const uint16_t *ql1 = (const uint16_t *)(b + 64 * h + l0 + 32);
+    const uint16_t *qh = (const uint16_t *)(b + 128 + 32 * h + l0);
+    const uint32_t L0 = ql0[0] | ((uint32_t)ql0[1] << 16);
+    const uint32_t L1 = ql1[0] | ((uint32_t)ql1[1] << 16);
+    const uint32_t H = qh[0] | ((uint32_t)qh[1] << 16);
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + l0 / 16);
+    const float d = h2f(*(const uint16_t *)(b + 208));
+    const int8_t *xb = xq + 128 * h + l0;
+    const int v0 = sub32x4((int)((L0 & 0x0F0F0F0Fu) | ((H & 0x03030303u) << 4)));
+    const int v1 = sub32x4((int)((L1 & 0x0F0F0F0Fu) | (((H >> 2) & 0x03030303u) << 4)));
+    const int v2 = sub32x4((int)(((L0 >> 4) & 0x0F0F0F0Fu) | (((H >> 4) & 0x03030303u) << 4)));
+    const int v3 = sub32x4((int)(((L1 >> 4) & 0x0F0F0F0Fu) | (((H >> 6) & 0x03030303u) << 4)));
+    const int s0 = dot4(v0, *(const int *)(xb), 0);
+    const int s1 = dot4(v1, *(const int *)(xb + 32), 0);
+    const int s2 = dot4(v2, *(const int *)(xb + 64), 0);
+    const int s3 = dot4(v3, *(const int *)(xb + 96), 0);
+    const float *xdb = xd + 4 * h;
+    (void)xs;
+    return d * ((float)sc[0] * xdb[0] * (float)s0 + (float)sc[2] * xdb[1] * (float)s1 +
+                (float)sc[4] * xdb[2] * (float)s2 + (float)sc[6] * xdb[3] * (float)s3);
+}
+
+/* y[row] = dot(W row, x) for the rows of this block; x: K f32 values, K a
+ * multiple of 256. Shared memory: K quantized bytes, K/32 scales, K/32 sums. */
+template <int TYPE>
+__global__ void __launch_bounds__(MV_WARPS * TG_WARP)
+k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__restrict__ x, int K,
+        float *__restrict__ y, int nrows, int rpw)
+{
+    extern __shared__ __align__(16) uint8_t mv_sm[];
+    int8_t *xq = (int8_t *)mv_sm;
+    float *xd = (float *)(mv_sm + K);
+    float *xs = xd + K / 32;
+    const int lane = threadIdx.x % TG_WARP, warp = threadIdx.x / TG_WARP;
+    for (int qb = warp; qb < K / 32; qb += MV_WARPS) {
+        const float v = x[qb * 32 + lane];
+        const float amax = warp_max(fabsf(v));
+        const float d = amax / 127.0f;
+        const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
+        xq[qb * 32 + lane] = (int8_t)q;
+        const float sq = warp_sum((float)q);   /* integers below 2^24: exact */
+        if (lane == 0) {
+            xd[qb] = d;
+            xs[qb] = sq;
+        }
+    }
+    __syncthreads();
+    constexpr int PARTS = TYPE == TG_TYPE_Q4_K ? tr_q4_K::PARTS : tr_q6_K::PARTS;
+    constexpr int BYTES = TYPE == TG_TYPE_Q4_K ? tr_q4_K::BYTES : tr_q6_K::BYTES;
+    const int row0 = (blockIdx.x * MV_WARPS + warp) * rpw;
+    const int nparts = nb * PARTS;
+    for (int j = 0; j < rpw; j++) {
+        const int row = row0 + j;
+        if (row >= nrows) break;
+        const uint8_t *wr = W + (size_t)row * row_bytes;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int p = lane; p < nparts; p += TG_WARP) {
+            const int ib = p / PARTS, part = p % PARTS;
+            const uint8_t *b = wr + (size_t)ib * BYTES;
+            if (TYPE == TG_TYPE_Q4_K) acc += mv_dot_q4_K(b, part, xq + ib * QK_K, xd + ib * 8, xs + ib * 8);
+            else acc += mv_dot_q6_K(b, part, xq + ib * QK_K, xd + ib * 8, xs + ib * 8);
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[row] = acc;
+    }
+}
+
+static int mv_q8_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *s = getenv("TG_GPU_MMVQ");
+        on = !(s && s[0] == '0');
+    }
+    return on;
+}
+
+int gk_matmul_q8(uint32_t type, int K, int ncols)
+{
+    return ncols == 1 && (type == TG_TYPE_Q4_K || type == TG_TYPE_Q6_K) && K > 0 && K % QK_K == 0 &&
+           K <= MV_MAX_K && mv_q8_enabled();
+}
+
+static void launch_mv_q8(cudaStream_t s, uint32_t type, const void *W, int nrows, int K, const float *x, float *y)
+{
+    const int nb = K / QK_K;
+    int rpw = nrows / 2048;   /* a few waves of blocks over ~130 SMs, more rows per warp on big matrices */
+    if (rpw < 1) rpw = 1;
+    if (rpw > 4) rpw = 4;
+    const int grid = (nrows + MV_WARPS * rpw - 1) / (MV_WARPS * rpw);
+    const size_t smem = (size_t)K + (size_t)(K / 32) * 2 * sizeof(float);
+    if (type == TG_TYPE_Q4_K)
+        k_mv_q8<TG_TYPE_Q4_K><<<grid, MV_WARPS * TG_WARP, smem, s>>>(
+            (const uint8_t *)W, (size_t)nb * sizeof(block_q4_K), nb, x, K, y, nrows, rpw);
+    else
+        k_mv_q8<TG_TYPE_Q6_K><<<grid, MV_WARPS * TG_WARP, smem, s>>>(
+            (const uint8_t *)W, (size_t)nb * sizeof(block_q6_K), nb, x, K, y, nrows, rpw);
+}
+
 /* The per-type table: block size and the two launchers. */
 typedef void (*mm_fn)(cudaStream_t, const void *, int, int, const float *, int, float *);
 typedef void (*rows_fn)(cudaStream_t, const void *, int, const int32_t *, int, float *);
@@ -343,7 +521,8 @@ int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
     if (K <= 0 || K % t->qk || K % 8 || nrows <= 0 || ncols <= 0)
         return tg_errf(e, "gpu matmul: shape K=%d nrows=%d ncols=%d: expected K a multiple of %d and 8",
                        K, nrows, ncols, t->qk);
-    t->mm(s, W, nrows, K, x, ncols, y);
+    if (gk_matmul_q8(type, K, ncols)) launch_mv_q8(s, type, W, nrows, K, x, y);
+    else t->mm(s, W, nrows, K, x, ncols, y);
     GPU_CHECK_LAUNCH(e, "matmul");
     return 0;
 }

@@ -33,6 +33,12 @@ int gk_type_supported(uint32_t type);
 int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
               const float *x, int ncols, float *y, tg_err *e);
 
+/* Whether gk_matmul quantizes x to 8 bits for this call (single-token Q4_K
+ * and Q6_K mat-vecs, unless TG_GPU_MMVQ=0): then, per 32 values of x,
+ * d = max|x| / 127 (f32 division), q = round-half-even(x / d) (0 when d is
+ * 0), and y is the dot product with x' = d * q, up to f32 rounding. */
+int gk_matmul_q8(uint32_t type, int K, int ncols);
+
 /* y[t] = row ids[t] of W, dequantized. W: [K, nrows]; ids: n device ints,
  * each < nrows (not checked on the device: the caller checks on the host);
  * y: [n][K] f32. */

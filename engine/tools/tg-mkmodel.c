@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,8 @@ typedef struct gen {
     float *row;            /* scratch of ne[0] floats */
 } gen;
 
+static int n_threads = 0;  /* --threads (0: all CPUs): rows of a chunk are generated side by side */
+
 /* ------------------------------------------------------------- randomness */
 
 static uint64_t splitmix64(uint64_t *s)
@@ -125,7 +128,40 @@ static uint64_t fnv1a(const char *s)
     return h;
 }
 
-/* Fills rows [row0, row0+n) of g's tensor, quantized, into dst. */
+/* Rows [r0, r1) of a chunk starting at row0, quantized into dst, with row
+ * as scratch. Each row depends only on (seed, name, row), so any split of
+ * the rows among threads writes the same bytes. */
+static void gen_rows(const gen *g, const tg_type_traits *tt, size_t row_bytes, uint64_t row0, uint64_t r0,
+                     uint64_t r1, void *dst, float *row)
+{
+    for (uint64_t r = r0; r < r1; r++) {
+        uint64_t s = g->key ^ ((row0 + r + 1) * 0xd1b54a32d192ed03ull);
+        splitmix64(&s);
+        double sd = g->sd;
+        if (g->row_scaled) sd *= 1.0 + OUT_ROW_SD * gauss(&s); /* rows differ in scale: some tokens likelier */
+        for (uint64_t i = 0; i < g->ne[0]; i++) row[i] = (float)(g->mean + sd * gauss(&s));
+        tt->from_float(row, (uint8_t *)dst + r * row_bytes, (int64_t)g->ne[0]);
+    }
+}
+
+typedef struct gen_job {
+    const gen *g;
+    const tg_type_traits *tt;
+    size_t row_bytes;
+    uint64_t row0, r0, r1;
+    void *dst;
+    float *row;
+} gen_job;
+
+static void *gen_job_run(void *arg)
+{
+    gen_job *j = arg;
+    gen_rows(j->g, j->tt, j->row_bytes, j->row0, j->r0, j->r1, j->dst, j->row);
+    return NULL;
+}
+
+/* Fills rows [row0, row0+n) of g's tensor, quantized, into dst, on up to
+ * n_threads threads. Returns 0, or -1 with e (no quantizer, out of memory). */
 static int gen_fill(void *user, uint64_t row0, uint64_t n_rows, void *dst, tg_err *e)
 {
     gen *g = user;
@@ -133,15 +169,33 @@ static int gen_fill(void *user, uint64_t row0, uint64_t n_rows, void *dst, tg_er
     size_t row_bytes = tg_row_size(g->type, (int64_t)g->ne[0]);
     if (!tt || !tt->from_float || row_bytes == 0)
         return tg_errf(e, "no quantizer for type %s", tg_type_name(g->type));
-    for (uint64_t r = 0; r < n_rows; r++) {
-        uint64_t s = g->key ^ ((row0 + r + 1) * 0xd1b54a32d192ed03ull);
-        splitmix64(&s);
-        double sd = g->sd;
-        if (g->row_scaled) sd *= 1.0 + OUT_ROW_SD * gauss(&s); /* rows differ in scale: some tokens likelier */
-        for (uint64_t i = 0; i < g->ne[0]; i++) g->row[i] = (float)(g->mean + sd * gauss(&s));
-        tt->from_float(g->row, (uint8_t *)dst + r * row_bytes, (int64_t)g->ne[0]);
+    uint64_t nt = (uint64_t)n_threads;
+    if (nt > n_rows / 4) nt = n_rows / 4;   /* a few rows per thread at least */
+    if (nt <= 1) {
+        gen_rows(g, tt, row_bytes, row0, 0, n_rows, dst, g->row);
+        return 0;
     }
-    return 0;
+    gen_job jobs[256];
+    pthread_t th[256];
+    int started[256] = {0};
+    if (nt > 256) nt = 256;
+    int rc = 0;
+    for (uint64_t t = 0; t < nt; t++) {
+        jobs[t] = (gen_job){g, tt, row_bytes, row0, n_rows * t / nt, n_rows * (t + 1) / nt, dst, NULL};
+        jobs[t].row = t == 0 ? g->row : malloc(g->ne[0] * sizeof(float));
+        if (!jobs[t].row) {
+            rc = tg_errf(e, "out of memory (row scratch of thread %d)", (int)t);
+            break;
+        }
+        if (t > 0 && pthread_create(&th[t], NULL, gen_job_run, &jobs[t]) == 0) started[t] = 1;
+        else if (t > 0) gen_job_run(&jobs[t]);   /* no thread: do it here */
+    }
+    if (rc == 0) gen_job_run(&jobs[0]);
+    for (uint64_t t = 1; t < nt; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        free(jobs[t].row);
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------- the recipe */
@@ -194,6 +248,8 @@ static void usage(FILE *f)
         "  --tokenizer P   HF tokenizer.json (default: $TG_CACHE or ./.cache,\n"
         "                  npm/tokenizer-qwen3/models/tokenizer.json)\n"
         "  --tied|--untied output projection shares token_embd or not\n"
+        "  --threads N     generate and quantize on N threads (default: all CPUs, at\n"
+        "                  most 64); the bytes do not depend on N\n"
         "  --n-embd N --n-layer N --n-head N --n-head-kv N --head-dim N --n-ff N\n"
         "  --n-vocab N     vocab size padded to (default 151936)\n"
         "  --ctx N         qwen3.context_length\n"
@@ -246,6 +302,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
         else if (!strcmp(a, "--tokenizer")) tok = v;
         else if (!strcmp(a, "--name")) name = v;
+        else if (!strcmp(a, "--threads")) {
+            int64_t t;
+            if (parse_pos(a, v, &t)) return 2;
+            n_threads = t > 256 ? 256 : (int)t;
+        }
         else if (!strcmp(a, "--seed")) {
             char *end;
             errno = 0;
@@ -275,6 +336,10 @@ int main(int argc, char **argv)
             }
             i++;
         }
+    }
+    if (n_threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = nc < 1 ? 1 : nc > 64 ? 64 : (int)nc;
     }
     if (!preset_name || !type_name || !out) {
         fprintf(stderr, "tg-mkmodel: --preset, --type and -o are required (see --help)\n");

@@ -9,9 +9,11 @@
  * n_batch, n_ctx, perturb "bf16:STAGE:LAYER", see engine/model.h) and
  * answers its hyperparameters; tokenize / detokenize use the file's own
  * vocabulary (engine/tokenizer.h); decode runs the prompt and the steps on
- * the chosen tier with teacher forcing, dumps and op counters. --tier gpu is
- * accepted on the command line but every load answers that the GPU arm is
- * not part of this build. Log lines go to stderr.
+ * the chosen tier with teacher forcing, dumps and op counters. --tier gpu
+ * runs the GPU arm (engine/gpu/gpu.h) when this binary was built by `make
+ * gpu` or `make hip` (TG_WITH_GPU): the forward pass, top-k and digest run on
+ * the device; in any other build every load with --tier gpu answers that
+ * the GPU arm is not part of this build. Log lines go to stderr.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,9 @@
 #include "quant.h"
 #include "tokenizer.h"
 #include "util.h"
+#ifdef TG_WITH_GPU
+#include "gpu/gpu.h"
+#endif
 
 #define TG_ENGINE_VERSION "tg-engine 0.1 (protocol 1)"
 
@@ -33,12 +38,24 @@ typedef struct worker {
     tg_model *model;          /* loaded model, or NULL */
     tg_tokenizer *tok;
     tg_session *sess;
+#ifdef TG_WITH_GPU
+    tg_gpu *gpu;              /* --tier gpu: the device arm (then sess is NULL) */
+    tg_top *gtop;             /* (TG_GPU_TOPK_MAX) top-k answers of the device */
+#endif
     double ms_load;
 } worker;
+
+#ifdef TG_WITH_GPU
+#define TG_GPU_TOPK_MAX 256   /* tg_gpu_eval's top_k limit (gpu.h) */
+#endif
 
 static void unload(worker *w)
 {
     tg_session_free(w->sess);
+#ifdef TG_WITH_GPU
+    tg_gpu_free(w->gpu);
+    w->gpu = NULL;
+#endif
     tg_tokenizer_free(w->tok);
     tg_model_free(w->model);
     w->sess = NULL;
@@ -56,6 +73,13 @@ static int on_hello(void *ud, json_t *arm, tg_err *e)
     worker *w = ud;
     char dev[128], sha[65];
     tg_tier_device(w->tier, w->threads, dev, sizeof dev);
+#ifdef TG_WITH_GPU
+    if (w->tier == TG_TIER_GPU) {
+        tg_err pe = {{0}};
+        if (tg_gpu_probe(0, dev, sizeof dev, &pe) != 0)
+            snprintf(dev, sizeof dev, "gpu: none usable (%.96s)", pe.msg);
+    }
+#endif
     if (tg_sha256_file("/proc/self/exe", sha, e) != 0)
         return -1;
     json_object_set_new(arm, "kind", json_string("engine"));
@@ -72,9 +96,12 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     worker *w = ud;
     static const char *const known[] = {"threads", "kv_type", "n_batch", "n_ctx", "perturb", NULL};
     static const char *const kv_types[] = {"f16", "f32", NULL};
+#ifndef TG_WITH_GPU
     if (w->tier == TG_TIER_GPU)
         return tg_errf(e, "tier gpu: the GPU arm is not part of this build of tg-engine "
-                       "(use --tier cpu or --tier ref)");
+                       "(build it with `make gpu` (CUDA) or `make hip` (ROCm), "
+                       "or use --tier cpu or --tier ref)");
+#endif
     tg_opts o = tg_opts_default();
     o.tier = w->tier;
     o.threads = w->threads;
@@ -99,12 +126,44 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     double t0 = tg_now();
     if (tg_model_load(&w->model, path, e) != 0)
         return -1;
+#ifdef TG_WITH_GPU
+    if (w->tier == TG_TIER_GPU) {
+        if (o.perturb_layer >= 0) {
+            unload(w);
+            return tg_errf(e, "option 'perturb': not available on the gpu tier (use cpu or ref)");
+        }
+        tg_gpu_opts go = tg_gpu_opts_default();
+        go.kv_f32 = o.kv_f32;
+        if (json_object_get(options, "n_ctx")) go.n_ctx = o.n_ctx;
+        if (json_object_get(options, "n_batch")) go.n_batch = o.n_batch;
+        if (!w->gtop && !(w->gtop = malloc(sizeof *w->gtop * TG_GPU_TOPK_MAX))) {
+            unload(w);
+            return tg_errf(e, "out of memory");
+        }
+        if (tg_tokenizer_from_gguf(&w->tok, w->model->g, e) != 0 || tg_gpu_new(&w->gpu, w->model, &go, e) != 0) {
+            unload(w);
+            return -1;
+        }
+    } else
+#endif
     if (tg_tokenizer_from_gguf(&w->tok, w->model->g, e) != 0 ||
         tg_session_new(&w->sess, w->model, &o, e) != 0) {
         unload(w);
         return -1;
     }
     w->ms_load = (tg_now() - t0) * 1e3;
+    const char *devname = NULL;
+    int n_ctx = 0;
+#ifdef TG_WITH_GPU
+    if (w->gpu) {
+        devname = tg_gpu_device(w->gpu);
+        n_ctx = tg_gpu_n_ctx(w->gpu);
+    }
+#endif
+    if (!devname) {
+        devname = tg_session_device(w->sess);
+        n_ctx = tg_session_n_ctx(w->sess);
+    }
 
     const tg_hparams *hp = &w->model->hp;
     json_object_set_new(out, "arch", json_string(hp->arch_name));
@@ -116,16 +175,16 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     json_object_set_new(out, "head_dim", json_integer(hp->head_dim));
     json_object_set_new(out, "n_ff", json_integer(hp->n_ff));
     json_object_set_new(out, "n_ctx_train", json_integer(hp->n_ctx_train));
-    json_object_set_new(out, "n_ctx", json_integer(tg_session_n_ctx(w->sess)));
+    json_object_set_new(out, "n_ctx", json_integer(n_ctx));
     json_object_set_new(out, "rope_base", json_real(hp->rope_base));
     json_object_set_new(out, "file_type", json_integer(hp->file_type));
     json_object_set_new(out, "tied", json_boolean(hp->tied));
     json_object_set_new(out, "tier", json_string(tg_tier_name(w->tier)));
-    json_object_set_new(out, "device", json_string(tg_session_device(w->sess)));
+    json_object_set_new(out, "device", json_string(devname));
     json_object_set_new(out, "kv_type", json_string(w->tier == TG_TIER_REF || o.kv_f32 ? "f32" : "f16"));
     json_object_set_new(out, "ms_load", json_real(w->ms_load));
     fprintf(stderr, "tg-engine: loaded %s (%s, %d layers, %d vocab) on %s in %.0f ms\n", path, hp->arch_name,
-            hp->n_layer, hp->n_vocab, tg_session_device(w->sess), w->ms_load);
+            hp->n_layer, hp->n_vocab, devname, w->ms_load);
     return 0;
 }
 
@@ -167,6 +226,86 @@ static void add_counter(const char *name, uint64_t count, void *ud)
     json_object_set_new((json_t *)ud, name, json_integer((json_int_t)count));
 }
 
+/* The op counters of a finished decode into the done line's object. */
+static json_t *counters_json(tg_ops *ops, enum tg_tier tier)
+{
+    json_t *ctr = json_object(), *o = json_object();
+    tg_ops_foreach(ops, add_counter, o);
+    json_object_set_new(ctr, "device_ops", json_integer((json_int_t)tg_ops_device(ops)));
+    json_object_set_new(ctr, "host_ops", json_integer((json_int_t)tg_ops_host(ops)));
+    json_object_set_new(ctr, "reference_tier_hits", json_integer((json_int_t)tg_ops_ref_hits(ops, tier)));
+    json_object_set_new(ctr, "ops", o);
+    return ctr;
+}
+
+#ifdef TG_WITH_GPU
+/* One device eval of n tokens and its step line. The top-k and the digest
+ * come from the device when top_k fits its limit; otherwise the logits are
+ * copied and proto_step selects on the host (selection and digest are not
+ * ops of the model, so this is no host fallback). Returns 0 and *next (the
+ * token to append), or -1 with e. */
+static int gpu_eval_step(worker *w, const proto_decode_req *req, proto_conn *c, int st, const int32_t *tok,
+                         int n, int32_t *next, tg_err *e)
+{
+    const int n_vocab = w->model->hp.n_vocab;
+    const int lim = n_vocab < TG_GPU_TOPK_MAX ? n_vocab : TG_GPU_TOPK_MAX;
+    if (req->top_k <= lim) {
+        char dig[17];
+        if (tg_gpu_eval(w->gpu, tok, n, req->top_k, w->gtop, dig, e) != 0)
+            return -1;
+        *next = proto_step_top(c, req, st, w->gtop, req->top_k, dig);
+        return 0;
+    }
+    float *lg = malloc(sizeof *lg * (size_t)n_vocab);
+    if (!lg)
+        return tg_errf(e, "out of memory (%d logits)", n_vocab);
+    int rc = tg_gpu_eval(w->gpu, tok, n, 0, NULL, NULL, e);
+    if (rc == 0)
+        rc = tg_gpu_logits(w->gpu, lg, e);
+    if (rc == 0)
+        *next = proto_step(c, req, st, lg, n_vocab);
+    free(lg);
+    return rc;
+}
+
+/* decode on the GPU arm: the same protocol as the host tiers. */
+static int gpu_decode(worker *w, const proto_decode_req *req, proto_conn *c, proto_done *done, tg_err *e)
+{
+    int need = req->n_prompt + req->steps - 1;
+    if (need > tg_gpu_n_ctx(w->gpu))
+        return tg_errf(e, "prompt (%d) + steps (%d) need %d positions, the context holds %d (option n_ctx)",
+                       req->n_prompt, req->steps, need, tg_gpu_n_ctx(w->gpu));
+    tg_gpu *g = w->gpu;
+    tg_gpu_reset(g);
+    tg_ops *ops = tg_gpu_ops(g);
+    tg_ops_clear(ops);
+    dump_ctx dc = {c, req, 0};
+    int rc = -1;
+    int32_t next;
+    double t0 = tg_now(), t1 = t0;
+    tg_gpu_set_dump(g, proto_wants_dump(req, 0) ? dump_hook : NULL, &dc);
+    if (gpu_eval_step(w, req, c, 0, req->prompt, req->n_prompt, &next, e) != 0)
+        goto out;
+    t1 = tg_now();
+    for (int st = 1; st < req->steps; st++) {
+        dc.step = st;
+        tg_gpu_set_dump(g, proto_wants_dump(req, st) ? dump_hook : NULL, &dc);
+        if (gpu_eval_step(w, req, c, st, &next, 1, &next, e) != 0) {
+            tg_err_prefix(e, "step %d", st);
+            goto out;
+        }
+    }
+    /* the prefill's time includes step 0's selection, as the host tiers' does not: under 1 ms */
+    done->ms_prefill = (t1 - t0) * 1e3;
+    done->ms_decode = (tg_now() - t1) * 1e3;
+    done->counters = counters_json(ops, TG_TIER_GPU);
+    rc = 0;
+out:
+    tg_gpu_set_dump(g, NULL, NULL);
+    return rc;
+}
+#endif
+
 static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto_done *done, tg_err *e)
 {
     worker *w = ud;
@@ -176,6 +315,10 @@ static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto
     if (proto_check_ids(req->prompt, req->n_prompt, n_vocab, "prompt", e) ||
         (req->force && proto_check_ids(req->force, req->n_force, n_vocab, "force", e)))
         return -1;
+#ifdef TG_WITH_GPU
+    if (w->gpu)
+        return gpu_decode(w, req, c, done, e);
+#endif
     int need = req->n_prompt + req->steps - 1;
     if (need > tg_session_n_ctx(w->sess))
         return tg_errf(e, "prompt (%d) + steps (%d) need %d positions, the context holds %d (option n_ctx)",
@@ -207,14 +350,7 @@ static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto
     double t2 = tg_now();
     done->ms_prefill = (t1 - t0) * 1e3;
     done->ms_decode = (t2 - t1) * 1e3;
-    json_t *ctr = json_object(), *o = json_object();
-    tg_ops_foreach(ops, add_counter, o);
-    json_object_set_new(ctr, "device_ops", json_integer((json_int_t)tg_ops_device(ops)));
-    json_object_set_new(ctr, "host_ops", json_integer((json_int_t)tg_ops_host(ops)));
-    json_object_set_new(ctr, "reference_tier_hits",
-                        json_integer((json_int_t)tg_ops_ref_hits(ops, w->tier)));
-    json_object_set_new(ctr, "ops", o);
-    done->counters = ctr;
+    done->counters = counters_json(ops, w->tier);
     rc = 0;
 out:
     tg_session_set_dump(s, NULL, NULL);
@@ -225,7 +361,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: tg-engine --tier ref|cpu|gpu [--threads N]\n"
                "  An arm worker over tokgate's engine: arm protocol v1 (JSON lines) on stdin/stdout.\n"
-               "  --tier     ref (portable reference), cpu (SIMD + threads) or gpu (not in this build)\n"
+               "  --tier     ref (portable reference), cpu (SIMD + threads) or gpu (builds of make gpu/hip)\n"
                "  --threads  cpu tier threads (default: all CPUs; a load option overrides it)\n");
 }
 
@@ -268,5 +404,8 @@ int main(int argc, char **argv)
                      .detokenize = on_detokenize, .decode = on_decode};
     int rc = proto_serve(stdin, stdout, &ops);
     unload(&w);
+#ifdef TG_WITH_GPU
+    free(w.gtop);
+#endif
     return rc == 0 ? 0 : 1;
 }

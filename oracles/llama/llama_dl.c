@@ -164,6 +164,7 @@ static const sym_spec SYMS[] = {
     REQ(ggml_backend_dev_name, "ggml_backend_dev_name"),
     REQ(ggml_backend_dev_description, "ggml_backend_dev_description"),
     REQ(ggml_backend_dev_type, "ggml_backend_dev_type"),
+    REQ(ggml_backend_tensor_get, "ggml_backend_tensor_get"),
     OPT(ggml_version, "ggml_version"),
     OPT(ggml_commit, "ggml_commit"),
 };

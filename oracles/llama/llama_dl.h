@@ -114,6 +114,8 @@ typedef struct llama_dl {
     const char *(*ggml_backend_dev_name)(ggml_backend_dev_t d);
     const char *(*ggml_backend_dev_description)(ggml_backend_dev_t d);
     enum ggml_backend_dev_type (*ggml_backend_dev_type)(ggml_backend_dev_t d);
+    void (*ggml_backend_tensor_get)(const struct ggml_tensor *t, void *data, size_t offset,
+                                    size_t size);
     const char *(*ggml_version)(void);            /* optional */
     const char *(*ggml_commit)(void);             /* optional */
 } llama_dl;

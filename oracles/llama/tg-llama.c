@@ -9,7 +9,9 @@
  * raw logits: the prompt is prefilled in batches of at most n_batch tokens,
  * then one token per step; under teacher forcing the forced token is
  * appended instead of the argmax. The KV cache is cleared before every
- * decode, so decodes are independent of each other.
+ * decode, so decodes are independent of each other. A decode with dumps
+ * runs on a second context that carries an eval callback and writes the
+ * engine's per-layer stages from llama.cpp's named graph tensors.
  *
  * Faults are answers, not crashes: a library that cannot be opened makes
  * hello and load answer ok:false with the reason (the worker stays up), a
@@ -39,7 +41,110 @@ typedef struct worker {
     int n_batch;
     struct llama_batch batch;        /* (n_batch) tokens, allocated with ctx */
     int have_batch;
+    struct llama_context_params cparams; /* of ctx, for the dump context */
+    struct llama_context *dctx;      /* a context with the eval callback, made at
+                                        the first dump request (NULL before) */
+    struct dump_state *dump;         /* owned; what the eval callback fills */
 } worker;
+
+/* Layer dumps. llama.cpp names its intermediate tensors "<name>-<layer>";
+ * the eval callback copies the last token's row of those that match an
+ * engine stage (engine/model.h) into per-(layer, stage) buffers, and after
+ * the decode call the buffers are written with proto_dump. The names are
+ * those of llama.cpp's Qwen3/Llama graphs; "attn_out" has no name there and
+ * is recognised as the matmul with blk.N.attn_output.weight. A tensor seen
+ * twice under one name (Qcur before and after rope) keeps its last value,
+ * which is the one the stage means. */
+enum { ST_ATTN_NORM, ST_Q, ST_K, ST_V, ST_ATTN_OUT, ST_FFN_NORM, ST_FFN_OUT, ST_RESIDUAL, ST_COUNT };
+static const char *const STAGE_NAME[ST_COUNT] = {"attn_norm", "q", "k", "v", "attn_out",
+                                                 "ffn_norm", "ffn_out", "residual"};
+static const char *const STAGE_LLAMA[ST_COUNT] = {"attn_norm", "Qcur", "Kcur", "Vcur", NULL,
+                                                  "ffn_norm", "ffn_out", "l_out"};
+
+typedef struct dump_state {
+    llama_dl *dl;
+    int active;         /* capture during this decode call */
+    int n_layer;
+    float **x;          /* (n_layer * ST_COUNT) captured rows, or NULL */
+    size_t *n;          /* (n_layer * ST_COUNT) their lengths */
+    size_t *cap;
+    int skipped;        /* tensors not captured (not f32 / not contiguous) */
+} dump_state;
+
+static void dump_state_free(dump_state *d)
+{
+    if (!d) return;
+    for (int i = 0; i < d->n_layer * ST_COUNT; i++) free(d->x[i]);
+    free(d->x);
+    free(d->n);
+    free(d->cap);
+    free(d);
+}
+
+/* The (layer, stage) of a graph tensor, or -1. */
+static int classify(const struct ggml_tensor *t, int n_layer, int *layer)
+{
+    const char *name = t->name;
+    const char *dash = strrchr(name, '-');
+    if (t->op == GGML_OP_MUL_MAT && t->src[0]) {
+        int l;
+        char tail[64];
+        if (sscanf(t->src[0]->name, "blk.%d.%63s", &l, tail) == 2 &&
+            strcmp(tail, "attn_output.weight") == 0 && l >= 0 && l < n_layer) {
+            *layer = l;
+            return ST_ATTN_OUT;
+        }
+    }
+    if (!dash || dash == name) return -1;
+    char *end;
+    long l = strtol(dash + 1, &end, 10);
+    if (*end || end == dash + 1 || l < 0 || l >= n_layer) return -1;
+    size_t k = (size_t)(dash - name);
+    for (int st = 0; st < ST_COUNT; st++)
+        if (STAGE_LLAMA[st] && strlen(STAGE_LLAMA[st]) == k && strncmp(name, STAGE_LLAMA[st], k) == 0) {
+            *layer = (int)l;
+            return st;
+        }
+    return -1;
+}
+
+/* ggml_backend_sched_eval_callback: ask -> whether we want t; otherwise
+ * copy its last token's row. Always lets the computation go on. */
+static bool dump_eval_cb(struct ggml_tensor *t, bool ask, void *ud)
+{
+    dump_state *d = ud;
+    if (!d->active) return ask ? false : true;
+    int layer, st = classify(t, d->n_layer, &layer);
+    if (ask) return st >= 0;
+    if (st < 0) return true;
+    size_t ne = (size_t)t->ne[0] * (size_t)t->ne[1] * (size_t)t->ne[2] * (size_t)t->ne[3];
+    int contiguous = t->nb[0] == sizeof(float) && t->nb[1] == t->nb[0] * (size_t)t->ne[0] &&
+                     t->nb[2] == t->nb[1] * (size_t)t->ne[1] && t->nb[3] == t->nb[2] * (size_t)t->ne[2];
+    if (t->type != GGML_TYPE_F32 || !contiguous || ne == 0) {
+        d->skipped++;
+        return true;
+    }
+    /* one token's values: q, k, v are (head_dim, heads, tokens), the rest (n, tokens) */
+    size_t per = (st == ST_Q || st == ST_K || st == ST_V) && t->ne[2] >= 1
+                     ? (size_t)t->ne[0] * (size_t)t->ne[1] : (size_t)t->ne[0];
+    if (ne % per != 0) {
+        d->skipped++;
+        return true;
+    }
+    int i = layer * ST_COUNT + st;
+    if (d->cap[i] < per) {
+        float *nx = realloc(d->x[i], per * sizeof(float));
+        if (!nx) {
+            d->skipped++;
+            return true;
+        }
+        d->x[i] = nx;
+        d->cap[i] = per;
+    }
+    d->dl->ggml_backend_tensor_get(t, d->x[i], (ne - per) * sizeof(float), per * sizeof(float));
+    d->n[i] = per;
+    return true;
+}
 
 static void worker_unload(worker *w)
 {
@@ -47,6 +152,10 @@ static void worker_unload(worker *w)
     w->have_batch = 0;
     if (w->ctx) w->dl->free_context(w->ctx);
     w->ctx = NULL;
+    if (w->dctx) w->dl->free_context(w->dctx);
+    w->dctx = NULL;
+    dump_state_free(w->dump);
+    w->dump = NULL;
     if (w->model) w->dl->model_free(w->model);
     w->model = NULL;
     w->vocab = NULL;
@@ -222,6 +331,7 @@ static int cb_load(void *ud, const char *path, const json_t *opts, json_t *out, 
             worker_unload(w);
             return -1;
         }
+        w->cparams = cp;
         w->n_ctx = (int)dl->n_ctx(w->ctx);
         w->n_batch = (int)dl->n_batch(w->ctx);
         w->batch = dl->batch_init(w->n_batch, 0, 1);
@@ -282,7 +392,8 @@ static int cb_detokenize(void *ud, const int32_t *ids, int n, bool special, char
 
 /* Decodes n tokens starting at position pos, logits for the last one only.
  * Returns 0, or -1 with e (llama_decode's status and llama.cpp's log). */
-static int decode_tokens(worker *w, const int32_t *tok, int n, int pos, tg_err *e)
+static int decode_tokens(worker *w, struct llama_context *ctx, const int32_t *tok, int n, int pos,
+                         tg_err *e)
 {
     assert(n >= 1 && n <= w->n_batch);
     struct llama_batch *b = &w->batch;
@@ -295,12 +406,63 @@ static int decode_tokens(worker *w, const int32_t *tok, int n, int pos, tg_err *
     }
     b->n_tokens = n;
     llama_dl_log_reset(w->dl);
-    int32_t rc = w->dl->decode(w->ctx, *b);
+    int32_t rc = w->dl->decode(ctx, *b);
     if (rc != 0) {
         const char *why = llama_dl_log_errors(w->dl);
         return tg_errf(e, "llama_decode returned %d for %d tokens at position %d%s%s", rc, n, pos,
                        *why ? ": " : "", why);
     }
+    return 0;
+}
+
+/* The context for a decode with dumps: made once, with the eval callback
+ * (a separate context, so that decodes without dumps run exactly the
+ * graph they run without tg-llama's callback). Returns 0 or -1 with e. */
+static int need_dump_ctx(worker *w, tg_err *e)
+{
+    if (w->dctx) return 0;
+    llama_dl *dl = w->dl;
+    int n_layer = dl->model_n_layer(w->model);
+    dump_state *d = calloc(1, sizeof *d);
+    if (!d) return tg_errf(e, "dump: out of memory");
+    d->dl = dl;
+    d->n_layer = n_layer;
+    d->x = calloc((size_t)n_layer * ST_COUNT, sizeof *d->x);
+    d->n = calloc((size_t)n_layer * ST_COUNT, sizeof *d->n);
+    d->cap = calloc((size_t)n_layer * ST_COUNT, sizeof *d->cap);
+    if (!d->x || !d->n || !d->cap) {
+        dump_state_free(d);
+        return tg_errf(e, "dump: out of memory");
+    }
+    struct llama_context_params cp = w->cparams;
+    cp.cb_eval = dump_eval_cb;
+    cp.cb_eval_user_data = d;
+    llama_dl_log_reset(dl);
+    w->dctx = dl->init_from_model(w->model, cp);
+    if (!w->dctx) {
+        dump_state_free(d);
+        const char *why = llama_dl_log_errors(dl);
+        return tg_errf(e, "dump: llama.cpp cannot create the dump context: %s",
+                       *why ? why : "(llama.cpp logged no error)");
+    }
+    w->dump = d;
+    return 0;
+}
+
+/* Writes the captured stages of one step (layer order, stage order). */
+static int write_dumps(worker *w, proto_conn *c, const proto_decode_req *r, int step, tg_err *e)
+{
+    dump_state *d = w->dump;
+    for (int l = 0; l < d->n_layer; l++)
+        for (int st = 0; st < ST_COUNT; st++) {
+            int i = l * ST_COUNT + st;
+            if (d->n[i] && proto_dump(c, r, step, l, STAGE_NAME[st], d->x[i], d->n[i], e)) return -1;
+            d->n[i] = 0;
+        }
+    if (d->skipped)
+        fprintf(stderr, "tg-llama: step %d: %d tensors not dumped (not contiguous f32)\n", step,
+                d->skipped);
+    d->skipped = 0;
     return 0;
 }
 
@@ -318,37 +480,47 @@ static int cb_decode(void *ud, const proto_decode_req *r, proto_conn *c, proto_d
                           "(n_ctx %d); load with a larger n_ctx",
                        r->n_prompt, r->steps, need, w->n_ctx);
     llama_dl *dl = w->dl;
-    dl->memory_clear(dl->get_memory(w->ctx), true);
+    struct llama_context *ctx = w->ctx;
+    if (r->n_dump_steps) {
+        if (need_dump_ctx(w, e)) return -1;
+        ctx = w->dctx;
+    }
+    dl->memory_clear(dl->get_memory(ctx), true);
     int decode_calls = 0;
 
-    /* prefill, in batches of at most n_batch */
+    /* prefill, in batches of at most n_batch; step 0's dumps come from the
+     * last batch (the one whose last token yields step 0's logits) */
     double t0 = tg_now();
     for (int at = 0; at < r->n_prompt; at += w->n_batch) {
         int n = r->n_prompt - at < w->n_batch ? r->n_prompt - at : w->n_batch;
-        if (decode_tokens(w, r->prompt + at, n, at, e)) return tg_err_prefix(e, "prefill");
+        if (w->dump) w->dump->active = at + n == r->n_prompt && proto_wants_dump(r, 0);
+        if (decode_tokens(w, ctx, r->prompt + at, n, at, e)) return tg_err_prefix(e, "prefill");
         decode_calls++;
     }
-    dl->synchronize(w->ctx);
+    dl->synchronize(ctx);
     done->ms_prefill = (tg_now() - t0) * 1e3;
 
     /* one token per step */
     double t_dec = 0;
     int pos = r->n_prompt;
     for (int step = 0; step < r->steps; step++) {
-        const float *logits = dl->get_logits_ith(w->ctx, -1);
+        const float *logits = dl->get_logits_ith(ctx, -1);
         if (!logits) return tg_errf(e, "step %d: llama_get_logits_ith returned NULL", step);
         if (proto_wants_dump(r, step) &&
-            proto_dump(c, r, step, -1, "logits", logits, (size_t)w->n_vocab, e))
+            (write_dumps(w, c, r, step, e) ||
+             proto_dump(c, r, step, -1, "logits", logits, (size_t)w->n_vocab, e)))
             return -1;
         int32_t next = proto_step(c, r, step, logits, w->n_vocab);
         if (step == r->steps - 1) break;
+        if (w->dump) w->dump->active = proto_wants_dump(r, step + 1);
         double t1 = tg_now();
-        if (decode_tokens(w, &next, 1, pos, e)) return tg_err_prefix(e, "step %d", step + 1);
-        dl->synchronize(w->ctx);
+        if (decode_tokens(w, ctx, &next, 1, pos, e)) return tg_err_prefix(e, "step %d", step + 1);
+        dl->synchronize(ctx);
         t_dec += tg_now() - t1;
         decode_calls++;
         pos++;
     }
+    if (w->dump) w->dump->active = 0;
     done->ms_decode = t_dec * 1e3;
     done->counters = json_pack("{s:i,s:i,s:i}", "prompt_tokens", r->n_prompt, "steps", r->steps,
                                "decode_calls", decode_calls);

@@ -7,6 +7,7 @@
  * out-of-range ids must be refused, not read.
  */
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

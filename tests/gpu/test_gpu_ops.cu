@@ -27,8 +27,9 @@ extern "C" {
 }
 
 /* Named per-op NMSE limits. The matmul decodes exactly the reference's
- * weights and accumulates in f32 (no activation quantization): rounding
- * only. get_rows may differ from the reference by an FMA's single rounding. */
+ * weights and accumulates in f32: rounding only (where gk_matmul_q8 says
+ * it quantizes the activations to 8 bits, the reference takes the same
+ * quantized activations, so rounding only there too). get_rows may differ from the reference by an FMA's single rounding. */
 static const double NMSE_MATMUL = 1e-9;
 static const double NMSE_GET_ROWS = 1e-12;
 static const double NMSE_RMSNORM = 1e-10;
@@ -143,16 +144,27 @@ static std::vector<uint8_t> make_weights(uint32_t t, int K, int rows, std::vecto
 static void test_matmul(uint32_t t, int K, int rows, int ncols)
 {
     char name[128];
-    snprintf(name, sizeof name, "matmul_%s(K=%d,rows=%d,cols=%d)", tg_type_name(t), K, rows, ncols);
+    const int q8 = gk_matmul_q8(t, K, ncols);
+    snprintf(name, sizeof name, "matmul_%s(K=%d,rows=%d,cols=%d%s)", tg_type_name(t), K, rows, ncols,
+             q8 ? ",x8" : "");
     std::vector<float> wd;
     std::vector<uint8_t> w = make_weights(t, K, rows, wd);
     std::vector<float> x((size_t)K * ncols);
     fill(x, 1.0f);
+    /* the activations the kernel multiplies: x itself, or its 8-bit form */
+    std::vector<double> xr(x.begin(), x.end());
+    if (q8)
+        for (size_t b = 0; b < x.size(); b += 32) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+            const float d = amax / 127.0f;
+            for (int i = 0; i < 32; i++) xr[b + i] = d > 0.0f ? (double)d * nearbyintf(x[b + i] / d) : 0.0;
+        }
     std::vector<double> ref((size_t)rows * ncols);
     for (int c = 0; c < ncols; c++)
         for (int r = 0; r < rows; r++) {
             double s = 0;
-            for (int i = 0; i < K; i++) s += (double)wd[(size_t)r * K + i] * x[(size_t)c * K + i];
+            for (int i = 0; i < K; i++) s += (double)wd[(size_t)r * K + i] * xr[(size_t)c * K + i];
             ref[(size_t)c * rows + r] = s;
         }
     uint8_t *dw = dev_upload(w.data(), w.size());
@@ -461,6 +473,13 @@ int main(void)
         for (auto &s : mm) test_matmul(t, s.K, s.rows, s.cols);
         test_get_rows(t, 256, 50, 3);
         test_get_rows(t, 1024, 300, 7);
+    }
+    /* the single-token shapes of the 8-bit mat-vec: several rows per warp,
+     * the widest activation vectors of the 8b shape */
+    for (uint32_t t : {TG_TYPE_Q4_K, TG_TYPE_Q6_K}) {
+        test_matmul(t, 4096, 9000, 1);
+        test_matmul(t, 12288, 700, 1);
+        test_matmul(t, 1024, 2049, 1);
     }
     test_rmsnorm(1, 256, "vec");
     test_rmsnorm(5, 1024, "vec");

