@@ -9,11 +9,11 @@
  *  - rope angles as ggml-cpu computes them: theta_scale = powf(base, -2/d),
  *    theta starts at the position and is multiplied by theta_scale pair by
  *    pair, all in f32, then cosf/sinf;
- *  - attention: the K cache is F16 by default, q is rounded to the K type
- *    for the q.k dot, scores scaled by 1/sqrt(head_dim), softmax with max
- *    subtraction and the sum in f64; V is accumulated in f32 (llama.cpp
- *    rounds the probabilities (no flash attention) or the accumulator (flash
- *    attention) to F16 here: the tier sits between its two variants);
+ *  - attention as llama.cpp's CPU flash attention (its default): q rounded
+ *    to the K cache type (F16 by default), the q.k dot in ggml_vec_dot_f16's
+ *    order on x86, an online softmax over the positions in order, V
+ *    accumulated in the cache type (an F16 accumulator, rounded after each
+ *    update), then scaled by 1/sum (see attn_chunk);
  *  - silu(x) = x / (1 + expf(-x)).
  *
  * A prompt is evaluated in batches: each weight row is streamed once per
@@ -55,7 +55,7 @@ typedef struct cpu_state {
     size_t qa_stride; /* bytes per row of qa / qb */
     void *kc;         /* (n_layer, n_ctx, n_head_kv*head_dim) K cache, kv_type */
     void *vc;         /* (n_layer, n_ctx, n_head_kv*head_dim) V cache, kv_type */
-    float *scores;    /* (nth, n_ctx) per-thread attention scores */
+    void *acc;        /* (nth, head_dim) per-thread attention accumulator, kv_type */
     void *qconv;      /* (nth, head_dim) per-thread q in the K cache type */
     float *rope_cs;   /* (nb, head_dim) cos, sin per pair and token */
 } cpu_state;
@@ -90,37 +90,67 @@ static void k_vec_dot(uint32_t type, int n, float *s, const void *x, const void 
 }
 
 #if defined(__x86_64__)
-void tg_cpu_axpy_f16_avx2(int n, float *y, const tg_half *x, float a);  /* forward_cpu_avx2.c */
+/* forward_cpu_avx2.c */
+float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide);
+void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a);
+void tg_fa_scale_f16_avx2(int n, tg_half *y, float a);
+void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
 #endif
 
-/* y[i] += a * x[i], x a row of n values of type (F16 or F32); the product
- * and the sum rounded separately (the SIMD version gives the same bytes). */
-static void k_axpy_row(uint32_t type, int n, float *y, const void *x, float a)
+/* 0: portable code; 1: AVX2 helpers with ggml's 8-lane order; 2: AVX2
+ * helpers with ggml's 16-lane (AVX-512) order. Follows the kernels' ISA, as
+ * llama.cpp's CPU backend picks its variant by the same features. */
+static int fa_simd(void)
 {
-    if (type == TG_TYPE_F32) {
-        const float *xf = x;
-        for (int i = 0; i < n; i++) {
-            float prod = a * xf[i];
-            y[i] = y[i] + prod;
-        }
-        return;
-    }
-#if defined(__x86_64__)
     static int simd = -1;
     if (simd < 0) {
         const char *isa = tg_cpu_isa();
-        simd = strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512vnni") == 0;
+        simd = strcmp(isa, "avx2") == 0 ? 1 : strncmp(isa, "avx512", 6) == 0 ? 2 : 0;
+#if !defined(__x86_64__)
+        simd = 0;
+#endif
     }
-    if (simd) {
-        tg_cpu_axpy_f16_avx2(n, y, x, a);
+    return simd;
+}
+
+/* Returns k . q for rows of n values of the cache type (F16 or F32); for
+ * F16 on x86 in ggml_vec_dot_f16's order, else the kernels' dot. */
+static float fa_dot(uint32_t type, int n, const void *k, const void *q)
+{
+#if defined(__x86_64__)
+    int simd = fa_simd();
+    if (type == TG_TYPE_F16 && simd)
+        return tg_fa_dot_f16_avx2(n, k, q, simd == 2);
+#endif
+    float s;
+    k_vec_dot(type, n, &s, k, q);
+    return s;
+}
+
+/* y (n, f16) = f16(fma(x, a, y)): ggml_vec_mad_f16 into an F16 accumulator. */
+static void fa_mad_f16(int n, tg_half *y, const tg_half *x, float a)
+{
+#if defined(__x86_64__)
+    if (fa_simd()) {
+        tg_fa_mad_f16_avx2(n, y, x, a);
         return;
     }
 #endif
-    const tg_half *xh = x;
-    for (int i = 0; i < n; i++) {
-        float prod = a * tg_half_to_f32(xh[i]);
-        y[i] = y[i] + prod;
+    for (int i = 0; i < n; i++)
+        y[i] = tg_f32_to_half(fmaf(tg_half_to_f32(x[i]), a, tg_half_to_f32(y[i])));
+}
+
+/* y (n, f16) = f16(y * a): ggml_vec_scale_f16. */
+static void fa_scale_f16(int n, tg_half *y, float a)
+{
+#if defined(__x86_64__)
+    if (fa_simd()) {
+        tg_fa_scale_f16_avx2(n, y, a);
+        return;
     }
+#endif
+    for (int i = 0; i < n; i++)
+        y[i] = tg_f32_to_half(tg_half_to_f32(y[i]) * a);
 }
 
 static int k_has_matmul(uint32_t type)
@@ -197,6 +227,13 @@ static void mm_chunk(void *ctx, int chunk, int ith)
         for (int b = 0; b < d->nb; b++) {
             float *g = jb->out + b * jb->out_stride;
             const float *u = uj->out + b * uj->out_stride;
+#if defined(__x86_64__)
+            if (fa_simd()) {
+                // ggml's vectorized expf, as llama.cpp's swiglu on this ISA
+                tg_swiglu_ggml_avx2(r0, r1, jb->w->rows, g, u, fa_simd() == 2);
+                continue;
+            }
+#endif
             for (int64_t r = r0; r < r1; r++)
                 g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
         }
@@ -330,7 +367,14 @@ typedef struct attn_job {
     int pos0;          /* position of token 0 of the batch */
 } attn_job;
 
-/* Attention of task t = (token b, head h) of the batch. */
+/* Attention of task t = (token b, head h) of the batch, as llama.cpp's CPU
+ * flash attention computes one query row (ggml's flash_attn_ext, one chunk):
+ * q rounded to the K cache type, s = (k . q) * scale for each position in
+ * order, an online softmax (running max M and sum S: on a new maximum the
+ * accumulator and S are rescaled by expf(Mold - M), else the position's
+ * weight is expf(s - M)), V accumulated in the V cache type (F16: each
+ * update rounded to f16), S = S * ms + vs fused, and at the end the
+ * accumulator times 1/S. */
 static void attn_chunk(void *ctx, int t, int ith)
 {
     attn_job *a = ctx;
@@ -341,37 +385,50 @@ static void attn_chunk(void *ctx, int t, int ith)
     const int group = hp->n_head / hp->n_head_kv;
     const float scale = 1.0f / sqrtf((float)d);
     const size_t lay = (size_t)a->layer * s->o.n_ctx * KV;
-    float *sc = c->scores + (size_t)ith * s->o.n_ctx;
     void *qc = (char *)c->qconv + (size_t)ith * d * c->kv_es;
+    void *acc = (char *)c->acc + (size_t)ith * d * sizeof(float);
     const int b = t / hp->n_head, h = t % hp->n_head, g = h / group;
     const int pos = a->pos0 + b;
     const float *qh = c->q + (size_t)b * Qd + (size_t)h * d;
+    const int f16 = c->kv_type == TG_TYPE_F16;
+    tg_half *acc16 = acc;
+    float *acc32 = acc;
 
-    // q in the K type, then scores q.k / sqrt(d)
     k_quantize_row(c->kv_type, qh, qc, d);
-    float mx = -INFINITY;
+    memset(acc, 0, (size_t)d * c->kv_es);
+    float S = 0.0f, M = -INFINITY;
     for (int j = 0; j <= pos; j++) {
-        const char *kj = (const char *)c->kc + (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
-        float dot;
-        k_vec_dot(c->kv_type, d, &dot, kj, qc);
-        sc[j] = dot * scale;
-        if (sc[j] > mx)
-            mx = sc[j];
+        const size_t off = (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
+        const float sj = fa_dot(c->kv_type, d, (const char *)c->kc + off, qc) * scale;
+        const void *vj = (const char *)c->vc + off;
+        float ms = 1.0f, vs = 1.0f;
+        if (sj > M) {
+            // a new maximum: rescale what is summed so far, this weight is 1
+            const float Mold = M;
+            M = sj;
+            ms = expf(Mold - M);
+            if (f16) {
+                fa_scale_f16(d, acc16, ms);
+            } else {
+                for (int i = 0; i < d; i++)
+                    acc32[i] *= ms;
+            }
+        } else {
+            vs = expf(sj - M);
+        }
+        if (f16) {
+            fa_mad_f16(d, acc16, vj, vs);
+        } else {
+            const float *vf = vj;
+            for (int i = 0; i < d; i++)
+                acc32[i] = fmaf(vf[i], vs, acc32[i]);
+        }
+        S = fmaf(S, ms, vs);
     }
-    // softmax with max subtraction, sum in f64
-    double sum = 0.0;
-    for (int j = 0; j <= pos; j++) {
-        sc[j] = expf(sc[j] - mx);
-        sum += (double)sc[j];
-    }
-    const float inv = (float)(1.0 / sum);
-    // out = sum_j a_j v_j, accumulated in f32
     float *out = c->att + (size_t)b * Qd + (size_t)h * d;
-    memset(out, 0, (size_t)d * sizeof(float));
-    for (int j = 0; j <= pos; j++) {
-        const char *vj = (const char *)c->vc + (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
-        k_axpy_row(c->kv_type, d, out, vj, sc[j] * inv);
-    }
+    const float S_inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int i = 0; i < d; i++)
+        out[i] = (f16 ? tg_half_to_f32(acc16[i]) : acc32[i]) * S_inv;
 }
 
 /* --- the forward pass ---------------------------------------------------- */
@@ -548,7 +605,7 @@ static void cpu_fini(tg_session *s)
         return;
     tg_pool_free(c->pool);
     free(c->x); free(c->h); free(c->q); free(c->k); free(c->v); free(c->att); free(c->o);
-    free(c->g); free(c->u); free(c->qa); free(c->qb); free(c->kc); free(c->vc); free(c->scores);
+    free(c->g); free(c->u); free(c->qa); free(c->qb); free(c->kc); free(c->vc); free(c->acc);
     free(c->qconv); free(c->rope_cs);
     free(c);
     s->tier = NULL;
@@ -601,11 +658,11 @@ static int cpu_init(tg_session *s, tg_err *e)
     c->qb = calloc(nb, c->qa_stride);
     c->kc = calloc(cache, 1);
     c->vc = calloc(cache, 1);
-    c->scores = calloc((size_t)c->nth * (size_t)s->o.n_ctx, sizeof(float));
+    c->acc = calloc((size_t)c->nth * d, sizeof(float));
     c->qconv = calloc((size_t)c->nth * d, sizeof(float));
     c->rope_cs = calloc(nb * d, sizeof(float));
     if (!c->pool || !c->x || !c->h || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u ||
-        !c->qa || !c->qb || !c->kc || !c->vc || !c->scores || !c->qconv || !c->rope_cs) {
+        !c->qa || !c->qb || !c->kc || !c->vc || !c->acc || !c->qconv || !c->rope_cs) {
         cpu_fini(s);
         return tg_errf(e, "cpu tier: out of memory (or threads) for n_ctx %d, n_batch %d, %d threads",
                        s->o.n_ctx, s->o.n_batch, s->o.threads);

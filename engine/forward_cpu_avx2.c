@@ -1,30 +1,181 @@
 /*
- * forward_cpu_avx2.c: the cpu tier's attention helper for x86-64 with AVX2,
- * FMA and F16C (built with those flags, called only when the kernels'
- * runtime dispatch picked an AVX2 or AVX-512 tier). The scalar version is
- * in forward_cpu.c; both compute y[i] + a * x[i] per element in f32 with
- * the same rounding (one multiply, one add: no FMA contraction, so the
- * results are the scalar code's bytes).
+ * forward_cpu_avx2.c: the cpu tier's attention helpers for x86-64 with
+ * AVX2, FMA and F16C (built with those flags, called only when the kernels'
+ * runtime dispatch picked an AVX2 or AVX-512 tier). They follow the
+ * arithmetic of llama.cpp's CPU flash attention with an F16 KV cache:
+ *  - tg_fa_dot_f16_avx2: the q.k dot as ggml_vec_dot_f16 computes it on
+ *    the same ISA: fused multiply-adds into four accumulators of 8 lanes
+ *    (AVX2) or 16 lanes (AVX-512, emulated here lane for lane with pairs of
+ *    AVX2 registers), the accumulators summed (0+2, 1+3, then 0+1), the
+ *    lanes reduced in the order of the ISA's reduction, the tail in double;
+ *  - tg_fa_mad_f16_avx2: y = f16(fma(x, a, y)) per element, the F16
+ *    accumulator update of ggml_vec_mad_f16;
+ *  - tg_fa_scale_f16_avx2: y = f16(y * a) per element (ggml_vec_scale_f16).
+ * The element-wise two give the scalar code's bytes (forward_cpu.c); the
+ * dot's order is the only thing that depends on `wide`.
  */
 #include <immintrin.h>
 #include <stdint.h>
 
 #include "quant.h"
 
-void tg_cpu_axpy_f16_avx2(int n, float *y, const tg_half *x, float a);
+float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide);
+void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a);
+void tg_fa_scale_f16_avx2(int n, tg_half *y, float a);
 
-/* y (n) += a * x (n, f16). */
-void tg_cpu_axpy_f16_avx2(int n, float *y, const tg_half *x, float a)
+static inline __m256 ld(const tg_half *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Returns x . y over n values, in ggml_vec_dot_f16's order for 8-lane
+ * (wide 0) or 16-lane (wide 1) vectors. */
+float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide)
+{
+    double sumf;
+    int i = 0;
+    if (!wide) {
+        __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (; i + 32 <= n; i += 32)
+            for (int j = 0; j < 4; j++)
+                s[j] = _mm256_fmadd_ps(ld(x + i + 8 * j), ld(y + i + 8 * j), s[j]);
+        s[0] = _mm256_add_ps(s[0], s[2]);
+        s[1] = _mm256_add_ps(s[1], s[3]);
+        s[0] = _mm256_add_ps(s[0], s[1]);
+        const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(s[0]), _mm256_extractf128_ps(s[0], 1));
+        const __m128 t1 = _mm_hadd_ps(t0, t0);
+        sumf = (double)_mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+    } else {
+        // a 16-lane register as (lo, hi) = lanes 0-7, 8-15
+        __m256 lo[4], hi[4];
+        for (int j = 0; j < 4; j++)
+            lo[j] = hi[j] = _mm256_setzero_ps();
+        for (; i + 64 <= n; i += 64)
+            for (int j = 0; j < 4; j++) {
+                lo[j] = _mm256_fmadd_ps(ld(x + i + 16 * j), ld(y + i + 16 * j), lo[j]);
+                hi[j] = _mm256_fmadd_ps(ld(x + i + 16 * j + 8), ld(y + i + 16 * j + 8), hi[j]);
+            }
+        lo[0] = _mm256_add_ps(lo[0], lo[2]);
+        hi[0] = _mm256_add_ps(hi[0], hi[2]);
+        lo[1] = _mm256_add_ps(lo[1], lo[3]);
+        hi[1] = _mm256_add_ps(hi[1], hi[3]);
+        lo[0] = _mm256_add_ps(lo[0], lo[1]);
+        hi[0] = _mm256_add_ps(hi[0], hi[1]);
+        // the 512-bit reduction: halves, quarters, then (0+2)+(1+3)
+        const __m256 t3 = _mm256_add_ps(hi[0], lo[0]);
+        const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+        const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+        float r[4];
+        _mm_storeu_ps(r, t8);
+        sumf = (double)(r[0] + r[1]);
+    }
+    for (; i < n; i++)
+        sumf += (double)(tg_half_to_f32(x[i]) * tg_half_to_f32(y[i]));
+    return (float)sumf;
+}
+
+/* y (n, f16) = f16(fma(x, a, y)), x (n, f16). */
+void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a)
 {
     const __m256 va = _mm256_set1_ps(a);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
-        __m256 prod = _mm256_mul_ps(va, xv);
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), prod));
+        __m256 r = _mm256_fmadd_ps(ld(x + i), va, ld(y + i));
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
     }
-    for (; i < n; i++) {
-        float prod = a * tg_half_to_f32(x[i]);
-        y[i] = y[i] + prod;
+    for (; i < n; i++)
+        y[i] = tg_f32_to_half(__builtin_fmaf(tg_half_to_f32(x[i]), a, tg_half_to_f32(y[i])));
+}
+
+/* y (n, f16) = f16(y * a). */
+void tg_fa_scale_f16_avx2(int n, tg_half *y, float a)
+{
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 r = _mm256_mul_ps(ld(y + i), va);
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; i++)
+        y[i] = tg_f32_to_half(tg_half_to_f32(y[i]) * a);
+}
+
+/* --- swiglu ----------------------------------------------------------------
+ * llama.cpp's CPU swiglu (ggml_vec_swiglu_f32) takes silu(x) = x / (1 +
+ * e(-x)) with e a vectorized expf approximation (the Arm optimized-routines
+ * algorithm: n = round(x / ln 2) through the 1.5 * 2^23 shift, a reduced
+ * argument b = x - n ln 2 in two steps, a degree-5 polynomial, then the
+ * scaling by 2^n), whose AVX2 and AVX-512 forms round differently; then
+ * multiplies by the up projection. Elements past the last whole vector of
+ * a row use libm's expf, as there. These helpers compute it one element at
+ * a time with the same operations (fmaf is one FMA instruction here).
+ */
+float tg_ggml_expf_avx2(float x);
+float tg_ggml_expf_avx512(float x);
+void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
+
+static inline float f_of(uint32_t b)
+{
+    float f;
+    __builtin_memcpy(&f, &b, 4);
+    return f;
+}
+
+static inline uint32_t bits_of(float f)
+{
+    uint32_t b;
+    __builtin_memcpy(&b, &f, 4);
+    return b;
+}
+
+/* Returns e(x) as the AVX2 form computes it. */
+float tg_ggml_expf_avx2(float x)
+{
+    const float r = 0x1.8p23f;
+    const float z = __builtin_fmaf(x, 0x1.715476p+0f, r);
+    const float n = z - r;
+    const float b = __builtin_fmaf(-n, 0x1.7f7d1cp-20f, __builtin_fmaf(-n, 0x1.62e4p-1f, x));
+    const uint32_t e = bits_of(z) << 23;
+    const float k = f_of(e + bits_of(1.0f));
+    const int c = __builtin_fabsf(n) > 126.0f;
+    const float u = b * b;
+    const float j = __builtin_fmaf(__builtin_fmaf(__builtin_fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                                  __builtin_fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                                   u, 0x1.ffffecp-1f * b);
+    if (!c)
+        return __builtin_fmaf(j, k, k);
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    const float s1 = f_of(g + 0x7f000000u);
+    const float s2 = f_of(e - g);
+    if (__builtin_fabsf(n) > 192.0f)
+        return s1 * s1;
+    return __builtin_fmaf(s2, j, s2) * s1;
+}
+
+/* Returns e(x) as the AVX-512 form computes it. */
+float tg_ggml_expf_avx512(float x)
+{
+    const float r = 0x1.8p23f;
+    const float z = __builtin_fmaf(x, 0x1.715476p+0f, r);
+    const float n = z - r;
+    const float b = __builtin_fmaf(-n, 0x1.7f7d1cp-20f, __builtin_fmaf(-n, 0x1.62e4p-1f, x));
+    if (__builtin_fabsf(n) > 192.0f)
+        return n <= 0.0f ? 0.0f : __builtin_inff();
+    const float u = b * b;
+    const float j = __builtin_fmaf(__builtin_fmaf(__builtin_fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                                  __builtin_fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                                   u, __builtin_fmaf(0x1.ffffecp-1f, b, 1.0f));
+    return __builtin_ldexpf(j, (int)n);   /* scalef: j * 2^n, rounded once */
+}
+
+/* g[r] = silu(g[r]) * u[r] for r in [r0, r1) of a row of n values. */
+void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide)
+{
+    const int64_t w = wide ? 16 : 8, nv = n / w * w;
+    for (int64_t i = r0; i < r1; i++) {
+        const float x = g[i];
+        const float ex = i < nv ? (wide ? tg_ggml_expf_avx512(0.0f - x) : tg_ggml_expf_avx2(0.0f - x))
+                                : __builtin_expf(-x);
+        g[i] = x / (1.0f + ex) * u[i];
     }
 }

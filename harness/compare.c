@@ -578,11 +578,17 @@ static int compare_leg(cmp_run *r, cmp_arm *arm, cmp_leg *g, tg_err *e)
             if (row->token == row->ref_token) {
                 row->cls = CMP_EXACT;
                 if (!row->rank) row->rank = 1;
-            } else if (row->rank == 2)
-                row->cls = isfinite(row->ref_gap) && row->ref_gap < r->band ? CMP_NEAR_TIE : CMP_RANK2;
-            else if (row->rank >= 3)
-                row->cls = CMP_TOPK;
-            else
+            } else if (row->rank >= 2) {
+                /* A near-tie is a token the reference itself ranks within the
+                 * band of its top-1. For rank 2 that is the reference gap; a
+                 * multi-way tie (five tokens within 0.03) is a tie too, not
+                 * a TOPK defect signal. */
+                double margin = (double)rt[0].logit - (double)rt[row->rank - 1].logit;
+                if (isfinite(margin) && margin < r->band)
+                    row->cls = CMP_NEAR_TIE;
+                else
+                    row->cls = row->rank == 2 ? CMP_RANK2 : CMP_TOPK;
+            } else
                 row->cls = CMP_OUTSIDE;
             row->kl = kl_topk(rt, nr, x->top[i], x->n_top[i]);
         }

@@ -22,8 +22,12 @@
 #    and the ratio; bench_gpu for the copy bandwidth and the roofline.
 # Phases are skipped when the time is short (GPU_GATE_BUDGET seconds, 560 by
 # default), so a run always leaves its logs, the store and what finished in
-# $OUT; a second run on a still-warm machine reuses the llama.cpp build, the
-# models and the store, and does only what is missing.
+# $OUT, all of it also in $OUT/0-all.tar.gz (the device runner returns only a
+# few files, the first by name); a second run on a still-warm machine reuses
+# the llama.cpp build, the models and the store, and does only what is
+# missing. One call of about 9 minutes covers the builds, the 0.6b gates and
+# the benchmark; the 8b gate's cpu tier and llama-cpu arms need about 140 s a
+# leg each on 16 cores, so a complete 8b gate needs a second call.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -37,6 +41,8 @@ C=.carry/gpu2
 W=build/gpu-dev
 mkdir -p $W/models
 DB=$W/tokgate.db
+bundle() { tar -C "$OUT" -czf "$OUT/0-all.tar.gz.tmp" --exclude='0-all.tar.gz*' --exclude=llama-cuda-lib.tar.gz . \
+             && mv "$OUT/0-all.tar.gz.tmp" "$OUT/0-all.tar.gz"; }
 NPROC=$(nproc)
 
 say "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
@@ -105,6 +111,7 @@ gate() { # spec name, evidence tag
   $TK report --db $DB --format md --out "$OUT/evidence-$2.md" >/dev/null 2>>"$OUT/gate-$2.err" \
     || say "report $2 failed"
   for f in $DB $DB-wal $DB-shm; do [ -f $f ] && cp $f "$OUT/"; done
+  bundle
 }
 M06=$W/models/tg-mkmodel-0.6b-q4_k_m-s1.gguf   # the specs name models/...; pin() points them here
 M8=$W/models/tg-mkmodel-8b-q4_k_m-s1.gguf
@@ -191,8 +198,10 @@ done
 cp $W/specs/*.yaml "$OUT/" 2>/dev/null
 ls -la $LL/lib 2>/dev/null | head -20 > "$OUT/llama-libs.txt"
 # the CUDA libllama, so that a later session can skip its build (carried back
-# as .carry/gpu2/llama-cuda-lib.tar.gz)
-if [ -f $LL/lib/libllama.so ] && [ ! -f $C/llama-cuda-lib.tar.gz ]; then
+# as .carry/gpu2/llama-cuda-lib.tar.gz; about 44 MB, over what the device
+# runner returns at Dec 2: opt in with GPU_GATE_KEEP_LLAMA=1)
+if [ "${GPU_GATE_KEEP_LLAMA:-0}" = 1 ] && [ -f $LL/lib/libllama.so ] && [ ! -f $C/llama-cuda-lib.tar.gz ]; then
   tar -C $LL/lib -czf "$OUT/llama-cuda-lib.tar.gz" . && ls -la "$OUT/llama-cuda-lib.tar.gz"
 fi
+bundle
 say "done"

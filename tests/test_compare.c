@@ -164,6 +164,22 @@ static void test_every_class(void **state)
     sqlite3_finalize(q);
 }
 
+/* A multi-way tie: a token the reference ranks 3rd but within the band of
+ * its top-1 is a NEAR_TIE; beyond the band rank 2 is RANK2 and rank 4 TOPK.
+ * Crafted logits: top-1 10, rank k >= 2 at 10 - gap - 0.5 (k - 2). */
+static void test_multiway_near_tie(void **state)
+{
+    ctx *c = *state;
+    int32_t t[6] = {100, 202, 303, 401, 500, 600};
+    int64_t run = two_arm_run(c->st, "near-tie", 0.6, t, 2);
+    score(c->st, run, NULL, -1);
+    const char *want[4] = {"EXACT", "NEAR_TIE", "TOPK", "RANK2"};
+    for (int s = 0; s < 4; s++) {
+        const char *got = cls(c->st, run, "cpu", 1, "p1", s);
+        if (strcmp(got, want[s])) fail_msg("step %d: class %s, expected %s", s, got, want[s]);
+    }
+}
+
 static void test_policy_switch_and_rescore(void **state)
 {
     ctx *c = *state;
@@ -567,6 +583,7 @@ static void test_wilson(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_multiway_near_tie, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_class, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policy_switch_and_rescore, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exact_run_passes, setup, teardown),
