@@ -74,7 +74,7 @@ ifneq ($(wildcard harness/main.c),)
   BINS += $(BUILD)/bin/tokgate
 endif
 
-.PHONY: all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
+.PHONY: synthetic-gate all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
         bench-cpu bench-gpu fuzz valgrind fuzz-bins
 .DEFAULT_GOAL := all
 # Keep objects of pattern chains, so a rebuild compiles only what changed.
@@ -202,6 +202,18 @@ gate: setup
 	$(MAKE) all
 	$(MAKE) aarch64
 	$(BUILD)/bin/tokgate gate specs/default.yaml --evidence evidence
+
+# The synthetic spec's model: tg-mkmodel tiny Q4_K_M, seed 1, real Qwen3
+# tokenizer (same seed, same bytes: specs/synthetic-qwen3.yaml pins them).
+SYNTH_MODEL := build/models/tiny-qwen3-Q4_K_M-s1.gguf
+$(SYNTH_MODEL): $(BUILD)/bin/tg-mkmodel
+	@mkdir -p $(dir $@)
+	$(BUILD)/bin/tg-mkmodel --preset tiny --type q4_k_m --seed 1 -o $@
+
+synthetic-gate: setup
+	$(MAKE) all
+	$(MAKE) $(SYNTH_MODEL)
+	$(BUILD)/bin/tokgate gate specs/synthetic-qwen3.yaml
 
 # Benchmarks: figures as ratios against llama.cpp measured in the same run.
 bench: all fetch

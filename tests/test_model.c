@@ -20,6 +20,9 @@
  * Q8_0, Q4_K_M and the 0.6b shape in Q4_K_M, the last cached in
  * $TG_CACHE/models under the tg-mkmodel binary's sha256 and arguments).
  *
+ * Under AddressSanitizer the 0.6b model runs one prompt, 4 steps, no ref.
+ * TG_TEST_FILTER / TG_TEST_SKIP (cmocka name patterns) pick the tests.
+ *
  * Every figure is printed. Also tested: load errors name the tensor and the
  * expectation, tied output, the perturbation option, dumps, op counters.
  */
@@ -199,7 +202,9 @@ static int argmax_misses(const char *label, const run *llama, const run *arm, fl
             continue;
         float g = gap_at(llama, s);
         printf("    %s step %d: argmax %d, llama.cpp %d (gap %.4f)%s\n", label, s, arm->tokens[s],
-               llama->tokens[s], g, g >= min_gap ? "  <-- FAIL" : " (near-tie, allowed)");
+               llama->tokens[s], g,
+               g < min_gap ? " (near-tie, allowed)"
+               : strncmp(label, "llama", 5) == 0 ? "  <-- beyond the rule (information only)" : "  <-- FAIL");
         if (g >= min_gap)
             bad++;
     }
