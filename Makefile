@@ -157,14 +157,19 @@ ifneq ($(NO_SETUP),1)
 endif
 
 # Unit and integration tests; prints cmocka's summary line of every program.
+# tests/test_*.sh are system tests (a real Slurm cluster); the sanitizer
+# flavour leaves them out, they test daemons and scripts, not our memory use.
+SHELL_TESTS ?= $(wildcard tests/test_*.sh)
 test: setup
 	$(MAKE) all
-	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS) $(wildcard tests/test_*.sh)
+	@if [ "$(ARCH)" = x86_64 ] && command -v aarch64-linux-gnu-gcc >/dev/null; then $(MAKE) aarch64; \
+	 else echo "make test: no aarch64 cross compiler: the qemu tests will skip"; fi
+	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS) $(SHELL_TESTS)
 
 # ASan+UBSan flavour of the unit tests, in its own build folder, then one
 # small gate on the shipped model with the sanitized tokgate and workers.
 asan:
-	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" NO_SETUP=$(NO_SETUP) test
+	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" NO_SETUP=$(NO_SETUP) SHELL_TESTS= test
 	bash scripts/small-gate.sh build/asan
 
 # One small gate with tokgate and the engine workers under valgrind (any
@@ -226,7 +231,7 @@ bench-cpu: $(BUILD)/bin/tg-engine $(BUILD)/bin/tg-llama $(BUILD)/bin/tg-mkmodel 
 
 # Cross build of the arm workers for aarch64 (run under qemu-aarch64).
 aarch64:
-	$(MAKE) BUILD=build/aarch64 ARCH=aarch64 CC=aarch64-linux-gnu-gcc \
+	$(MAKE) BUILD=build/aarch64 ARCH=aarch64 CC=aarch64-linux-gnu-gcc SAN= OPT=-O2 \
 	  PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig \
 	  PKGS="libzstd libpcre2-8 jansson libcrypto libxxhash" \
 	  build/aarch64/bin/tg-engine build/aarch64/bin/tg-llama

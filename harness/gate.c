@@ -419,6 +419,11 @@ static void run_command_leg(gate_ctx *c, int ai, int legno, leg_buf *b, arm_exit
         int rc = arm_run_command(argv, left < sa->timeout_request ? left : sa->timeout_request, 0,
                                  s->n_fault_patterns, s->fault_patterns, &out, &n, &x, &e);
         spec_argv_free(argv);
+        /* the spec's strip: the tool's own trailer, not generated text */
+        for (int k = 0; rc == 0 && k < sa->n_strip; k++) {
+            size_t sl = strlen(sa->strip[k]);
+            if (n >= sl && !memcmp(out + n - sl, sa->strip[k], sl)) out[n -= sl] = 0;
+        }
         if (rc == 0) q->text = out;
         else {
             q->error = xstrdup(e.msg);

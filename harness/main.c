@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "arm.h"
@@ -261,6 +262,7 @@ static int cmd_gate(int argc, char **argv)
     bin_dir(bins, sizeof bins);
     gate_options go = {.bin_dir = bins, .jobs = o.jobs, .resume_run = o.resume, .progress = isatty(2)};
     gate_result gr;
+    double t0 = tg_now();
     if (gate_run(st, spec, &go, &gr, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
         if (gr.run_id > 0) store_finish_run(st, gr.run_id, "ERROR", NULL);
@@ -268,8 +270,18 @@ static int cmd_gate(int argc, char **argv)
         spec_free(spec);
         return EXIT_USAGE;
     }
-    fprintf(stderr, "tokgate: run %lld: %d legs run (%d with a fault), %d already stored\n",
-            (long long)gr.run_id, gr.legs_run, gr.legs_faulted, gr.legs_skipped);
+    /* The harness's own share of the wall time: tokgate's CPU time (all its
+     * threads: spawning, protocol parsing, the store) against the wall time
+     * the legs took. The arms' time is theirs, not the harness's. */
+    double wall = tg_now() - t0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
+                 ru.ru_stime.tv_usec * 1e-6;
+    fprintf(stderr, "tokgate: run %lld: %d legs run (%d with a fault), %d already stored; "
+            "wall %.1f s, harness cpu %.2f s (%.1f%% of wall)\n",
+            (long long)gr.run_id, gr.legs_run, gr.legs_faulted, gr.legs_skipped, wall, cpu,
+            wall > 0 ? 100.0 * cpu / wall : 0.0);
     verdict_options vo = verdict_options_default();
     vo.band = o.band;
     vo.policy_kind = o.policy;

@@ -484,7 +484,7 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
     if (!fy_node_is_mapping(n))
         return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec: ...}");
     static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "options",
-                                       "role", "variant_of", "timeout", NULL};
+                                       "role", "variant_of", "timeout", "strip", NULL};
     if (check_keys(c, n, ap, f, keys) < 0) return -1;
     pos kp = ap;
     struct fy_node *v = get(n, "name", &kp);
@@ -570,11 +570,22 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
         if (a->kind == SPEC_ARM_COMMAND) {
             if (opts) return perr(c, op, fo, "expected no options for a command arm (it is not a protocol worker)");
             a->role = xstrdup("custody");
+            pos sp = ap;
+            struct fy_node *st = get(n, "strip", &sp);
+            char fs[128];
+            snprintf(fs, sizeof fs, "%s.strip", f);
+            if (st && get_strings(c, st, sp, fs, "stdout suffixes (e.g. [\"\\n\\n\"])", &a->strip, &a->n_strip) < 0)
+                return -1;
         } else {
             if (opts && parse_options(c, opts, op, fo, NULL, &a->options_json) < 0) return -1;
             a->role = xstrdup("test");
         }
         break;
+    }
+    if (a->kind != SPEC_ARM_COMMAND) {
+        pos sp = ap;
+        snprintf(g, sizeof g, "%s.strip", f);
+        if (get(n, "strip", &sp)) return perr(c, sp, g, "expected strip only on a command arm, not %s", a->kind_name);
     }
     if (!a->options_json) a->options_json = xstrdup("{}");
 
@@ -921,6 +932,7 @@ void spec_free(tg_spec *s)
         free(a->worker);
         strv_free(a->wrap, a->n_wrap);
         strv_free(a->argv, a->n_argv);
+        strv_free(a->strip, a->n_strip);
         free(a->options_json);
         free(a->config_json);
     }

@@ -42,6 +42,8 @@ typedef struct spec_arm {
     char **wrap;             /* llama: argv prefix (e.g. qemu-aarch64 -L ...) */
     int n_argv;
     char **argv;             /* command / exec: the argv as written */
+    int n_strip;
+    char **strip;            /* command: stdout suffixes removed, in order, each once */
     char *options_json;      /* load options as a JSON object ("{}" when none) */
     char *config_json;       /* the arm's whole entry as JSON (for the store) */
     double timeout_request;  /* seconds for one request (decode: the whole answer) */

@@ -1,24 +1,47 @@
 #!/usr/bin/env bash
-# Builds stock llama.cpp `llama-completion` (CPU only) from the llama.cpp
-# source bundled with the pinned node-llama-cpp package, for the chain of
+# Builds stock llama.cpp `llama-completion` (CPU only) for the chain of
 # custody check: the same model and prompt through llama.cpp's own CLI must
 # give the same greedy text as tg-llama over libllama.
 #
-# The build is cached outside the repository, keyed by the bundle's sha256:
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-<sha256[0:16]>/bin/llama-completion
-# Idempotent: when that binary and its stamp exist, nothing is rebuilt.
-# Prints the binary's path on stdout (progress goes to stderr).
+# Default (relink): compile only the tool's own sources
+# (tools/completion/completion.cpp + main.cpp of the llama.cpp source bundled
+# with the pinned node-llama-cpp package) with g++ against the bundled headers,
+# and link them against the SAME prebuilt libraries tg-llama loads
+# (.cache/npm/linux-x64/bins/linux-x64: libllama-common.so, llama.cpp's
+# `common` library of the same release, libllama.v0.4.0.so,
+# libggml.v0.4.0.so, libggml-base.so), with an rpath to that folder. The
+# prebuilt ggml is a GGML_BACKEND_DL build: the stock tool's
+# ggml_backend_load_all() looks for libggml-cpu-*.so next to the executable
+# (/proc/self/exe, symlinks resolved) and in the current directory, so the
+# cache folder holds symlinks to the prebuilt CPU variants; ggml scores them
+# and loads the best for this CPU, as tg-llama's
+# ggml_backend_load_all_from_path(<prebuilt dir>) does. Same kernels, same
+# rounding: custody is EXACT or a real defect. One g++ compile (~10 s).
 #
-#   scripts/build-llama-completion.sh [-j N] [--cpu-variant NAME|auto|native]
+# --from-source: the old full cmake build of the bundled tree (static ggml
+# compiled here; --cpu-variant picks the x86 feature set, see below). It need
+# not round like the prebuilt library at a near-tie, so it is for
+# investigation only; it does not replace build/bin/llama-completion.
 #
-# CPU code path: llama.cpp's numerics depend on the SIMD kernels compiled in
-# (a 0.05 logit near-tie can flip between an -march=native build and the
-# prebuilt). The prebuilt npm libllama ships one ggml-cpu library per x86
-# feature set (haswell, skylakex, zen4, ...) and loads the best one this CPU
-# supports; with --cpu-variant auto (the default on x86-64) the stock build
-# is compiled for that same variant's features, read from the bundled
-# ggml/src/CMakeLists.txt and matched against /proc/cpuinfo, so both run the
-# same kernels. --cpu-variant zen4 names one; native uses -march=native.
+# Cached outside the repository, idempotent (nothing is rebuilt when the
+# binary and its stamp exist):
+#   relink:      ${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-<bundle>-<libs>/bin/llama-completion
+#   from source: ${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-<bundle>/bin/llama-completion
+# where <bundle> is the first 16 hex digits of the bundle's sha256 and <libs>
+# those of the sha256 of the prebuilt libraries' sha256 list. The relink also
+# points the symlink <repo>/build/bin/llama-completion at its binary (for
+# specs/custody.yaml and tests/test_llama.c). Prints the binary's path on
+# stdout (progress goes to stderr).
+#
+#   scripts/build-llama-completion.sh [--from-source [-j N] [--cpu-variant NAME|auto|native]]
+#
+# CPU code path of --from-source: llama.cpp's numerics depend on the SIMD
+# kernels compiled in (a 0.05 logit near-tie can flip between an
+# -march=native build and the prebuilt). With --cpu-variant auto (the default
+# on x86-64) the build is compiled for the features of the variant the
+# prebuilt would load, read from the bundled ggml/src/CMakeLists.txt and
+# matched against /proc/cpuinfo; --cpu-variant zen4 names one; native uses
+# -march=native. Even so it does not round exactly like the prebuilt.
 #
 # Usage of the result (greedy, raw prompt, generated text only on stdout):
 #   llama-completion -m MODEL -p PROMPT -n 48 --temp 0 -no-cnv --no-warmup \
@@ -26,13 +49,14 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TOKGATE_CACHE:-$top/.cache}
-jobs=2 variant=auto
+jobs=2 variant=auto from_source=0
 while [ $# -gt 0 ]; do
   case $1 in
+    --from-source) from_source=1; shift ;;
     -j) jobs=$2; shift 2 ;;
     -j*) jobs=${1#-j}; shift ;;
     --cpu-variant) variant=$2; shift 2 ;;
-    *) echo "usage: $0 [-j N] [--cpu-variant NAME|auto|native]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--from-source [-j N] [--cpu-variant NAME|auto|native]]" >&2; exit 2 ;;
   esac
 done
 
@@ -40,13 +64,56 @@ bundle=$cache/npm/node-llama-cpp/llama/gitRelease.bundle
 src=$cache/llama.cpp
 [ -f "$bundle" ] || { echo "build-llama-completion: $bundle missing: run scripts/fetch-npm.sh" >&2; exit 1; }
 [ -f "$src/CMakeLists.txt" ] || { echo "build-llama-completion: $src missing: run scripts/fetch-npm.sh" >&2; exit 1; }
-command -v cmake >/dev/null || { echo "build-llama-completion: cmake not found (apt-get install cmake)" >&2; exit 1; }
-
 sum=$(sha256sum "$bundle" | cut -c1-16)
-dest=${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-$sum
-bin=$dest/bin/llama-completion
 commit=unknown
 [ -e "$src/.git" ] && commit=$(git -C "$src" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
+
+if [ $from_source = 0 ]; then
+  [ "$(uname -m)" = x86_64 ] || { echo "build-llama-completion: the relink uses the x86-64 prebuilt; on $(uname -m) use --from-source" >&2; exit 1; }
+  pre=$cache/npm/linux-x64/bins/linux-x64
+  for f in libllama-common.so libllama.v0.4.0.so libggml.v0.4.0.so libggml-base.so; do
+    [ -f "$pre/$f" ] || { echo "build-llama-completion: $pre/$f missing: run scripts/fetch-npm.sh" >&2; exit 1; }
+  done
+  ls "$pre"/libggml-cpu-*.so >/dev/null 2>&1 \
+    || { echo "build-llama-completion: no $pre/libggml-cpu-*.so (CPU backends) found" >&2; exit 1; }
+  command -v g++ >/dev/null || { echo "build-llama-completion: g++ not found (apt-get install g++)" >&2; exit 1; }
+  libsum=$(cd "$pre" && sha256sum ./*.so | sha256sum | cut -c1-16)
+  dest=${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-$sum-$libsum
+  bin=$dest/bin/llama-completion
+  cxx=(g++ -std=c++17 -O2 -pthread
+       -I"$src/include" -I"$src/ggml/include" -I"$src/common" -I"$src/vendor" -I"$src/tools/completion"
+       "$src/tools/completion/completion.cpp" "$src/tools/completion/main.cpp"
+       -L"$pre" -Wl,--as-needed -lllama-common -lllama -l:libggml.v0.4.0.so -lggml-base
+       -Wl,-rpath,"$pre")
+  stamp="relink bundle=$sum commit=$commit libs=$libsum prebuilt=$pre cxx=$(g++ -dumpfullversion)"
+  link() { ln -sfn "$bin" "$top/build/bin/llama-completion.tmp" && mv -T "$top/build/bin/llama-completion.tmp" "$top/build/bin/llama-completion"; }
+  mkdir -p "$top/build/bin"
+  if [ -x "$bin" ] && [ -f "$dest/STAMP" ] && [ "$(cat "$dest/STAMP")" = "$stamp" ]; then
+    link
+    echo "$bin"
+    exit 0
+  fi
+  mkdir -p "$dest/bin"
+  # the CPU backends next to the executable, where ggml_backend_load_all() looks
+  rm -f "$dest"/bin/libggml-cpu-*.so
+  for f in "$pre"/libggml-cpu-*.so; do ln -sfn "$f" "$dest/bin/$(basename "$f")"; done
+  echo "build-llama-completion: compiling tools/completion against the prebuilt libraries in $pre" >&2
+  "${cxx[@]}" -o "$bin.tmp" >"$dest/build.log" 2>&1 \
+    || { echo "build-llama-completion: g++ failed, see $dest/build.log" >&2; exit 1; }
+  # the bundled common headers must match the prebuilt libllama-common's ABI:
+  # a mismatch shows as a crash or an error on --version
+  "$bin.tmp" --version >"$dest/version.log" 2>&1 \
+    || { echo "build-llama-completion: $bin.tmp --version failed (libllama-common.so ABI mismatch?), see $dest/version.log" >&2; exit 1; }
+  mv "$bin.tmp" "$bin"
+  printf '%s\n' "$stamp" >"$dest/STAMP"
+  link
+  echo "$bin"
+  exit 0
+fi
+
+command -v cmake >/dev/null || { echo "build-llama-completion: cmake not found (apt-get install cmake)" >&2; exit 1; }
+dest=${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-$sum
+bin=$dest/bin/llama-completion
 flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF

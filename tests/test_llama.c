@@ -7,14 +7,17 @@
  * - greedy decoding on the shipped tiny trained model is identical across
  *   two worker processes (tokens and logit digests);
  * - chain of custody: tg-llama's greedy text equals stock llama-completion's
- *   for every prompt of a small set (skipped until
+ *   (relinked against the same prebuilt libllama) EXACTLY for every prompt of
+ *   the default spec (specs/prompts/manpy6.txt), on the shipped model and on
+ *   a tg-mkmodel tiny Q4_K_M file (skipped until
  *   scripts/build-llama-completion.sh has built it);
  * - the aarch64 oracle (cross-built tg-llama + the arm64 libllama under
  *   qemu-aarch64) answers, and the test prints how many forced steps agree
  *   with the x86-64 oracle (skipped when qemu or the cross build is missing).
  *
  * Environment: TG_ROOT (repo), TG_BUILD (build folder), TG_CACHE (.cache);
- * optional TG_LLAMA_COMPLETION (the stock binary), TG_AARCH64_TG_LLAMA (the
+ * optional TG_LLAMA_COMPLETION (the stock binary, default
+ * TG_ROOT/build/bin/llama-completion), TG_AARCH64_TG_LLAMA (the
  * cross-built worker, default TG_ROOT/build/aarch64/bin/tg-llama),
  * TG_TEST_LOG=1 to let workers' stderr through.
  */
@@ -46,7 +49,6 @@ extern char **environ;
 #define ANSWER_TIMEOUT_MS 120000
 #define CUSTODY_STEPS 48
 #define AARCH64_STEPS 16
-#define CUSTODY_BAND 0.20f /* the default spec's near-tie band */
 
 static const char *const PROMPTS[] = {
     "The following options are supported:",
@@ -523,26 +525,14 @@ static void test_dumps(void **state)
 
 /* ---- chain of custody ---- */
 
-/* Path of the cached llama-completion, or "" when not built. */
+/* Path of stock llama-completion: $TG_LLAMA_COMPLETION, else the symlink
+ * scripts/build-llama-completion.sh places at <repo>/build/bin (its relink
+ * over the same prebuilt libllama tg-llama loads). */
 static void completion_path(char *out, size_t cap)
 {
     const char *env = getenv("TG_LLAMA_COMPLETION");
-    if (env) {
-        snprintf(out, cap, "%s", env);
-        return;
-    }
-    char bundle[4096], hex[65];
-    snprintf(bundle, sizeof bundle, "%s/npm/node-llama-cpp/llama/gitRelease.bundle", CACHE);
-    tg_err e;
-    if (tg_sha256_file(bundle, hex, &e) != 0) {
-        out[0] = 0;
-        return;
-    }
-    hex[16] = 0;
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg) snprintf(out, cap, "%s/tokgate/llama-completion-%s/bin/llama-completion", xdg, hex);
-    else snprintf(out, cap, "%s/.cache/tokgate/llama-completion-%s/bin/llama-completion",
-                  home ? home : "/root", hex);
+    if (env && *env) snprintf(out, cap, "%s", env);
+    else snprintf(out, cap, "%s/build/bin/llama-completion", ROOT);
 }
 
 /* Runs argv, returns its stdout (malloc'ed, *len bytes) and exit status. */
@@ -576,6 +566,124 @@ static char *capture(char *const argv[], size_t *len, int *status)
     return buf;
 }
 
+/* The default spec's prompts (specs/prompts/manpy6.txt: one a line), into
+ * v[cap]; returns how many (the test fails when the file is unreadable). */
+static int default_prompts(char v[][512], int cap)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/specs/prompts/manpy6.txt", ROOT);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("cannot read the default prompt file %s", path);
+    int n = 0;
+    while (n < cap && fgets(v[n], 512, f)) {
+        v[n][strcspn(v[n], "\r\n")] = 0;
+        if (v[n][0]) n++;
+    }
+    fclose(f);
+    if (n == 0) fail_msg("%s has no prompts", path);
+    return n;
+}
+
+/* The exact bytes of tg-llama's detokenization of tok[n] (its "hex" when
+ * the text is not valid UTF-8), malloc'ed and NUL-terminated, length *len. */
+static char *detok_bytes(wproc *w, const int32_t *tok, int n, size_t *len)
+{
+    json_t *a = json_array();
+    for (int s = 0; s < n; s++) json_array_append_new(a, json_integer(tok[s]));
+    json_t *r = json_pack("{s:s,s:o}", "op", "detokenize", "ids", a);
+    char *req = json_dumps(r, JSON_COMPACT);
+    json_decref(r);
+    json_t *d = wp_ask(w, req);
+    free(req);
+    expect_ok(d, "detokenize");
+    const char *hex = json_string_value(json_object_get(d, "hex"));
+    const char *text = json_string_value(json_object_get(d, "text"));
+    if (!text) fail_msg("detokenize answered no text");
+    char *out;
+    if (hex) {
+        size_t hn = strlen(hex);
+        if (hn % 2) fail_msg("detokenize: odd-length hex %s", hex);
+        out = malloc(hn / 2 + 1);
+        for (size_t i = 0; i < hn / 2; i++) {
+            unsigned b;
+            if (sscanf(hex + 2 * i, "%2x", &b) != 1) fail_msg("detokenize: bad hex %s", hex);
+            out[i] = (char)b;
+        }
+        *len = hn / 2;
+    } else {
+        *len = strlen(text);
+        out = malloc(*len + 1);
+        memcpy(out, text, *len);
+    }
+    out[*len] = 0;
+    json_decref(d);
+    return out;
+}
+
+/* tg-llama's greedy text for each prompt against stock llama-completion's
+ * over the same model; every prompt must be EXACT (same library, same
+ * kernels). On a difference, fails naming the first differing step and
+ * tg-llama's top1-top2 gap there. */
+static void custody_model(const char *bin, const char *model, const char *label)
+{
+    static char prompts[16][512];
+    int np = default_prompts(prompts, 16);
+    wproc w;
+    start_llama(&w, TG_LLAMA, LIB_X86, NULL);
+    json_t *m = load_model(&w, model);
+    json_t *eog = json_object_get(json_object_get(m, "model"), "eog");
+    for (int p = 0; p < np; p++) {
+        int32_t ids[256], tok[CUSTODY_STEPS];
+        float gap[CUSTODY_STEPS];
+        int n = tokenize(&w, prompts[p], ids, 256);
+        decode_gaps(&w, ids, n, CUSTODY_STEPS, NULL, tok, NULL, gap);
+        /* llama-completion stops at the first end-of-generation token */
+        int keep = CUSTODY_STEPS;
+        for (int s = 0; s < CUSTODY_STEPS && keep == CUSTODY_STEPS; s++)
+            for (size_t k = 0; k < json_array_size(eog); k++)
+                if (json_integer_value(json_array_get(eog, k)) == tok[s]) keep = s;
+        size_t olen;
+        char *ours = detok_bytes(&w, tok, keep, &olen);
+
+        char steps[16]; /* it stops by itself after an EOG token */
+        snprintf(steps, sizeof steps, "%d", CUSTODY_STEPS);
+        char *argv[] = {(char *)bin, "-m", (char *)model, "-p", prompts[p], "-n", steps,
+                        "--temp", "0", "-no-cnv", "--no-warmup", "--simple-io",
+                        "--no-display-prompt", "-t", "2", "-s", "0", NULL};
+        size_t len;
+        int status;
+        char *theirs = capture(argv, &len, &status);
+        if (status != 0) fail_msg("%s: llama-completion exited with %d for prompt %d", label, status, p + 1);
+        /* its stdout: the generated text, " [end of text]\n" when it stopped
+         * at an EOG token, then "\n\n" (tools/completion/completion.cpp) */
+        if (len < 2 || strcmp(theirs + len - 2, "\n\n") != 0)
+            fail_msg("%s prompt %d: llama-completion's output does not end in \\n\\n: [%s]", label, p + 1, theirs);
+        theirs[len -= 2] = 0;
+        const char *eot = " [end of text]\n";
+        if (len >= strlen(eot) && strcmp(theirs + len - strlen(eot), eot) == 0)
+            theirs[len -= strlen(eot)] = 0;
+        if (len != olen || memcmp(ours, theirs, len) != 0) {
+            /* the first step whose text leaves llama-completion's */
+            int div = keep;
+            for (int s = 1; s <= keep && div == keep; s++) {
+                size_t pl;
+                char *pt = detok_bytes(&w, tok, s, &pl);
+                if (pl > len || memcmp(pt, theirs, pl) != 0) div = s - 1;
+                free(pt);
+            }
+            fail_msg("%s prompt %d (%s): chain of custody broken at step %d (tg-llama's top1-top2 gap %.4f)\n"
+                     "  tg-llama:         [%s]\n  llama-completion: [%s]",
+                     label, p + 1, prompts[p], div, div < keep ? (double)gap[div] : -1.0, ours, theirs);
+        }
+        fprintf(stderr, "custody: %s prompt %d: EXACT (%d tokens, identical text)\n", label, p + 1, keep);
+        free(theirs);
+        free(ours);
+    }
+    json_decref(m);
+    assert_int_equal(wp_stop(&w), 0);
+    fprintf(stderr, "CHAIN_OF_CUSTODY: %s: %d/%d prompts EXACT\n", label, np, np);
+}
+
 static void test_custody_llama_completion(void **state)
 {
     need(TG_LLAMA, "tg-llama");
@@ -583,88 +691,28 @@ static void test_custody_llama_completion(void **state)
     need(MODEL, "shipped model");
     char bin[4096];
     completion_path(bin, sizeof bin);
-    if (!bin[0] || !exists(bin)) {
+    if (!exists(bin)) {
         fprintf(stderr, "skip: stock llama-completion not built (%s): run "
                         "scripts/build-llama-completion.sh\n", bin);
         skip();
     }
-    wproc w;
-    start_llama(&w, TG_LLAMA, LIB_X86, NULL);
-    json_t *m = load_model(&w, MODEL);
-    json_t *eog = json_object_get(json_object_get(m, "model"), "eog");
-    int exact = 0;
-    for (int p = 0; p < N_PROMPTS; p++) {
-        int32_t ids[256], tok[CUSTODY_STEPS];
-        float gap[CUSTODY_STEPS];
-        int n = tokenize(&w, PROMPTS[p], ids, 256);
-        decode_gaps(&w, ids, n, CUSTODY_STEPS, NULL, tok, NULL, gap);
-        /* llama-completion stops at the first end-of-generation token */
-        int keep = CUSTODY_STEPS;
-        for (int s = 0; s < CUSTODY_STEPS && keep == CUSTODY_STEPS; s++)
-            for (size_t k = 0; k < json_array_size(eog); k++)
-                if (json_integer_value(json_array_get(eog, k)) == tok[s]) keep = s;
-        json_t *a = json_array();
-        for (int s = 0; s < keep; s++) json_array_append_new(a, json_integer(tok[s]));
-        json_t *r = json_pack("{s:s,s:o}", "op", "detokenize", "ids", a);
-        char *req = json_dumps(r, JSON_COMPACT);
-        json_decref(r);
-        json_t *d = wp_ask(&w, req);
-        free(req);
-        expect_ok(d, "detokenize");
-        if (json_object_get(d, "hex")) fail_msg("prompt %d: generated text is not valid UTF-8", p);
-        const char *ours = json_string_value(json_object_get(d, "text"));
+    char tool[4096];
+    snprintf(tool, sizeof tool, "%s/bin/tg-mkmodel", BUILD);
+    need(tool, "tg-mkmodel");
+    custody_model(bin, MODEL, "shipped model");
 
-        char steps[16]; /* it stops by itself after an EOG token */
-        snprintf(steps, sizeof steps, "%d", CUSTODY_STEPS);
-        char *argv[] = {bin, "-m", MODEL, "-p", (char *)PROMPTS[p], "-n", steps,
-                        "--temp", "0", "-no-cnv", "--no-warmup", "--simple-io",
-                        "--no-display-prompt", "-t", "2", "-s", "0", NULL};
-        size_t len;
-        int status;
-        char *theirs = capture(argv, &len, &status);
-        if (status != 0) fail_msg("llama-completion exited with %d for prompt %d", status, p);
-        /* its stdout: the generated text, " [end of text]\n" when it stopped
-         * at an EOG token, then "\n\n" (tools/completion/completion.cpp) */
-        if (len < 2 || strcmp(theirs + len - 2, "\n\n") != 0)
-            fail_msg("prompt %d: llama-completion's output does not end in \\n\\n: [%s]", p, theirs);
-        theirs[len -= 2] = 0;
-        const char *eot = " [end of text]\n";
-        if (len >= strlen(eot) && strcmp(theirs + len - strlen(eot), eot) == 0)
-            theirs[len -= strlen(eot)] = 0;
-        if (len == strlen(ours) && memcmp(ours, theirs, len) == 0) {
-            fprintf(stderr, "custody: prompt %d: EXACT (%d tokens, identical text)\n", p, keep);
-            exact++;
-        } else {
-            /* The first step whose text leaves llama-completion's. A stock
-             * build compiled here need not round like the prebuilt libllama,
-             * so a flip at a near-tie of tg-llama's own logits (gap below the
-             * default gate band) is PREFIX; anywhere else it is a defect. */
-            int div = keep;
-            for (int s = 1; s <= keep && div == keep; s++) {
-                json_t *pa = json_array();
-                for (int k = 0; k < s; k++) json_array_append_new(pa, json_integer(tok[k]));
-                json_t *pr = json_pack("{s:s,s:o}", "op", "detokenize", "ids", pa);
-                char *preq = json_dumps(pr, JSON_COMPACT);
-                json_decref(pr);
-                json_t *pd = wp_ask(&w, preq);
-                free(preq);
-                const char *pt = json_string_value(json_object_get(pd, "text"));
-                if (!pt || strlen(pt) > len || memcmp(pt, theirs, strlen(pt)) != 0) div = s - 1;
-                json_decref(pd);
-            }
-            if (div >= keep || gap[div] >= CUSTODY_BAND)
-                fail_msg("prompt %d (%s): chain of custody broken at step %d (tg-llama's top1-top2 "
-                         "gap %.4f, not a near-tie)\n  tg-llama:         [%s]\n  llama-completion: [%s]",
-                         p, PROMPTS[p], div, div < keep ? (double)gap[div] : -1.0, ours, theirs);
-            fprintf(stderr, "custody: prompt %d: PREFIX: identical for %d tokens, then a near-tie "
-                            "flips (tg-llama's gap %.4f < %.2f)\n", p, div, (double)gap[div], CUSTODY_BAND);
-        }
-        free(theirs);
-        json_decref(d);
-    }
-    json_decref(m);
-    assert_int_equal(wp_stop(&w), 0);
-    fprintf(stderr, "CHAIN_OF_CUSTODY: %d/%d prompts EXACT, the rest PREFIX\n", exact, N_PROMPTS);
+    /* a tg-mkmodel file: our writer's GGUF read by the stock tool */
+    char dir[] = "/tmp/tg-custody-XXXXXX", model[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(model, sizeof model, "%s/tiny.gguf", dir);
+    char *argv[] = {tool, "--preset", "tiny", "--type", "q4_k_m", "--seed", "1", "-o", model, NULL};
+    size_t len;
+    int status;
+    free(capture(argv, &len, &status));
+    if (status != 0) fail_msg("tg-mkmodel exited with %d", status);
+    custody_model(bin, model, "tg-mkmodel tiny q4_k_m seed 1");
+    unlink(model);
+    assert_int_equal(rmdir(dir), 0);
 }
 
 /* ---- the aarch64 oracle ---- */

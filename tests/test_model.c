@@ -18,7 +18,8 @@
  *    across thread counts and batch sizes, also checked).
  * Models: the shipped trained Qwen3 Q4_K_M, and tg-mkmodel files (tiny F32,
  * Q8_0, Q4_K_M and the 0.6b shape in Q4_K_M, the last cached in
- * $TG_CACHE/models under the tg-mkmodel binary's sha256 and arguments).
+ * $TG_CACHE/models under the sha256 of the tiny file tg-mkmodel writes
+ * and the arguments).
  *
  * Under AddressSanitizer the 0.6b model runs one prompt, 4 steps, no ref.
  * TG_TEST_FILTER / TG_TEST_SKIP (cmocka name patterns) pick the tests.
@@ -377,15 +378,32 @@ static int mkmodel(const char *preset, const char *type, char *out, size_t n)
         printf("tg-mkmodel not built (%s)\n", tool);
         return -1;
     }
-    char sha[65];
-    tg_err e;
-    if (tg_sha256_file(tool, sha, &e) != 0)
-        return -1;
     char dir[4500];
     snprintf(dir, sizeof dir, "%s/models", g_cache);
     mkdir(g_cache, 0755);
     mkdir(dir, 0755);
-    snprintf(out, n, "%.4300s/mk-%.16s-%s-%s-s1.gguf", dir, sha, preset, type);
+    /* Cache key: the sha256 of the tiny Q4_K_M file this tg-mkmodel writes
+     * (made once per run). The bytes depend on the model maker, the
+     * quantizers and the vocabulary writer, not on the binary, so every
+     * build folder (asan, CI) shares the expensive 0.6b file while any
+     * change that moves the bytes makes a new one. */
+    static char key[65];
+    if (!key[0]) {
+        char probe[4600];
+        snprintf(probe, sizeof probe, "%.4300s/probe-%d.gguf", dir, (int)getpid());
+        char *pargv[] = {tool, "--preset", "tiny", "--type", "q4_k_m", "--seed", "1", "-o", probe, NULL};
+        tg_err e;
+        if (spawn_wait(pargv) != 0 || tg_sha256_file(probe, key, &e) != 0) {
+            unlink(probe);
+            key[0] = 0;
+            printf("tg-mkmodel --preset tiny --type q4_k_m failed\n");
+            return -2;
+        }
+        char keep[4600];
+        snprintf(keep, sizeof keep, "%.4300s/mk-%.16s-tiny-q4_k_m-s1.gguf", dir, key);
+        if (rename(probe, keep) != 0) unlink(probe);
+    }
+    snprintf(out, n, "%.4300s/mk-%.16s-%s-%s-s1.gguf", dir, key, preset, type);
     if (file_exists(out))
         return 0;
     char *argv[] = {tool, "--preset", (char *)preset, "--type", (char *)type, "--seed", "1", "-o", out, NULL};

@@ -377,6 +377,20 @@ static void test_argv(void **st)
     spec_free(s);
 }
 
+/* A command arm's strip: parsed in order on command arms, refused elsewhere. */
+static void test_command_strip(void **st)
+{
+    (void)st;
+    tg_spec *s = load_ok(edit(21, "  - {name: stock, command: [llama-completion], strip: [\"\\n\\n\", \" [end of text]\\n\"]}"));
+    assert_int_equal(s->arms[3].n_strip, 2);
+    assert_string_equal(s->arms[3].strip[0], "\n\n");
+    assert_string_equal(s->arms[3].strip[1], " [end of text]\n");
+    assert_int_equal(s->arms[0].n_strip, 0);
+    spec_free(s);
+    load_bad(edit(21, "  - {name: stock, command: [x], strip: tail}"), "21:40: arms[3].strip: expected a list of stdout suffixes");
+    load_bad(edit(15, "  - {name: cpu, engine: cpu, strip: [x]}"), "15:30: arms[0].strip: expected strip only on a command arm, not engine");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +401,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_hash, setup, teardown),
         cmocka_unit_test_setup_teardown(test_argv, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_command_strip, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

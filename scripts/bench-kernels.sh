@@ -4,8 +4,8 @@
 # prefill-shaped tg_cpu_matmul. Builds the helper into BUILD (default
 # build/) first; extra arguments go to bench-kernels (-m MB -c COLS -t
 # THREADS -r REPS -T TIER). Set TG_CPU_ISA to pin the tier tg_cpu_matmul uses.
-#   scripts/bench-kernels                 # every tier, 256 MiB per matrix
-#   BUILD=build/rel scripts/bench-kernels -t 2 -T avx512vnni
+#   scripts/bench-kernels.sh              # every tier, 256 MiB per matrix
+#   BUILD=build/rel scripts/bench-kernels.sh -t 2 -T avx512vnni
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-build}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Store ingest: synthetic top-32 step rows written through store_put_leg,
+# rows per second and bytes per step on disk, for the real Qwen3 vocabulary
+# and for identical legs (stored once). Targets (issue 6): >= 200k rows/s,
+# <= 160 bytes per step. Usage: scripts/bench-store.sh [BUILD]
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build}
+case $build in /*) ;; *) build=$top/$build ;; esac
+echo "== unique steps, 151,936-token vocabulary"
+"$build/bin/bench-store" --vocab 151936
+echo "== 6 identical legs"
+"$build/bin/bench-store" --legs 6
