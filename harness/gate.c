@@ -11,6 +11,7 @@
 
 #include <assert.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -751,4 +752,25 @@ done:
     free(c.task_leg);
     pthread_mutex_destroy(&c.mu);
     return rc;
+}
+
+/* The folder of tokgate's executables (where the worker binaries live):
+ * $TOKGATE_BIN, else the folder of the running program, else build/bin. */
+void gate_bin_dir(char *buf, size_t n)
+{
+    const char *env = getenv("TOKGATE_BIN");
+    if (env && *env) {
+        snprintf(buf, n, "%s", env);
+        return;
+    }
+    char self[PATH_MAX];
+    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (r <= 0) {
+        snprintf(buf, n, "build/bin");
+        return;
+    }
+    self[r] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(buf, n, "%s", self);
 }

@@ -58,4 +58,8 @@ void gate_arm_binaries(const tg_spec *spec, const char *bin_dir, char (*hex)[65]
 /* "hostname (machine)" into buf. */
 void gate_host(char *buf, size_t n);
 
+/* The folder of tokgate's executables: $TOKGATE_BIN, else the folder of
+ * the running program (readlink /proc/self/exe), else "build/bin". */
+void gate_bin_dir(char *buf, size_t n);
+
 #endif

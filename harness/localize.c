@@ -22,6 +22,7 @@
 #include <zstd.h>
 
 #include "arm.h"
+#include "gate.h"
 #include "svg.h"
 
 /* ------------------------------------------------------------------ */
@@ -779,26 +780,6 @@ static int usage(const char *fmt, const char *arg)
     return 2;
 }
 
-/* tokgate's executables: $TOKGATE_BIN, else the folder of this program. */
-static void own_bin_dir(char *buf, size_t n)
-{
-    const char *env = getenv("TOKGATE_BIN");
-    if (env && *env) {
-        snprintf(buf, n, "%s", env);
-        return;
-    }
-    char self[4096];
-    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (r <= 0) {
-        snprintf(buf, n, "build/bin");
-        return;
-    }
-    self[r] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = 0;
-    snprintf(buf, n, "%s", self);
-}
-
 /* The spec of a stored run, parsed from its stored text. */
 static int run_spec(tg_store *st, int64_t run, tg_spec **out, tg_err *e)
 {
@@ -903,7 +884,7 @@ int localize_main(int argc, char **argv)
     char actual[65];
     if (spec_check_artifact(spec, actual, NULL, &e) < 0) goto fail;
     char bins[4096];
-    own_bin_dir(bins, sizeof bins);
+    gate_bin_dir(bins, sizeof bins);
     loc_request q = {.spec = spec, .bin_dir = bins, .prompt_id = prompt, .step = step,
                      .arm_a = a_name, .arm_b = b_name, .third = third, .run_id = run,
                      .evidence_dir = evidence, .show_top = top};

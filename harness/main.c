@@ -143,26 +143,6 @@ static int parse_opts(int argc, char **argv, int from, const char *allowed, int 
     return 0;
 }
 
-/* The folder of tokgate's executables: $TOKGATE_BIN, else our own folder. */
-static void bin_dir(char *buf, size_t n)
-{
-    const char *env = getenv("TOKGATE_BIN");
-    if (env && *env) {
-        snprintf(buf, n, "%s", env);
-        return;
-    }
-    char self[PATH_MAX];
-    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (r <= 0) {
-        snprintf(buf, n, "build/bin");
-        return;
-    }
-    self[r] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = 0;
-    snprintf(buf, n, "%s", self);
-}
-
 static int open_store(const char *db, tg_store **st)
 {
     tg_err e;
@@ -259,7 +239,7 @@ static int cmd_gate(int argc, char **argv)
         return rc;
     }
     char bins[PATH_MAX];
-    bin_dir(bins, sizeof bins);
+    gate_bin_dir(bins, sizeof bins);
     gate_options go = {.bin_dir = bins, .jobs = o.jobs, .resume_run = o.resume, .progress = isatty(2)};
     gate_result gr;
     double t0 = tg_now();
@@ -470,7 +450,7 @@ static int cmd_bench(int argc, char **argv)
         return rc;
     }
     char bins[PATH_MAX];
-    bin_dir(bins, sizeof bins);
+    gate_bin_dir(bins, sizeof bins);
     char (*hex)[65] = calloc((size_t)s->n_arms, sizeof *hex);
     const char **list = calloc((size_t)s->n_arms + 1, sizeof *list);
     if (!hex || !list) abort();

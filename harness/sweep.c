@@ -425,25 +425,6 @@ int sweep_shard_of(int i, int n_shards)
 /* ------------------------------------------------------------------ */
 /* Running                                                             */
 
-void sweep_bin_dir(char *buf, size_t n)
-{
-    const char *env = getenv("TOKGATE_BIN");
-    if (env && *env) {
-        snprintf(buf, n, "%s", env);
-        return;
-    }
-    char self[PATH_MAX];
-    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (r <= 0) {
-        snprintf(buf, n, "build/bin");
-        return;
-    }
-    self[r] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = 0;
-    snprintf(buf, n, "%s", self);
-}
-
 /* A run-level verdict value of the latest set into buf ("-" if none). */
 static void run_key(tg_store *st, int64_t run, const char *key, char *buf, size_t n)
 {
@@ -625,7 +606,7 @@ int sweep_main(int argc, char **argv)
         return 2;
     }
     char bins[PATH_MAX];
-    sweep_bin_dir(bins, sizeof bins);
+    gate_bin_dir(bins, sizeof bins);
     sweep_row *rows = calloc((size_t)sw->n, sizeof *rows);
     if (!rows) abort();
     int n = 0;
@@ -780,7 +761,7 @@ int sweep_run_main(int argc, char **argv)
         return 2;
     }
     char bins[PATH_MAX];
-    sweep_bin_dir(bins, sizeof bins);
+    gate_bin_dir(bins, sizeof bins);
     size_t nu = json_array_size(units);
     sweep_row *rows = calloc(nu + 1, sizeof *rows);
     if (!rows) abort();

@@ -77,8 +77,4 @@ int sweep_main(int argc, char **argv);
 int sweep_plan_main(int argc, char **argv);
 int sweep_run_main(int argc, char **argv);
 
-/* The folder of tokgate's executables: $TOKGATE_BIN, else the folder of
- * the running executable. */
-void sweep_bin_dir(char *buf, size_t n);
-
 #endif
