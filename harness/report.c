@@ -12,8 +12,11 @@
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "compare.h"
+#include "gguf.h"
+#include "tokenizer.h"
 #include "svg.h"
 #include "verdict.h"
 
@@ -1018,6 +1021,46 @@ static void step_band(rctx *c, const char *prompt, int step, FILE *out)
     sqlite3_finalize(s);
 }
 
+/* The text of the ids a step view shows, decoded with the vocabulary of the
+ * run's artifact when that file is still where the run found it with the
+ * same size. Display only: no verdict depends on it, and a missing or
+ * unreadable artifact just leaves the line out. */
+static void step_token_texts(const rctx *c, const int32_t *ids, int n, FILE *out)
+{
+    struct stat sb;
+    if (!c->art_path[0] || stat(c->art_path, &sb) || sb.st_size != c->art_size || n <= 0) return;
+    gguf *g = NULL;
+    tg_tokenizer *t = NULL;
+    tg_err e;
+    if (gguf_open(&g, c->art_path, &e) || tg_tokenizer_from_gguf(&t, g, &e)) {
+        gguf_close(g);
+        return;
+    }
+    fprintf(out, "tokens:");
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++) seen |= ids[j] == ids[i];
+        if (seen || ids[i] < 0) continue;
+        char *txt = NULL;
+        size_t len = 0;
+        if (tg_detokenize(t, &ids[i], 1, 1, &txt, &len, &e)) continue;
+        fprintf(out, " %d=\"", ids[i]);
+        for (size_t k = 0; k < len; k++) {
+            unsigned char ch = (unsigned char)txt[k];
+            if (ch == '"' || ch == '\\') fprintf(out, "\\%c", ch);
+            else if (ch == '\n') fputs("\\n", out);
+            else if (ch == '\t') fputs("\\t", out);
+            else if (ch < 0x20 || ch == 0x7f) fprintf(out, "\\x%02x", ch);
+            else fputc(ch, out);
+        }
+        fputc('"', out);
+        free(txt);
+    }
+    fputc('\n', out);
+    tg_tokenizer_free(t);
+    gguf_close(g);
+}
+
 int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, int verdict_set,
                 FILE *out, tg_err *e)
 {
@@ -1048,6 +1091,8 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
     fprintf(out, "%-16s %-22s %-4s %8s %8s %12s %8s %12s %9s %9s %-13s %4s %s\n", "ARM", "ROLE", "LEG",
             "TOKEN", "TOP1", "LOGIT1", "TOP2", "LOGIT2", "OWN_GAP", "REF_GAP", "CLASS", "RANK", "NOISE");
     int shown = 0;
+    int32_t shown_ids[3 * 64];
+    int n_shown_ids = 0;
     for (int a = 0; a < c.n_arms; a++) {
         const rarm *arm = &c.arms[a];
         if (arm->is_custody) continue;
@@ -1099,6 +1144,10 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
         char g[16];
         fmt_gap(g, sizeof g, sqlite3_column_type(q, 2) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 2));
         fprintf(out, "%-16s %-22s %-4d %8d ", arm->name, role, arm->scored_leg, sqlite3_column_int(q, 0));
+        if (n_shown_ids + 3 <= (int)(sizeof shown_ids / sizeof *shown_ids)) {
+            shown_ids[n_shown_ids++] = sqlite3_column_int(q, 0);
+            for (int k = 0; k < 2 && k < n; k++) shown_ids[n_shown_ids++] = top[k].id;
+        }
         if (n >= 1) fprintf(out, "%8d %12.6f ", top[0].id, top[0].logit);
         else fprintf(out, "%8s %12s ", "-", "-");
         if (n >= 2) fprintf(out, "%8d %12.6f ", top[1].id, top[1].logit);
@@ -1132,6 +1181,7 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
             fprintf(out, "not contested: every arm emits the reference's token\n");
     }
     step_band(&c, prompt_id, step, out);
+    step_token_texts(&c, shown_ids, n_shown_ids, out);
     rc = ferror(out) ? tg_errf(e, "report: write error") : 0;
 out:
     sqlite3_finalize(q);

@@ -26,6 +26,7 @@
 #include "gate.h"
 #include "spec.h"
 #include "store.h"
+#include "report.h"
 #include "verdict.h"
 
 static char g_root[PATH_MAX], g_bin[PATH_MAX + 64], g_cache[PATH_MAX + 64];
@@ -425,6 +426,18 @@ static void test_real_gate(void **unused)
     if (with_engine) {
         arm_verdict(st, r.run_id, "cpu", w);
         print_message("engine cpu tier against llama.cpp: TOKEN_GATE=%s\n", w);
+    }
+    /* the step view renders the tokens with the artifact's own vocabulary */
+    {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *m = open_memstream(&buf, &len);
+        assert_non_null(m);
+        assert_int_equal(report_step(st, r.run_id, "p1", 0, 0, m, &e), 0);
+        fclose(m);
+        if (!strstr(buf, "\ntokens: ") || !strstr(buf, "=\""))
+            fail_msg("step view without token texts:\n%s", buf);
+        free(buf);
     }
     /* the reference's generated text is stored for chain of custody */
     assert_int_equal(q_int(st, "SELECT count(*) FROM leg_prompt lp JOIN leg l ON l.id = lp.leg_id JOIN arm a "
