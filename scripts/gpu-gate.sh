@@ -110,6 +110,14 @@ gate() { # spec name, evidence tag
   say "gate $1: rc=$rc in $(( $(date +%s) - s )) s"; cat "$OUT/gate-$2.txt" | tail -40
   $TK report --db $DB --format md --out "$OUT/evidence-$2.md" >/dev/null 2>>"$OUT/gate-$2.err" \
     || say "report $2 failed"
+  # the same rows under the noise policy (llama-cpu and llama-cuda-nofa are
+  # variants of llama-cuda): a new verdict set, no arm runs again
+  local run; run=$($TK report --db $DB --format json 2>/dev/null | grep -m1 -o '"id": *[0-9]*' | grep -o '[0-9]*$')
+  if [ -n "$run" ]; then
+    $TK rescore $run --db $DB --policy noise > "$OUT/gate-$2-noise.txt" 2>&1; say "rescore $2 (noise) rc=$?"
+    tail -30 "$OUT/gate-$2-noise.txt"
+    $TK report $run --db $DB --format md --out "$OUT/evidence-$2-noise.md" >/dev/null 2>&1
+  fi
   for f in $DB $DB-wal $DB-shm; do [ -f $f ] && cp $f "$OUT/"; done
   bundle
 }
@@ -126,19 +134,30 @@ if [ -f $W/specs/gpu-0.6b-ref.yaml ] && [ ! -f "$OUT/gate-0.6b-ref.txt" ]; then
   REFPID=$!
 fi
 
-# kernel checks, with the 8-bit mat-vec (default) and without it; a failing
-# 8-bit kernel is switched off for everything that follows
-timeout 90 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops.txt" 2>&1; rc8=$?
-say "test_gpu_ops rc=$rc8 $(grep -c '^OK' "$OUT/test_gpu_ops.txt") OK $(grep -c '^FAIL' "$OUT/test_gpu_ops.txt") FAIL"
+# kernel checks; a failing fused-path kernel switches its feature off for
+# everything that follows (the top-k search bound, the streamed mat-vecs, or
+# the whole fused single-token path), so the gates run on tested kernels
+timeout 120 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops.txt" 2>&1; rco=$?
+say "test_gpu_ops rc=$rco $(grep -c '^OK' "$OUT/test_gpu_ops.txt") OK $(grep -c '^FAIL' "$OUT/test_gpu_ops.txt") FAIL"
 grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
-if [ $rc8 != 0 ] || grep -q '^FAIL' "$OUT/test_gpu_ops.txt"; then
-  export TG_GPU_MMVQ=0; say "the 8-bit mat-vec FAILED its tests: TG_GPU_MMVQ=0 from here on"
+if grep -q '^FAIL topk' "$OUT/test_gpu_ops.txt"; then export TG_GPU_TOPK_BOUND=0; say "top-k FAILED: TG_GPU_TOPK_BOUND=0"; fi
+if grep -qE '^FAIL (mv_|rmsnorm_q8|qk_norm|attention_q8)' "$OUT/test_gpu_ops.txt"; then
+  TG_GPU_STREAM=0 timeout 120 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops-direct.txt" 2>&1
+  if grep -qE '^FAIL (mv_|rmsnorm_q8|qk_norm|attention_q8)' "$OUT/test_gpu_ops-direct.txt"; then
+    export TG_GPU_FUSED=0; say "fused kernels FAILED: TG_GPU_FUSED=0 from here on"
+  else
+    export TG_GPU_STREAM=0; say "streamed mat-vecs FAILED: TG_GPU_STREAM=0 from here on"
+  fi
 fi
-for mode in 1 0; do   # the shipped trained model against the ref tier, 6 x 48 teacher-forced
-  TG_GPU_MMVQ=${TG_GPU_MMVQ:-$mode} timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model-tiny-mmvq$mode.txt" 2>&1
-  say "test_gpu_model (tiny, TG_GPU_MMVQ=${TG_GPU_MMVQ:-$mode}) rc=$?"; tail -6 "$OUT/test_gpu_model-tiny-mmvq$mode.txt"
-  [ "${TG_GPU_MMVQ:-1}" = 0 ] && break
+for mode in 1 0; do   # the shipped trained model against the ref tier, 6 x 48 teacher-forced, fused path on/off
+  TG_GPU_FUSED=${TG_GPU_FUSED:-$mode} timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model-tiny-fused$mode.txt" 2>&1
+  say "test_gpu_model (tiny, TG_GPU_FUSED=${TG_GPU_FUSED:-$mode}) rc=$?"; tail -4 "$OUT/test_gpu_model-tiny-fused$mode.txt"
+  [ "${TG_GPU_FUSED:-1}" = 0 ] && break
 done
+if [ -f $M06 ]; then
+  TG_GPU_YARDSTICK=cpu TG_GPU_STEPS=24 timeout 100 $W/bin/test_gpu_model $M06 > "$OUT/test_gpu_model-0.6b.txt" 2>&1
+  say "test_gpu_model (0.6b against the cpu tier, 6 x 24) rc=$?"; tail -4 "$OUT/test_gpu_model-0.6b.txt"
+fi
 
 [ "$(left)" -gt 300 ] && mk 8b $M8 $NPROC && pin gpu-8b.yaml $M8
 
@@ -146,10 +165,10 @@ done
 if [ -f $M8 ] && [ "$(left)" -gt 120 ]; then
   timeout 90 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b.txt" 2>&1
   say "bench_gpu 8b rc=$?"; cat "$OUT/bench_gpu-8b.txt"
-  if [ "${TG_GPU_MMVQ:-1}" != 0 ]; then
-    TG_GPU_MMVQ=0 timeout 90 $W/bin/bench_gpu $M8 --prefill 64 --decode 64 > "$OUT/bench_gpu-8b-f32.txt" 2>&1
-    say "bench_gpu 8b (TG_GPU_MMVQ=0) rc=$?"; grep -i "decode" "$OUT/bench_gpu-8b-f32.txt"
-  fi
+  TG_GPU_PROFILE=1 timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 64 > "$OUT/bench_gpu-8b-profile.txt" 2>&1
+  say "bench_gpu 8b, per-kernel profile rc=$?"; grep -A16 "^profile" "$OUT/bench_gpu-8b-profile.txt"
+  TG_GPU_FUSED=0 timeout 90 $W/bin/bench_gpu $M8 --prefill 64 --decode 64 > "$OUT/bench_gpu-8b-plain.txt" 2>&1
+  say "bench_gpu 8b (TG_GPU_FUSED=0, the plain path) rc=$?"; grep -i "decode" "$OUT/bench_gpu-8b-plain.txt"
 fi
 
 if [ -n "$LPID" ]; then

@@ -41,6 +41,8 @@ struct tg_gpu {
     void *dump_ud;
 
     cudaStream_t stream;
+    cudaStream_t side;           /* the digest runs here beside the top-k */
+    cudaEvent_t ev_fork, ev_join;
     void *arena;                 /* every weight, one allocation */
     size_t weight_bytes;         /* its size */
     dweight token_embd, output_norm, output;
@@ -73,6 +75,19 @@ struct tg_gpu {
     int graph_ready;
     tg_ops graph_ops;            /* ops one replay runs */
     float *dump_buf;             /* host, max(n_vocab, widest activation) */
+    /* the fused single-token path (kernels.cu): on when every mat-vec weight
+     * and shape suits it, unless TG_GPU_FUSED=0 */
+    int fused;
+    gk_q8 q8n, q8a, q8f;         /* quantized norm output, attention output, SwiGLU output */
+    void *q8_mem;                /* their one allocation */
+    /* TG_GPU_PROFILE: an event after each fused launch, totals per label */
+    int prof;
+    cudaEvent_t pev[512];
+    const char *plab[512];
+    int pn, psteps;
+    const char *pname[48];
+    double pus[48];
+    int pcnt[48], npk;
 };
 
 extern "C" tg_gpu_opts tg_gpu_opts_default(void)
@@ -159,6 +174,32 @@ static int widest(const tg_hparams *hp)
     return w;
 }
 
+/* Whether the fused single-token path serves this model: every mat-vec
+ * weight of a type it serves, with whole blocks along its input, gate and up
+ * of one type, and the widths multiples of 32. TG_GPU_FUSED=0 turns it off. */
+static int fused_suits(const tg_gpu *g)
+{
+    const char *env = getenv("TG_GPU_FUSED");
+    if (env && env[0] == '0') return 0;
+    const tg_hparams *hp = &g->hp;
+    const int E = hp->n_embd, QD = hp->n_head * hp->head_dim, FF = hp->n_ff;
+    if (E % 32 || QD % 32 || FF % 32 || hp->head_dim % 32 || hp->head_dim > 512) return 0;
+    struct { const dweight *w; int K; } ws[8];
+    auto ok = [](const dweight *w, int K) {
+        return gk_fused_type_supported(w->type) && K % (w->type == TG_TYPE_Q8_0 ? 32 : 256) == 0;
+    };
+    if (!ok(&g->output, E)) return 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const dlayer *L = &g->layers[l];
+        ws[0] = {&L->wq, E}; ws[1] = {&L->wk, E}; ws[2] = {&L->wv, E}; ws[3] = {&L->wo, QD};
+        ws[4] = {&L->gate, E}; ws[5] = {&L->up, E}; ws[6] = {&L->down, FF};
+        for (int i = 0; i < 7; i++)
+            if (!ok(ws[i].w, ws[i].K)) return 0;
+        if (L->gate.type != L->up.type) return 0;
+    }
+    return 1;
+}
+
 extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o, tg_err *e)
 {
     *out = NULL;
@@ -184,7 +225,10 @@ extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o,
         goto fail;
     }
     if (cudaSetDevice(dev) != cudaSuccess) { tg_errf(e, "cudaSetDevice(%d) failed", dev); goto fail; }
-    if (cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess) {
+    if (cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&g->side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&g->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&g->ev_join, cudaEventDisableTiming) != cudaSuccess) {
         tg_errf(e, "cudaStreamCreateWithFlags failed (in %s, %s:%d)", __func__, __FILE__, __LINE__);
         goto fail;
     }
@@ -252,6 +296,33 @@ extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o,
         g->dump_buf = (float *)malloc((size_t)widest(hp) * sizeof(float));
         if (!g->dump_buf) { tg_errf(e, "out of host memory"); goto fail; }
     }
+    g->fused = fused_suits(g);
+    if (g->fused && gk_init(e)) goto fail;
+    {
+        const char *pe = getenv("TG_GPU_PROFILE");
+        if (pe && pe[0] == '1') {
+            g->prof = 1;
+            g->o.no_graph = 1;
+            for (int i = 0; i < 512; i++)
+                if (cudaEventCreate(&g->pev[i]) != cudaSuccess) { tg_errf(e, "cudaEventCreate failed"); goto fail; }
+        }
+    }
+    if (g->fused) {
+        /* three gk_q8 buffers of the widest mat-vec input */
+        const size_t w = (size_t)(hp->n_ff > qdim ? (hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd)
+                                                  : (qdim > hp->n_embd ? qdim : hp->n_embd));
+        const size_t one = align256(w) + 2 * align256(w / 32 * sizeof(float));
+        if (dalloc(&g->q8_mem, 3 * one, e)) goto fail;
+        gk_q8 *bufs[3] = {&g->q8n, &g->q8a, &g->q8f};
+        for (int i = 0; i < 3; i++) {
+            uint8_t *b = (uint8_t *)g->q8_mem + i * one;
+            bufs[i]->q = (int8_t *)b;
+            bufs[i]->d = (float *)(b + align256(w));
+            bufs[i]->s = (float *)(b + align256(w) + align256(w / 32 * sizeof(float)));
+        }
+    }
+    snprintf(g->device + strlen(g->device), sizeof g->device - strlen(g->device), ", %s decode",
+             g->fused ? "fused" : "plain");
     *out = g;
     return 0;
 fail:
@@ -263,16 +334,23 @@ fail:
 extern "C" void tg_gpu_free(tg_gpu *g)
 {
     if (!g) return;
+    if (g->prof)
+        for (int i = 0; i < 512; i++)
+            if (g->pev[i]) cudaEventDestroy(g->pev[i]);
     if (g->graph_exec) cudaGraphExecDestroy(g->graph_exec);
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
-                   g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest};
+                   g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest,
+                   g->q8_mem};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (g->hparams) cudaFreeHost(g->hparams);
     if (g->htop) cudaFreeHost(g->htop);
     if (g->hdigest) cudaFreeHost(g->hdigest);
     if (g->stream) cudaStreamDestroy(g->stream);
+    if (g->side) cudaStreamDestroy(g->side);
+    if (g->ev_fork) cudaEventDestroy(g->ev_fork);
+    if (g->ev_join) cudaEventDestroy(g->ev_join);
     free(g->layers);
     free(g->dump_buf);
     free(g);
@@ -303,6 +381,120 @@ static int dump_stage(tg_gpu *g, int layer, int stage, const float *d, int n, in
 
 #define COUNT(ops, op, type) tg_ops_count((ops), (op), (type), TG_TIER_GPU)
 
+/* The fused single-token step (kernels.cu, "the fused single-token path"):
+ * the same forward pass as enqueue_step in 9 launches per layer. Counts the
+ * same ops as the plain path, so the counters compare across the two. */
+/* The top-k on the main stream and the digest on the side stream, both
+ * over the final logits, joined before the copies to the host (a fork and
+ * join that a captured graph keeps as two parallel branches). */
+static int enqueue_select(tg_gpu *g, int k, tg_err *e)
+{
+    cudaStream_t s = g->stream;
+    const int nv = g->hp.n_vocab;
+    GPU_CHECK(e, cudaEventRecord(g->ev_fork, s));
+    GPU_CHECK(e, cudaStreamWaitEvent(g->side, g->ev_fork, 0));
+    if (gk_xxh3(g->side, g->logits, (size_t)nv * 4, g->xxh_scratch, g->ddigest, e)) return -1;
+    GPU_CHECK(e, cudaEventRecord(g->ev_join, g->side));
+    if (gk_topk(s, g->logits, nv, k, g->topk_scratch, g->dtop, e)) return -1;
+    GPU_CHECK(e, cudaStreamWaitEvent(s, g->ev_join, 0));
+    GPU_CHECK(e, cudaMemcpyAsync(g->htop, g->dtop, sizeof(tg_top) * k, cudaMemcpyDeviceToHost, s));
+    GPU_CHECK(e, cudaMemcpyAsync(g->hdigest, g->ddigest, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
+    return 0;
+}
+
+#define PROF(label)                                                      \
+    do {                                                                 \
+        if (g->prof && g->pn < 512) {                                    \
+            cudaEventRecord(g->pev[g->pn], s);                           \
+            g->plab[g->pn++] = (label);                                  \
+        }                                                                \
+    } while (0)
+
+static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
+{
+    const tg_hparams *hp = &g->hp;
+    cudaStream_t s = g->stream;
+    const int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KVD = hp->n_head_kv * HD, FF = hp->n_ff;
+    const int32_t *pos0 = g->dparams, *ids = g->dparams + 1;
+    const int f16 = !g->o.kv_f32;
+    const size_t kv_el = f16 ? 2 : 4;
+    g->pn = 0;
+    PROF(NULL);
+    if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, 1, g->x, e)) return -1;
+    COUNT(ops, TG_OP_EMBED, g->token_embd.type);
+    PROF("embed");
+    for (int l = 0; l < hp->n_layer; l++) {
+        const dlayer *L = &g->layers[l];
+        void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
+        void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
+        if (gk_rmsnorm_q8(s, g->x, (const float *)L->attn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        PROF("rmsnorm_q8");
+        const gk_mv_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q},
+                                  {L->wk.type, L->wk.d, KVD, g->k},
+                                  {L->wv.type, L->wv.d, KVD, g->v}};
+        if (gk_mv_fused(s, qkv, 3, E, g->q8n, 0, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->wq.type);
+        COUNT(ops, TG_OP_MATMUL, L->wk.type);
+        COUNT(ops, TG_OP_MATMUL, L->wv.type);
+        PROF(L->wv.type == TG_TYPE_Q6_K ? "mv qkv (v q6_K)" : "mv qkv");
+        if (gk_qk_norm_rope_store(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
+                                  hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD,
+                                  pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, e))
+            return -1;
+        if (hp->qk_norm) {
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        }
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
+        PROF("qk_norm_rope_store");
+        if (gk_attention_q8(s, g->q, kc, vc, f16, g->att, g->q8a, hp->n_head, hp->n_head_kv, HD, g->o.n_ctx, pos0,
+                            g->att_scratch, e))
+            return -1;
+        COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
+        PROF("attention+combine");
+        const gk_mv_seg wo = {L->wo.type, L->wo.d, E, g->x};
+        if (gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->wo.type);
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+        PROF("mv wo+add");
+        if (gk_rmsnorm_q8(s, g->x, (const float *)L->ffn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        PROF("rmsnorm_q8");
+        if (gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->gate.type);
+        COUNT(ops, TG_OP_MATMUL, L->up.type);
+        COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
+        PROF("mv gate+up+swiglu");
+        const gk_mv_seg down = {L->down.type, L->down.d, E, g->x};
+        if (gk_mv_fused(s, &down, 1, FF, g->q8f, 1, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->down.type);
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+        PROF(L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add");
+    }
+    if (gk_rmsnorm_q8(s, g->x, (const float *)g->output_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+    COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+    PROF("rmsnorm_q8");
+    const gk_mv_seg out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
+    if (gk_mv_fused(s, &out, 1, E, g->q8n, 0, e)) return -1;
+    COUNT(ops, TG_OP_MATMUL, g->output.type);
+    PROF("mv output");
+    if (k > 0) {
+        if (g->prof) {   /* one stream, so the events time each */
+            if (gk_topk(s, g->logits, hp->n_vocab, k, g->topk_scratch, g->dtop, e)) return -1;
+            PROF("topk");
+            if (gk_xxh3(s, g->logits, (size_t)hp->n_vocab * 4, g->xxh_scratch, g->ddigest, e)) return -1;
+            PROF("xxh3");
+            GPU_CHECK(e, cudaMemcpyAsync(g->htop, g->dtop, sizeof(tg_top) * k, cudaMemcpyDeviceToHost, s));
+            GPU_CHECK(e, cudaMemcpyAsync(g->hdigest, g->ddigest, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
+        } else if (enqueue_select(g, k, e))
+            return -1;
+    }
+    return 0;
+}
+
 /* Enqueues the forward pass of n tokens (ids and position already in
  * g->dparams) and, when k > 0, the top-k and digest with their copies to the
  * pinned host buffers. Counts every op into ops. With dumps on, synchronizes
@@ -315,7 +507,7 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
     const int32_t *pos0 = g->dparams, *ids = g->dparams + 1;
     const int f16 = !g->o.kv_f32;
     const size_t kv_el = f16 ? 2 : 4;
-
+    if (n == 1 && g->fused && !g->dump_fn) return enqueue_fused(g, k, ops, e);
     /* token embedding */
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, n, g->x, e)) return -1;
     COUNT(ops, TG_OP_EMBED, g->token_embd.type);
@@ -392,10 +584,7 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
     if (dump_stage(g, -1, TG_STAGE_LOGITS, g->logits, 1, hp->n_vocab, e)) return -1;
     /* top-k and digest on the device; only they cross to the host */
     if (k > 0) {
-        if (gk_topk(s, g->logits, hp->n_vocab, k, g->topk_scratch, g->dtop, e)) return -1;
-        if (gk_xxh3(s, g->logits, (size_t)hp->n_vocab * 4, g->xxh_scratch, g->ddigest, e)) return -1;
-        GPU_CHECK(e, cudaMemcpyAsync(g->htop, g->dtop, sizeof(tg_top) * k, cudaMemcpyDeviceToHost, s));
-        GPU_CHECK(e, cudaMemcpyAsync(g->hdigest, g->ddigest, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
+        if (enqueue_select(g, k, e)) return -1;
     }
     return 0;
 }
@@ -427,6 +616,41 @@ static int capture_graph(tg_gpu *g, int k, tg_err *e)
     g->graph_k = k;
     g->graph_ready = 1;
     return 0;
+}
+
+/* Adds the event intervals of the last fused step to the per-label totals. */
+static void profile_collect(tg_gpu *g)
+{
+    for (int i = 1; i < g->pn; i++) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, g->pev[i - 1], g->pev[i]) != cudaSuccess) continue;
+        int j = 0;
+        while (j < g->npk && strcmp(g->pname[j], g->plab[i])) j++;
+        if (j == g->npk) {
+            if (g->npk == 48) continue;
+            g->pname[g->npk] = g->plab[i];
+            g->pus[g->npk] = 0;
+            g->pcnt[g->npk++] = 0;
+        }
+        g->pus[j] += 1000.0 * ms;
+        g->pcnt[j]++;
+    }
+    g->psteps++;
+    g->pn = 0;
+}
+
+extern "C" void tg_gpu_profile_report(tg_gpu *g, FILE *f)
+{
+    if (!g->prof || !g->psteps) return;
+    double tot = 0;
+    for (int j = 0; j < g->npk; j++) tot += g->pus[j];
+    fprintf(f, "profile: %d fused steps, %.1f us per step (events between launches, no graph)\n", g->psteps,
+            tot / g->psteps);
+    for (int j = 0; j < g->npk; j++)
+        fprintf(f, "  %-22s %8.1f us/step %5.1f%%  %4d launches/step  %6.2f us each\n", g->pname[j],
+                g->pus[j] / g->psteps, 100.0 * g->pus[j] / tot, g->pcnt[j] / g->psteps, g->pus[j] / g->pcnt[j]);
+    g->npk = 0;
+    g->psteps = 0;
 }
 
 static void digest_hex(uint64_t h, char hex[17])
@@ -467,6 +691,7 @@ extern "C" int tg_gpu_eval(tg_gpu *g, const int32_t *tokens, int n, int top_k, t
         }
         /* the pinned parameter block is reused by the next batch: wait */
         GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+        if (g->prof && g->pn > 1) profile_collect(g);
         pos += nb;
     }
     g->pos = pos;

@@ -23,6 +23,7 @@
 #define TG_GPU_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -88,6 +89,12 @@ void tg_gpu_set_dump(tg_gpu *g, tg_dump_fn fn, void *ud);
 
 /* Bytes of weights on the device (what a decode step must read). */
 size_t tg_gpu_weight_bytes(const tg_gpu *g);
+
+/* With TG_GPU_PROFILE=1 in the environment at tg_gpu_new, single-token
+ * steps run without a graph and time each launch of the fused path with
+ * CUDA events; this prints the totals per kernel (microseconds per step) to
+ * f and clears them. Without it, prints nothing. */
+void tg_gpu_profile_report(tg_gpu *g, FILE *f);
 /* Measures the device's copy bandwidth (a large device-to-device copy,
  * bytes read plus written per second) into *bytes_per_s, for roofline
  * figures. Returns 0 or -1 with e. */

@@ -66,6 +66,19 @@ __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
+/* Orders the shared-memory accesses of the lanes of one logical warp
+ * (a wavefront barrier with a work-group fence on AMD, where Debian's HIP
+ * has no __syncwarp). */
+__device__ __forceinline__ void warp_sync(void)
+{
+#ifdef TG_GPU_HIP
+    __threadfence_block();
+    __builtin_amdgcn_wave_barrier();
+#else
+    __syncwarp();
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_shfl_xor(T v, int o)
 {

@@ -36,6 +36,25 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, float *sc,
     *m = mm;
 }
 
+/* scale_min_k4 over the scale bytes held in registers (hd.y, hd.z, hd.w:
+ * bytes 4..15 of the block), selected without indexing a local array. */
+__device__ __forceinline__ uint32_t sbyte(const uint4 &hd, int k)
+{
+    const uint32_t w = k < 4 ? hd.y : k < 8 ? hd.z : hd.w;
+    return (w >> (8 * (k & 3))) & 0xFF;
+}
+
+__device__ __forceinline__ void scale_min_k4_w(int j, const uint4 &hd, float *sc, float *m)
+{
+    if (j < 4) {
+        *sc = (float)(sbyte(hd, j) & 63);
+        *m = (float)(sbyte(hd, j + 4) & 63);
+    } else {
+        *sc = (float)((sbyte(hd, j + 4) & 0xF) | ((sbyte(hd, j - 4) >> 6) << 4));
+        *m = (float)((sbyte(hd, j + 4) >> 4) | ((sbyte(hd, j) >> 6) << 4));
+    }
+}
+
 struct tr_q4_K {
     static constexpr int QK = QK_K, BYTES = sizeof(block_q4_K), PARTS = 8;
     static constexpr int NRUN = 2, RUNLEN = 16;
@@ -353,10 +372,12 @@ __device__ __forceinline__ float mv_dot_q4_K(const uint8_t *b, int p, const int8
                                              const float *xs)
 {
     const int g = p >> 1, hh = p & 1;
-    const float d = h2f(*(const uint16_t *)b), dmin = h2f(*(const uint16_t *)(b + 2));
+    /* the 16-byte header (d, dmin, 12 scale bytes) in one load */
+    const uint4 hd = *(const uint4 *)b;
+    const float d = h2f((uint16_t)(hd.x & 0xFFFF)), dmin = h2f((uint16_t)(hd.x >> 16));
     float sc0, m0, sc1, m1;
-    scale_min_k4(2 * g, b + 4, &sc0, &m0);
-    scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+    scale_min_k4_w(2 * g, hd, &sc0, &m0);
+    scale_min_k4_w(2 * g + 1, hd, &sc1, &m1);
     const uint4 q4 = *(const uint4 *)(b + 16 + 32 * g + 16 * hh);
     const int4 xl = *(const int4 *)(xq + 64 * g + 16 * hh);
     const int4 xh = *(const int4 *)(xq + 64 * g + 32 + 16 * hh);
@@ -828,7 +849,7 @@ int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e)
 /* ---- top-k ---------------------------------------------------------------- */
 
 #define TOPK_THREADS 256
-#define TOPK_CHUNK 4096   /* logits per thread block in the first pass */
+#define TOPK_CHUNK 1024   /* logits per thread block in the first pass (~150 blocks for a 152k vocabulary) */
 
 /* a ranks before b: larger logit first, NaN last, ties by lower id. */
 __device__ __forceinline__ bool top_before(float la, int ia, float lb, int ib)
@@ -843,7 +864,7 @@ __device__ __forceinline__ bool top_before(float la, int ia, float lb, int ib)
  * Entries come as (vals[i], ids[i]) for i < cnt (ids NULL: id = id0 + i,
  * ids[i] < 0: empty). Writes k entries to out (id -1 when fewer exist). */
 __device__ void block_select(const float *vals, const int *ids, int id0, int cnt, int k, tg_top *out,
-                             int stride = 1)
+                             int stride = 1, float thr = -INFINITY)
 {
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -857,6 +878,7 @@ __device__ void block_select(const float *vals, const int *ids, int id0, int cnt
             const int id = ids ? ids[(size_t)i * stride] : id0 + i;
             if (id < 0) continue;
             const float v = vals[(size_t)i * stride];
+            if (v < thr) continue;   /* below a known lower bound of the k-th logit (NaN is never skipped) */
             if (pid >= 0 && !top_before(pv, pid, v, id)) continue;
             if (bi < 0 || top_before(v, id, bv, bi)) { bv = v; bi = id; }
         }
@@ -881,21 +903,123 @@ __device__ void block_select(const float *vals, const int *ids, int id0, int cnt
     }
 }
 
-__global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
+/* Entry order of the selection: top_before, with empty entries (id < 0)
+ * after everything. */
+__device__ __forceinline__ bool rank_before(float va, int ia, float vb, int ib)
 {
-    __shared__ float chunk[TOPK_CHUNK];
-    const int start = blockIdx.x * TOPK_CHUNK;
-    const int cnt = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
-    for (int i = threadIdx.x; i < cnt; i += blockDim.x) chunk[i] = logits[start + i];
-    __syncthreads();
-    block_select(chunk, NULL, start, cnt, k, cand + (size_t)blockIdx.x * k);
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    return top_before(va, ia, vb, ib);
 }
 
-/* Candidates as (logit, id) pairs: every entry is read through these two
- * strided views of the tg_top array (no shared-memory copy, any count). */
-__global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out)
+/* Sorts n (a power of two) entries of sv/si in shared memory into rank
+ * order (bitonic network; every thread of the block takes part). */
+__device__ void block_bitonic(float *sv, int *si, int n)
 {
-    block_select(&cand[0].logit, &cand[0].id, 0, ncand, k, out, 2);
+    for (int k = 2; k <= n; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int l = i ^ j;
+                if (l > i) {
+                    const bool up = (i & k) == 0;
+                    const bool sw = up ? rank_before(sv[l], si[l], sv[i], si[i]) : rank_before(sv[i], si[i], sv[l], si[l]);
+                    if (sw) {
+                        const float tv = sv[i]; sv[i] = sv[l]; sv[l] = tv;
+                        const int ti = si[i]; si[i] = si[l]; si[l] = ti;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+}
+
+/* First pass: each block sorts its chunk of TOPK_CHUNK logits and keeps the
+ * first k. */
+__global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
+{
+    __shared__ float sv[TOPK_CHUNK];
+    __shared__ int si[TOPK_CHUNK];
+    const int start = blockIdx.x * TOPK_CHUNK;
+    const int cnt = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
+    for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
+        sv[i] = i < cnt ? logits[start + i] : NAN;
+        si[i] = i < cnt ? start + i : -1;
+    }
+    __syncthreads();
+    block_bitonic(sv, si, TOPK_CHUNK);
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        cand[(size_t)blockIdx.x * k + r].id = si[r];
+        cand[(size_t)blockIdx.x * k + r].logit = si[r] >= 0 ? sv[r] : NAN;
+    }
+}
+
+#define TOPK_FINAL_CAP 4096   /* survivors the final pass sorts in shared memory */
+
+/* Second pass. Each chunk's k-th entry bounds the global k-th logit from
+ * below (that chunk alone has k logits at least as large), so only
+ * candidates at or above the largest such bound can be selected; they are
+ * gathered and sorted in shared memory. A chunk with fewer than k numbers
+ * gives no bound; NaN candidates are kept. When more than TOPK_FINAL_CAP
+ * survive (massive ties), k rounds of block_select over all candidates. */
+__global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out, int chunk_max_bound)
+{
+    __shared__ float sv[TOPK_FINAL_CAP];
+    __shared__ int si[TOPK_FINAL_CAP];
+    __shared__ float sh[32];
+    __shared__ int cnt;
+    const int nch = ncand / k;
+    float b = -INFINITY;
+    for (int c = threadIdx.x; c < nch; c += blockDim.x) {
+        const tg_top t = cand[(size_t)c * k + k - 1];
+        if (t.id >= 0 && !isnan(t.logit)) b = fmaxf(b, t.logit);
+    }
+    b = block_max(b, sh);
+    /* A tighter bound when there are at least k chunks: the k-th largest of
+     * the chunks' maxima (k chunks each hold a logit at least that large).
+     * The maxima are sorted in shared memory (nch <= TOPK_FINAL_CAP). */
+    if (chunk_max_bound && nch >= k && nch <= TOPK_FINAL_CAP) {
+        int n2 = 1;
+        while (n2 < nch) n2 <<= 1;
+        for (int c = threadIdx.x; c < n2; c += blockDim.x) {
+            const tg_top t = c < nch ? cand[(size_t)c * k] : tg_top{-1, NAN};
+            const bool ok = t.id >= 0 && !isnan(t.logit);
+            sv[c] = ok ? t.logit : NAN;
+            si[c] = ok ? c : -1;
+        }
+        __syncthreads();
+        block_bitonic(sv, si, n2);
+        if (si[k - 1] >= 0) b = fmaxf(b, sv[k - 1]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < ncand; i += blockDim.x) {
+        const tg_top t = cand[i];
+        if (t.id < 0 || t.logit < b) continue;   /* NaN compares false: kept */
+        const int slot = atomicAdd(&cnt, 1);
+        if (slot < TOPK_FINAL_CAP) {
+            sv[slot] = t.logit;
+            si[slot] = t.id;
+        }
+    }
+    __syncthreads();
+    const int m = cnt;
+    if (m > TOPK_FINAL_CAP) {
+        block_select(&cand[0].logit, &cand[0].id, 0, ncand, k, out, 2, b);
+        return;
+    }
+    int n2 = 1;
+    while (n2 < m || n2 < k) n2 <<= 1;
+    for (int i = m + threadIdx.x; i < n2; i += blockDim.x) {
+        sv[i] = NAN;
+        si[i] = -1;
+    }
+    __syncthreads();
+    block_bitonic(sv, si, n2);
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        out[r].id = si[r];
+        out[r].logit = si[r] >= 0 ? sv[r] : NAN;
+    }
 }
 
 size_t gk_topk_scratch(int n, int k)
@@ -914,7 +1038,12 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     tg_top *cand = (tg_top *)scratch;
     k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
     GPU_CHECK_LAUNCH(e, "topk partial");
-    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out);
+    static int bound = -1;
+    if (bound < 0) {
+        const char *env = getenv("TG_GPU_TOPK_BOUND");   /* 0: only the chunks' k-th entries bound the search */
+        bound = !(env && env[0] == '0');
+    }
+    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, bound);
     GPU_CHECK_LAUNCH(e, "topk final");
     return 0;
 }
@@ -948,6 +1077,7 @@ __constant__ uint8_t xxh_secret[192] = {
 #define XXH_STRIPE 64
 #define XXH_STRIPES_PER_BLOCK 16           /* (192 - 64) / 8 */
 #define XXH_BLOCK (XXH_STRIPE * XXH_STRIPES_PER_BLOCK)
+#define XXH_PREFETCH 256                   /* block sums per shared-memory fill of k_xxh3_final */
 
 /* Little-endian 64-bit read of the secret at any byte offset. */
 __device__ __forceinline__ uint64_t sec64(int off)
@@ -985,7 +1115,7 @@ __device__ __forceinline__ uint64_t mul128_fold64(uint64_t a, uint64_t b)
     return (a * b) ^ __umul64hi(a, b);
 }
 
-/* One block of 8 threads: the sequential chain of block sums and scrambles,
+/* One block (threads 0..7 hold the 8 lanes; all of them fetch): the sequential chain of block sums and scrambles,
  * the last partial block, the last stripe and the merge. */
 __global__ void k_xxh3_final(const uint8_t *data, size_t len, size_t nblocks, const uint64_t *sums,
                              uint64_t *out)
@@ -994,15 +1124,27 @@ __global__ void k_xxh3_final(const uint8_t *data, size_t len, size_t nblocks, co
     const int i = threadIdx.x;
     const uint64_t init[8] = {XXH_P32_3, XXH_P64_1, XXH_P64_2, XXH_P64_3,
                               XXH_P64_4, XXH_P32_2, XXH_P64_5, XXH_P32_1};
-    uint64_t acc = init[i];
-    const uint64_t skey = sec64(192 - 64 + 8 * i);
-    for (size_t b = 0; b < nblocks; b++) {
-        acc += sums[b * 8 + i];
-        /* scramble */
-        acc ^= acc >> 47;
-        acc ^= skey;
-        acc *= XXH_P32_1;
+    __shared__ uint64_t pre[XXH_PREFETCH * 8];
+    uint64_t acc = init[i & 7];
+    const uint64_t skey = sec64(192 - 64 + 8 * (i & 7));
+    /* the chain is sequential; its inputs are fetched XXH_PREFETCH blocks at
+     * a time by the whole thread block, so the chain waits on shared memory
+     * rather than on a global load per link */
+    for (size_t b0 = 0; b0 < nblocks; b0 += XXH_PREFETCH) {
+        const size_t nb = nblocks - b0 < XXH_PREFETCH ? nblocks - b0 : XXH_PREFETCH;
+        __syncthreads();
+        for (size_t j = threadIdx.x; j < nb * 8; j += blockDim.x) pre[j] = sums[b0 * 8 + j];
+        __syncthreads();
+        if (i < 8)
+            for (size_t b = 0; b < nb; b++) {
+                acc += pre[b * 8 + i];
+                /* scramble */
+                acc ^= acc >> 47;
+                acc ^= skey;
+                acc *= XXH_P32_1;
+            }
     }
+    if (i >= 8) return;
     const size_t nstripes = ((len - 1) - XXH_BLOCK * nblocks) / XXH_STRIPE;
     const uint64_t *tail = (const uint64_t *)(data + nblocks * XXH_BLOCK);
     for (size_t st = 0; st < nstripes; st++) acc += xxh_stripe_lane(tail + st * 8, (int)st * 8, i);
@@ -1020,7 +1162,7 @@ __global__ void k_xxh3_final(const uint8_t *data, size_t len, size_t nblocks, co
         acc += w[i ^ 1] + (uint64_t)(uint32_t)key * (key >> 32);
     }
     accs[i] = acc;
-    __syncthreads();
+    warp_sync();
     if (i == 0) {
         uint64_t r = (uint64_t)len * XXH_P64_1;
         for (int j = 0; j < 4; j++)
@@ -1050,7 +1192,700 @@ int gk_xxh3(cudaStream_t s, const void *data, size_t len, void *scratch, uint64_
         k_xxh3_blocks<<<(unsigned)((threads + 255) / 256), 256, 0, s>>>((const uint64_t *)data, nblocks, sums);
         GPU_CHECK_LAUNCH(e, "xxh3 blocks");
     }
-    k_xxh3_final<<<1, 8, 0, s>>>((const uint8_t *)data, len, nblocks, sums, out);
+    k_xxh3_final<<<1, 256, 0, s>>>((const uint8_t *)data, len, nblocks, sums, out);
     GPU_CHECK_LAUNCH(e, "xxh3 final");
+    return 0;
+}
+
+/* ---- the fused single-token path -------------------------------------------
+ *
+ * A decode step reads every weight once, so it should run at the memory
+ * bandwidth; the profile of the plain path (one kernel per op, the
+ * activation re-quantized by every thread block of every mat-vec) showed
+ * the mat-vecs at 0.6-1.2 TB/s and one-block norms of 14 us. This path
+ * quantizes each mat-vec input once, in the kernel that produces it (the
+ * norms, the attention merge, the SwiGLU epilogue), into gk_q8 buffers, and
+ * fuses what reads or writes one vector: the q, k and v mat-vecs are one
+ * launch; q/k-norm, RoPE and the cache store are one launch; the residual
+ * adds are the epilogues of the output and down projections; gate, up and
+ * SwiGLU are one launch whose thread blocks also quantize their 32 outputs
+ * for the down projection. The arithmetic is the plain path's (same
+ * quantization rule as gk_matmul_q8, same norm and RoPE formulas); sums may
+ * be taken in another order. */
+
+#define FZ_WARPS 4          /* rows per mat-vec thread block, one warp each */
+#define FZ_NORM_THREADS 256
+
+/* Quantizes the 32 values v (one per lane) as one block: d = max|v|/127,
+ * q = round(v/d); lane 0 writes d and the sum of q. */
+__device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, float *d, float *s)
+{
+    const float amax = warp_max(fabsf(v));
+    const float dd = amax / 127.0f;
+    const int qi = dd > 0.0f ? __float2int_rn(v / dd) : 0;
+    q[lane] = (int8_t)qi;
+    const float sq = warp_sum((float)qi);
+    if (lane == 0) {
+        *d = dd;
+        *s = sq;
+    }
+}
+
+/* One row: y = x * (1/sqrt(mean(x^2) + eps)) * w, into y (when not NULL)
+ * and quantized into out. One thread block per 32-value block of the
+ * output: each block sums the squares of the whole row itself (the row is
+ * a few KiB, read from L2 by every block) rather than waiting on a single
+ * block, and its first warp writes its 32 values. */
+__global__ void __launch_bounds__(FZ_NORM_THREADS)
+k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y, int n, float eps, gk_q8 out)
+{
+    __shared__ float sh[32];
+    float ss = 0.0f;
+    if (n % 4 == 0)
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            const float4 v = ((const float4 *)x)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    else
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / n + eps);
+    if (threadIdx.x < TG_WARP) {
+        const int qb = blockIdx.x, lane = threadIdx.x;
+        const int i = qb * 32 + lane;
+        const float v = x[i] * scale * w[i];
+        if (y) y[i] = v;
+        q8_block_store(v, lane, out.q + qb * 32, out.d + qb, out.s + qb);
+    }
+}
+
+/* The quantized activations one weight part multiplies, loaded once and
+ * shared by every row a warp serves at the same part. */
+struct fz_x4 {   /* q4_K part: 16 values of sub-block 2g, 16 of 2g+1 */
+    int4 l, h;
+    float2 d, s;
+};
+struct fz_x6 {   /* q6_K part: 4 runs of 4 values, activation blocks 4h..4h+3 */
+    int q[4];
+    float4 d;
+};
+struct fz_x8 {   /* q8_0 part: 8 values */
+    int2 q;
+    float d;
+};
+
+template <int TYPE> struct fz_x;
+template <> struct fz_x<TG_TYPE_Q4_K> { typedef fz_x4 T; };
+template <> struct fz_x<TG_TYPE_Q6_K> { typedef fz_x6 T; };
+template <> struct fz_x<TG_TYPE_Q8_0> { typedef fz_x8 T; };
+
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x4 &r)
+{
+    const int g = p >> 1, hh = p & 1;
+    const int8_t *xq = x.q + ib * QK_K + 64 * g + 16 * hh;
+    r.l = *(const int4 *)xq;
+    r.h = *(const int4 *)(xq + 32);
+    r.d = *(const float2 *)(x.d + ib * 8 + 2 * g);
+    r.s = *(const float2 *)(x.s + ib * 8 + 2 * g);
+}
+
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x6 &r)
+{
+    const int h = p >> 3, l0 = 4 * (p & 7);
+    const int8_t *xb = x.q + ib * QK_K + 128 * h + l0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) r.q[i] = *(const int *)(xb + 32 * i);
+    r.d = *(const float4 *)(x.d + ib * 8 + 4 * h);
+}
+
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x8 &r)
+{
+    r.q = *(const int2 *)(x.q + ib * QK8_0 + 8 * p);
+    r.d = x.d[ib];
+}
+
+/* Q4_K part p of block b against its activations (as mv_dot_q4_K). */
+__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x4 &x)
+{
+    const int g = p >> 1, hh = p & 1;
+    const uint4 hd = *(const uint4 *)b;
+    const float d = h2f((uint16_t)(hd.x & 0xFFFF)), dmin = h2f((uint16_t)(hd.x >> 16));
+    float sc0, m0, sc1, m1;
+    scale_min_k4_w(2 * g, hd, &sc0, &m0);
+    scale_min_k4_w(2 * g + 1, hd, &sc1, &m1);
+    const uint4 q4 = *(const uint4 *)(b + 16 + 32 * g + 16 * hh);
+    int dl = 0, dh = 0;
+    dl = dot4((int)(q4.x & 0x0F0F0F0Fu), x.l.x, dl);
+    dl = dot4((int)(q4.y & 0x0F0F0F0Fu), x.l.y, dl);
+    dl = dot4((int)(q4.z & 0x0F0F0F0Fu), x.l.z, dl);
+    dl = dot4((int)(q4.w & 0x0F0F0F0Fu), x.l.w, dl);
+    dh = dot4((int)((q4.x >> 4) & 0x0F0F0F0Fu), x.h.x, dh);
+    dh = dot4((int)((q4.y >> 4) & 0x0F0F0F0Fu), x.h.y, dh);
+    dh = dot4((int)((q4.z >> 4) & 0x0F0F0F0Fu), x.h.z, dh);
+    dh = dot4((int)((q4.w >> 4) & 0x0F0F0F0Fu), x.h.w, dh);
+    float r = x.d.x * (d * sc0) * (float)dl + x.d.y * (d * sc1) * (float)dh;
+    if (hh == 0) r -= x.d.x * (dmin * m0) * x.s.x + x.d.y * (dmin * m1) * x.s.y;
+    return r;
+}
+
+/* Q6_K part p (as mv_dot_q6_K). */
+__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x6 &x)
+{
+    const int h = p >> 3, l0 = 4 * (p & 7);
+    const uint16_t *ql0 = (const uint16_t *)(b + 64 * h + l0);
+    const uint16_t *ql1 = (const uint16_t *)(b + 64 * h + l0 + 32);
+    const uint16_t *qh = (const uint16_t *)(b + 128 + 32 * h + l0);
+    const uint32_t L0 = ql0[0] | ((uint32_t)ql0[1] << 16);
+    const uint32_t L1 = ql1[0] | ((uint32_t)ql1[1] << 16);
+    const uint32_t H = qh[0] | ((uint32_t)qh[1] << 16);
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + l0 / 16);
+    const float d = h2f(*(const uint16_t *)(b + 208));
+    const int v0 = sub32x4((int)((L0 & 0x0F0F0F0Fu) | ((H & 0x03030303u) << 4)));
+    const int v1 = sub32x4((int)((L1 & 0x0F0F0F0Fu) | (((H >> 2) & 0x03030303u) << 4)));
+    const int v2 = sub32x4((int)(((L0 >> 4) & 0x0F0F0F0Fu) | (((H >> 4) & 0x03030303u) << 4)));
+    const int v3 = sub32x4((int)(((L1 >> 4) & 0x0F0F0F0Fu) | (((H >> 6) & 0x03030303u) << 4)));
+    const int s0 = dot4(v0, x.q[0], 0);
+    const int s1 = dot4(v1, x.q[1], 0);
+    const int s2 = dot4(v2, x.q[2], 0);
+    const int s3 = dot4(v3, x.q[3], 0);
+    return d * ((float)sc[0] * x.d.x * (float)s0 + (float)sc[2] * x.d.y * (float)s1 +
+                (float)sc[4] * x.d.z * (float)s2 + (float)sc[6] * x.d.w * (float)s3);
+}
+
+/* Q8_0 part p of 4 (8 values). */
+__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x8 &x)
+{
+    const uint16_t *q = (const uint16_t *)(b + 2 + 8 * p);
+    const int w0 = (int)(q[0] | ((uint32_t)q[1] << 16));
+    const int w1 = (int)(q[2] | ((uint32_t)q[3] << 16));
+    const int s = dot4(w1, x.q.y, dot4(w0, x.q.x, 0));
+    return h2f(*(const uint16_t *)b) * x.d * (float)s;
+}
+
+template <int TYPE> struct fz_fmt {
+    static constexpr int PARTS = TYPE == TG_TYPE_Q4_K ? tr_q4_K::PARTS : TYPE == TG_TYPE_Q6_K ? tr_q6_K::PARTS
+                                                                                                : tr_q8_0::PARTS;
+    static constexpr int BYTES = TYPE == TG_TYPE_Q4_K ? tr_q4_K::BYTES : TYPE == TG_TYPE_Q6_K ? tr_q6_K::BYTES
+                                                                                                : tr_q8_0::BYTES;
+    static constexpr int QK = TYPE == TG_TYPE_Q8_0 ? QK8_0 : QK_K;
+};
+
+/* Dot products of R weight rows (row pointers wr[0..R-1]) with the quantized
+ * activations, each summed over the warp into acc[r] (every lane gets it).
+ * The lanes take the rows' block parts in turn; each part's activations are
+ * loaded once for all R rows. */
+template <int TYPE, int R>
+__device__ __forceinline__ void fz_rows_dot(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane, float *acc)
+{
+    typedef fz_fmt<TYPE> F;
+    const int nparts = nb * F::PARTS;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+#pragma unroll 2
+    for (int p = lane; p < nparts; p += TG_WARP) {
+        const int ib = p / F::PARTS, part = p % F::PARTS;
+        typename fz_x<TYPE>::T xv;
+        fz_load_x(x, ib, part, xv);
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] += fz_part(wr[r] + (size_t)ib * F::BYTES, part, xv);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+}
+
+__device__ __forceinline__ size_t fz_row_bytes(uint32_t type, int K)
+{
+    return type == TG_TYPE_Q4_K ? (size_t)(K / QK_K) * sizeof(block_q4_K)
+         : type == TG_TYPE_Q6_K ? (size_t)(K / QK_K) * sizeof(block_q6_K)
+                                : (size_t)(K / QK8_0) * sizeof(block_q8_0);
+}
+
+struct fz_segs {
+    gk_mv_seg s[3];
+    int n;
+};
+
+template <int TYPE, int R>
+__device__ __forceinline__ void fz_seg_rows(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                            int accumulate)
+{
+    const size_t rb = fz_row_bytes(TYPE, K);
+    const uint8_t *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* a repeated row past the end: not stored */
+        wr[r] = (const uint8_t *)sg.W + (size_t)row * rb;
+    }
+    float acc[R];
+    fz_rows_dot<TYPE, R>(wr, K / fz_fmt<TYPE>::QK, x, lane, acc);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (row0 + r >= sg.nrows) break;
+            if (accumulate) sg.y[row0 + r] += acc[r];
+            else sg.y[row0 + r] = acc[r];
+        }
+}
+
+/* One warp per R consecutive rows of one segment (a segment's row count is
+ * padded to a multiple of R in the warp numbering); the rows' results are
+ * stored, or added to y when accumulate is set. */
+template <int R>
+__global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
+k_mv_fused(fz_segs segs, int K, gk_q8 x, int accumulate)
+{
+    const int lane = threadIdx.x % TG_WARP;
+    int w = blockIdx.x * FZ_WARPS + threadIdx.x / TG_WARP;
+    int i = 0;
+    while (i < segs.n && w >= (segs.s[i].nrows + R - 1) / R) w -= (segs.s[i++].nrows + R - 1) / R;
+    if (i == segs.n) return;
+    const gk_mv_seg &sg = segs.s[i];
+    switch (sg.type) {
+    case TG_TYPE_Q4_K: fz_seg_rows<TG_TYPE_Q4_K, R>(sg, w * R, K, x, lane, accumulate); break;
+    case TG_TYPE_Q6_K: fz_seg_rows<TG_TYPE_Q6_K, R>(sg, w * R, K, x, lane, accumulate); break;
+    default: fz_seg_rows<TG_TYPE_Q8_0, R>(sg, w * R, K, x, lane, accumulate); break;
+    }
+}
+
+/* ---- streamed mat-vec: weights staged through shared memory -------------
+ *
+ * The direct kernel above keeps a warp's next weight loads in registers, so
+ * a warp has little more than one iteration's bytes in flight, and at the
+ * occupancy its registers allow the mat-vecs reached 1-1.5 TB/s (ncu: warps
+ * stalled on L1TEX scoreboards, DRAM 20-30% busy). Here each warp streams
+ * its row through a ring of FZ_STAGES chunks of shared memory with
+ * asynchronous copies (cp.async on NVIDIA, which hold no registers; plain
+ * copies on HIP), so a whole 4096-wide row is in flight at once, and the
+ * arithmetic reads the staged blocks. A chunk is FZ_CB blocks: a whole
+ * number of 16-byte pieces and of the warp's 32-part iterations. */
+
+#define FZ_STAGES 4
+
+template <int TYPE> struct fz_chunk {
+    static constexpr int CB = TYPE == TG_TYPE_Q4_K ? 4 : 8;               /* blocks per chunk */
+    static constexpr int BYTES = CB * fz_fmt<TYPE>::BYTES;                /* 576, 1680, 272 */
+    static constexpr int PIECES = BYTES / 16;
+    static constexpr int ITERS = CB * fz_fmt<TYPE>::PARTS / TG_WARP;      /* 1, 4, 1 */
+    static_assert(BYTES % 16 == 0, "chunk of whole 16-byte pieces");
+    static_assert(ITERS * TG_WARP == CB * fz_fmt<TYPE>::PARTS, "chunk of whole warp iterations");
+};
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+#if defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+    *(uint4 *)smem = *(const uint4 *)gmem;
+#else
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+#if !(defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800))
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits until at most N of this thread's copy groups are pending. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+#if !(defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800))
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Whether rows of K values of type stream in whole chunks. */
+__host__ __device__ inline int fz_streams(uint32_t type, int K)
+{
+    if (type == TG_TYPE_Q4_K) return K % (4 * QK_K) == 0;
+    if (type == TG_TYPE_Q6_K) return K % (8 * QK_K) == 0;
+    return K % (8 * QK8_0) == 0;
+}
+
+/* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
+ * chunks of this warp); acc[r] summed over the warp. */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
+                                               uint8_t *sm, float *acc)
+{
+    typedef fz_fmt<TYPE> F;
+    typedef fz_chunk<TYPE> C;
+    const int nch = nb / C::CB;
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    auto issue = [&](int c) {
+        if (c < nch)
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
+                const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
+                for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
+            }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
+    for (int c = 0; c < nch; c++) {
+        issue(c + FZ_STAGES - 1);
+        cp_async_wait<FZ_STAGES - 1>();
+        warp_sync();
+#pragma unroll
+        for (int it = 0; it < C::ITERS; it++) {
+            const int p = it * TG_WARP + lane;
+            const int ibl = p / F::PARTS, part = p % F::PARTS;
+            typename fz_x<TYPE>::T xv;
+            fz_load_x(x, c * C::CB + ibl, part, xv);
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+        }
+        warp_sync();   /* every lane is done with this stage before it is refilled */
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
+}
+
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                              int accumulate, uint8_t *sm)
+{
+    const uint8_t *wr[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
+        wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
+    }
+    float acc[NR];
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (row0 + r >= sg.nrows) break;
+            if (accumulate) sg.y[row0 + r] += acc[r];
+            else sg.y[row0 + r] = acc[r];
+        }
+}
+
+/* Streamed k_mv_fused: warps take NR consecutive rows of a segment at a
+ * time (grid-stride over the segments' row groups); every segment's type
+ * streams at this K (checked by the launcher). Dynamic shared memory:
+ * FZ_WARPS * NR * FZ_STAGES * chunk_max. */
+template <int NR>
+__global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max)
+{
+    extern __shared__ __align__(16) uint8_t fz_sm[];
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+    uint8_t *sm = fz_sm + (size_t)wid * NR * FZ_STAGES * chunk_max;
+    const int n0 = (segs.s[0].nrows + NR - 1) / NR;
+    const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
+    const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
+    for (int v = blockIdx.x * FZ_WARPS + wid; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
+        const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
+        const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
+        const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
+        switch (sg.type) {
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        }
+    }
+}
+
+#define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
+static int fz_optin;
+
+int gk_init(tg_err *e)
+{
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      FZ_SMEM_OPTIN));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      FZ_SMEM_OPTIN));
+    fz_optin = 1;
+    return 0;
+}
+
+/* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
+ * rows at a time (8 warps, 4 pairs each). */
+template <int TYPE>
+__global__ void __launch_bounds__(8 * TG_WARP)
+k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
+                   gk_q8 out)
+{
+    extern __shared__ __align__(16) uint8_t fz_sm[];
+    __shared__ float act[32];
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+    uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
+    const size_t rb = fz_row_bytes(TYPE, K);
+    const int nb = K / fz_fmt<TYPE>::QK;
+    const int r0 = blockIdx.x * 32;
+    for (int j = 0; j < 4; j++) {
+        const int r = r0 + wid * 4 + j;
+        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
+        float gu[2];
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
+        if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+    }
+    __syncthreads();
+    if (wid == 0) {
+        const float v = act[lane];
+        if (y) y[r0 + lane] = v;
+        q8_block_store(v, lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
+    }
+}
+
+static int fz_stream_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("TG_GPU_STREAM");
+        on = !(env && env[0] == '0');
+    }
+    return on;
+}
+
+static int fz_chunk_bytes(uint32_t type)
+{
+    return type == TG_TYPE_Q4_K ? fz_chunk<TG_TYPE_Q4_K>::BYTES
+         : type == TG_TYPE_Q6_K ? fz_chunk<TG_TYPE_Q6_K>::BYTES : fz_chunk<TG_TYPE_Q8_0>::BYTES;
+}
+
+/* Gate and up rows r0..r0+31 (8 warps, 4 rows each; a gate row and its up
+ * row share their activation loads), y = silu(g) * u, stored in f32 (y not
+ * NULL) and quantized as one block into out. */
+template <int TYPE>
+__global__ void __launch_bounds__(8 * TG_WARP)
+k_mv_swiglu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y, gk_q8 out)
+{
+    __shared__ float act[32];
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+    const size_t rb = fz_row_bytes(TYPE, K);
+    const int nb = K / fz_fmt<TYPE>::QK;
+    const int r0 = blockIdx.x * 32;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int r = r0 + wid * 4 + j;
+        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
+        float gu[2];
+        fz_rows_dot<TYPE, 2>(wr, nb, x, lane, gu);
+        if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+    }
+    __syncthreads();
+    if (wid == 0) {
+        const float v = act[lane];
+        if (y) y[r0 + lane] = v;
+        q8_block_store(v, lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
+    }
+}
+
+/* Per head (one block each; q heads first, then k heads): the head's RMS
+ * norm (when wq/wk are not NULL), RoPE at position *pos0, and for k heads the
+ * store of k and v into the caches at row *pos0. */
+__global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const float *wq, const float *wk,
+                                     int n_head, int n_head_kv, int head_dim, const int32_t *pos0,
+                                     float theta_scale, int neox, float eps, void *kc, void *vc, int kv_f16)
+{
+    __shared__ float sh[32];
+    extern __shared__ float hv[];   /* head_dim */
+    const int h = blockIdx.x;
+    const bool is_k = h >= n_head;
+    const int hh = is_k ? h - n_head : h;
+    float *xh = (is_k ? k : q) + (size_t)hh * head_dim;
+    const float *w = is_k ? wk : wq;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        hv[i] = xh[i];
+        ss += hv[i] * hv[i];
+    }
+    if (w) {
+        ss = block_sum(ss, sh);
+        const float scale = 1.0f / sqrtf(ss / head_dim + eps);
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) hv[i] = hv[i] * scale * w[i];
+    }
+    __syncthreads();
+    const int half = head_dim / 2;
+    const int pos = *pos0;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float theta = (float)pos * powf(theta_scale, (float)i);
+        const float c = cosf(theta), sn = sinf(theta);
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float a = hv[i0], b = hv[i1];
+        hv[i0] = a * c - b * sn;
+        hv[i1] = a * sn + b * c;
+    }
+    __syncthreads();
+    if (!is_k) {
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) xh[i] = hv[i];
+        return;
+    }
+    const size_t row = (size_t)n_head_kv * head_dim;
+    const size_t dst = (size_t)pos * row + (size_t)hh * head_dim;
+    const float *vh = v + (size_t)hh * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        xh[i] = hv[i];
+        if (kv_f16) {
+            ((uint16_t *)kc)[dst + i] = f2h(hv[i]);
+            ((uint16_t *)vc)[dst + i] = f2h(vh[i]);
+        } else {
+            ((float *)kc)[dst + i] = hv[i];
+            ((float *)vc)[dst + i] = vh[i];
+        }
+    }
+}
+
+/* k_attn_combine for one token, with the head's output also quantized
+ * (head_dim a multiple of 32; blockDim.x == head_dim). */
+__global__ void k_attn_combine_q8(const float *part, float *out, int n_head, int head_dim, int nsplit, gk_q8 oq)
+{
+    const int h = blockIdx.x, d = threadIdx.x;
+    const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < nsplit; z++) M = fmaxf(M, pp[(size_t)z * (head_dim + 2)]);
+    float den = 0.0f, num = 0.0f;
+    for (int z = 0; z < nsplit; z++) {
+        const float m = pp[(size_t)z * (head_dim + 2)];
+        if (m != -INFINITY) {
+            const float f = expf(m - M);
+            den += pp[(size_t)z * (head_dim + 2) + 1] * f;
+            num += pp[(size_t)z * (head_dim + 2) + 2 + d] * f;
+        }
+    }
+    const float v = num / den;
+    const size_t i = (size_t)h * head_dim + d;
+    out[i] = v;
+    q8_block_store(v, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+}
+
+int gk_fused_type_supported(uint32_t type)
+{
+    return type == TG_TYPE_Q4_K || type == TG_TYPE_Q6_K || type == TG_TYPE_Q8_0;
+}
+
+static int fz_k_ok(uint32_t type, int K)
+{
+    return K > 0 && K % (type == TG_TYPE_Q8_0 ? QK8_0 : QK_K) == 0;
+}
+
+int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int n, float eps, gk_q8 out, tg_err *e)
+{
+    if (n <= 0 || n % 32) return tg_errf(e, "gpu rmsnorm_q8: n=%d: expected a positive multiple of 32", n);
+    k_rmsnorm_q8<<<n / 32, FZ_NORM_THREADS, 0, s>>>(x, w, y, n, eps, out);
+    GPU_CHECK_LAUNCH(e, "rmsnorm_q8");
+    return 0;
+}
+
+int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
+{
+    if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu mv_fused: %d segments: expected 1..3", nseg);
+    fz_segs fs;
+    int rows = 0;
+    fs.n = nseg;
+    for (int i = 0; i < nseg; i++) {
+        if (!gk_fused_type_supported(segs[i].type) || !fz_k_ok(segs[i].type, K) || segs[i].nrows <= 0)
+            return tg_errf(e, "gpu mv_fused: segment %d: type %u, K=%d, %d rows: expected q4_K/q6_K with K a "
+                           "multiple of 256 or q8_0 with K a multiple of 32", i, segs[i].type, K, segs[i].nrows);
+        fs.s[i] = segs[i];
+        rows += segs[i].nrows;
+    }
+    int stream = fz_stream_on();
+    int chunk_max = 0;
+    for (int i = 0; i < nseg; i++) {
+        stream = stream && fz_streams(segs[i].type, K);
+        if (fz_chunk_bytes(segs[i].type) > chunk_max) chunk_max = fz_chunk_bytes(segs[i].type);
+    }
+    if (stream) {
+        /* two rows per warp where the shared memory allows (more bytes in flight) */
+        static int nr_env = -1;
+        if (nr_env < 0) {
+            const char *env = getenv("TG_GPU_STREAM_ROWS");
+            nr_env = env && env[0] == '1' ? 1 : 2;
+        }
+        const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
+        const int nr = nr_env == 2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
+        const size_t sm = (size_t)FZ_WARPS * nr * FZ_STAGES * chunk_max;
+        const int blocks_needed = (rows / nr + FZ_WARPS) / FZ_WARPS;
+        const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
+        if (nr == 2) k_mv_stream<2><<<grid, FZ_WARPS * TG_WARP, sm, s>>>(fs, K, x, accumulate, chunk_max);
+        else k_mv_stream<1><<<grid, FZ_WARPS * TG_WARP, sm, s>>>(fs, K, x, accumulate, chunk_max);
+        GPU_CHECK_LAUNCH(e, "mv_fused (streamed)");
+        return 0;
+    }
+    static int R = -1;
+    if (R < 0) {
+        const char *env = getenv("TG_GPU_MV_ROWS");   /* rows per warp: 1, 2 (default) or 4 */
+        R = env && (env[0] == '1' || env[0] == '4') ? env[0] - '0' : 2;
+    }
+    int warps = 0;
+    for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + R - 1) / R;
+    const int grid = (warps + FZ_WARPS - 1) / FZ_WARPS;
+    if (R == 1) k_mv_fused<1><<<grid, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
+    else if (R == 4) k_mv_fused<4><<<grid, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
+    else k_mv_fused<2><<<grid, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
+    (void)rows;
+    GPU_CHECK_LAUNCH(e, "mv_fused");
+    return 0;
+}
+
+int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
+                 float *y, gk_q8 out, tg_err *e)
+{
+    if (!gk_fused_type_supported(type) || !fz_k_ok(type, K) || n_ff <= 0 || n_ff % 32)
+        return tg_errf(e, "gpu mv_swiglu: type %u, K=%d, n_ff=%d: expected q4_K/q6_K/q8_0, K whole blocks, "
+                       "n_ff a multiple of 32", type, K, n_ff);
+    const int grid = n_ff / 32;
+    const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
+    if (fz_stream_on() && fz_streams(type, K) && (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type) <= 48 * 1024) {
+        const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
+        if (type == TG_TYPE_Q4_K) k_mv_swiglu_stream<TG_TYPE_Q4_K><<<grid, 8 * TG_WARP, sm, s>>>(g, u, K, x, y, out);
+        else if (type == TG_TYPE_Q6_K) k_mv_swiglu_stream<TG_TYPE_Q6_K><<<grid, 8 * TG_WARP, sm, s>>>(g, u, K, x, y, out);
+        else k_mv_swiglu_stream<TG_TYPE_Q8_0><<<grid, 8 * TG_WARP, sm, s>>>(g, u, K, x, y, out);
+        GPU_CHECK_LAUNCH(e, "mv_swiglu (streamed)");
+        return 0;
+    }
+    if (type == TG_TYPE_Q4_K) k_mv_swiglu<TG_TYPE_Q4_K><<<grid, 8 * TG_WARP, 0, s>>>(g, u, K, x, y, out);
+    else if (type == TG_TYPE_Q6_K) k_mv_swiglu<TG_TYPE_Q6_K><<<grid, 8 * TG_WARP, 0, s>>>(g, u, K, x, y, out);
+    else k_mv_swiglu<TG_TYPE_Q8_0><<<grid, 8 * TG_WARP, 0, s>>>(g, u, K, x, y, out);
+    GPU_CHECK_LAUNCH(e, "mv_swiglu");
+    return 0;
+}
+
+int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, const float *wq, const float *wk,
+                          int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox,
+                          float eps, void *kc, void *vc, int kv_f16, tg_err *e)
+{
+    if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim % 2 || head_dim > 1024)
+        return tg_errf(e, "gpu qk_norm_rope_store: n_head=%d n_head_kv=%d head_dim=%d: expected positive, "
+                       "head_dim even and <= 1024", n_head, n_head_kv, head_dim);
+    const int threads = ((head_dim + TG_WARP - 1) / TG_WARP) * TG_WARP;
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);
+    k_qk_norm_rope_store<<<n_head + n_head_kv, threads > 128 ? 128 : threads, head_dim * sizeof(float), s>>>(
+        q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc, kv_f16);
+    GPU_CHECK_LAUNCH(e, "qk_norm_rope_store");
+    return 0;
+}
+
+int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
+                    gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
+                    void *scratch, tg_err *e)
+{
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim % 32 || head_dim > 4 * ATT_THREADS ||
+        head_dim > 1024 || !scratch)
+        return tg_errf(e, "gpu attention_q8: n_head=%d n_head_kv=%d head_dim=%d: expected n_head a multiple of "
+                       "n_head_kv, head_dim a multiple of 32 up to %d, and scratch", n_head, n_head_kv, head_dim,
+                       4 * ATT_THREADS);
+    dim3 grid(n_head, 1, ATT_SPLITS);
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    const size_t shm = (size_t)head_dim * sizeof(float);
+    float *part = (float *)scratch;
+    if (kv_f16)
+        k_attention<1><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
+    else
+        k_attention<0><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
+    GPU_CHECK_LAUNCH(e, "attention");
+    k_attn_combine_q8<<<n_head, head_dim, 0, s>>>(part, out, n_head, head_dim, ATT_SPLITS, oq);
+    GPU_CHECK_LAUNCH(e, "attention combine q8");
     return 0;
 }

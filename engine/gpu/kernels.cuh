@@ -95,4 +95,54 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
 int gk_xxh3(cudaStream_t s, const void *data, size_t len, void *scratch,
             uint64_t *out, tg_err *e);
 
+/* ---- the fused single-token path (kernels.cu explains it) ----------------
+ * Activations quantized to 8 bits in blocks of 32 values, as gk_matmul_q8
+ * describes: q[i], and per block j, d[j] (scale) and s[j] (sum of q). */
+typedef struct {
+    int8_t *q;
+    float *d, *s;
+} gk_q8;
+
+/* One mat-vec of a fused launch: y[r] = dot(W row r, x) for r < nrows. */
+typedef struct {
+    uint32_t type;
+    const void *W;
+    int nrows;
+    float *y;
+} gk_mv_seg;
+
+/* Once per device before the fused kernels are captured: lets the
+ * streamed mat-vecs use more than 48 KiB of shared memory. 0 or -1 with e. */
+int gk_init(tg_err *e);
+
+/* Whether the fused path serves this weight type (q4_K, q6_K, q8_0). */
+int gk_fused_type_supported(uint32_t type);
+
+/* y = rmsnorm(x) * w for one row of n (a multiple of 32) into y (NULL: not
+ * kept) and quantized into out. */
+int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int n, float eps, gk_q8 out,
+                  tg_err *e);
+
+/* 1 to 3 mat-vecs over the same quantized input of K values in one launch;
+ * with accumulate, y[r] += the dot (the residual add) instead of y[r] =. */
+int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e);
+
+/* a[r] = silu(dot(Wg row r, x)) * dot(Wu row r, x) for r < n_ff (a multiple
+ * of 32), into y (NULL: not kept) and quantized into out. Wg and Wu share
+ * type. */
+int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
+                 float *y, gk_q8 out, tg_err *e);
+
+/* One token: per-head RMS norm of q and k (wq, wk NULL: none), RoPE at
+ * *pos0 (as gk_rope), and k, v stored at cache row *pos0 (as gk_kv_store). */
+int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, const float *wq, const float *wk,
+                          int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox,
+                          float eps, void *kc, void *vc, int kv_f16, tg_err *e);
+
+/* gk_attention for one token (split keys, scratch required) with the output
+ * also quantized into oq; head_dim a multiple of 32. */
+int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
+                    gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
+                    void *scratch, tg_err *e);
+
 #endif

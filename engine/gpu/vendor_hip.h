@@ -57,6 +57,9 @@
 #define cudaEventRecord                hipEventRecord
 #define cudaEventSynchronize           hipEventSynchronize
 #define cudaEventElapsedTime           hipEventElapsedTime
+#define cudaEventCreateWithFlags       hipEventCreateWithFlags
+#define cudaEventDisableTiming         hipEventDisableTiming
+#define cudaStreamWaitEvent            hipStreamWaitEvent
 #define cudaFuncSetAttribute           hipFuncSetAttribute
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 

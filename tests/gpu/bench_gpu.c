@@ -126,15 +126,16 @@ int main(int argc, char **argv)
     else if (tg_model_load(&m, model, &e)) { fprintf(stderr, "bench_gpu: %s\n", e.msg); return 2; }
     const tg_hparams *hp = &m->hp;
     tg_gpu_opts o = tg_gpu_opts_default();
-    o.n_ctx = n_prefill + n_decode + 8;
+    o.n_ctx = (n_prefill > 8 ? n_prefill : 8) + (n_decode > 4 ? n_decode : 4) + 8;
     o.n_batch = 512;
     if (getenv("TG_GPU_NO_GRAPH")) o.no_graph = 1;
     tg_gpu *g = NULL;
     if (tg_gpu_new(&g, m, &o, &e)) { fprintf(stderr, "bench_gpu: %s\n", e.msg); return 2; }
     printf("bench_gpu: %s, %s: %d layers, n_embd %d, load %.1f s, %s\n", shape ? "synthetic" : model,
            shape ? shape : "", hp->n_layer, hp->n_embd, tg_now() - t0, tg_gpu_device(g));
-    int32_t *toks = malloc(sizeof(int32_t) * n_prefill);
-    for (int i = 0; i < n_prefill; i++) toks[i] = (int32_t)(xs() % (uint64_t)hp->n_vocab);
+    const int n_toks = n_prefill > 8 ? n_prefill : 8;   /* the warm-up prefills 8 */
+    int32_t *toks = malloc(sizeof(int32_t) * n_toks);
+    for (int i = 0; i < n_toks; i++) toks[i] = (int32_t)(xs() % (uint64_t)hp->n_vocab);
     tg_top top[32];
     char dig[17];
     /* warm-up: a short prefill and a few decode steps (graph capture) */
@@ -149,6 +150,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_decode; i++)
         if (tg_gpu_eval(g, &top[0].id, 1, 32, top, dig, &e)) goto fail;
     td = tg_now() - td;
+    tg_gpu_profile_report(g, stdout);
     double bw = 0;
     if (tg_gpu_bandwidth(0, &bw, &e)) goto fail;
     const double wb = (double)tg_gpu_weight_bytes(g);

@@ -388,12 +388,14 @@ static void test_swiglu_add(int n)
 
 /* Top-k must equal util.c's tg_topk exactly (ids and logit bits), on data
  * with ties and, optionally, NaNs. */
-static void test_topk(int n, int k, int with_nan)
+/* levels: the number of distinct values (ties); 1 makes every logit equal,
+ * so the search bound keeps every candidate (the fallback selection). */
+static void test_topk(int n, int k, int with_nan, int levels = 2000)
 {
     char name[96];
-    snprintf(name, sizeof name, "topk(n=%d,k=%d%s)", n, k, with_nan ? ",nan" : "");
+    snprintf(name, sizeof name, "topk(n=%d,k=%d%s%s)", n, k, with_nan ? ",nan" : "", levels == 1 ? ",all-equal" : "");
     std::vector<float> x(n);
-    for (int i = 0; i < n; i++) x[i] = (float)(int)(rndf() * 2000.0f) / 64.0f;   /* many ties */
+    for (int i = 0; i < n; i++) x[i] = levels == 1 ? 3.0f : (float)(int)(rndf() * levels) / 64.0f;   /* many ties */
     if (with_nan) {
         x[rnd64() % n] = NAN;
         x[rnd64() % n] = NAN;
@@ -450,6 +452,287 @@ static void test_xxh3(size_t nfloats)
     cudaFree(dx); cudaFree(scratch); cudaFree(dout);
 }
 
+/* ---- the fused single-token path ------------------------------------------ */
+
+/* 8-bit activations: error up to d/2 per value, d = max|v|/127 of its block;
+ * heavy-tailed vectors (SwiGLU outputs) reach 1e-4 */
+static const double NMSE_Q8_ROUND = 5e-4;
+
+/* The 8-bit rule of gk_matmul_q8 on the host, in f32 as the kernels do. */
+static void host_q8(const float *x, int n, std::vector<int8_t> &q, std::vector<float> &d, std::vector<float> &s)
+{
+    q.resize(n);
+    d.resize(n / 32);
+    s.resize(n / 32);
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        const float dd = amax / 127.0f;
+        float sum = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const int v = dd > 0.0f ? (int)nearbyintf(x[b * 32 + i] / dd) : 0;
+            q[b * 32 + i] = (int8_t)v;
+            sum += (float)v;
+        }
+        d[b] = dd;
+        s[b] = sum;
+    }
+}
+
+struct dev_q8 {
+    gk_q8 g;
+    int n;
+    dev_q8(int n_) : n(n_)
+    {
+        CK(cudaMalloc((void **)&g.q, n + 16));
+        CK(cudaMalloc((void **)&g.d, n / 32 * sizeof(float) + 16));
+        CK(cudaMalloc((void **)&g.s, n / 32 * sizeof(float) + 16));
+        CK(cudaMemset(g.q, 0x55, n));
+        CK(cudaMemset(g.d, 0xFF, n / 32 * sizeof(float)));
+        CK(cudaMemset(g.s, 0xFF, n / 32 * sizeof(float)));
+    }
+    ~dev_q8() { cudaFree(g.q); cudaFree(g.d); cudaFree(g.s); }
+    void upload(const std::vector<int8_t> &q, const std::vector<float> &d, const std::vector<float> &s)
+    {
+        CK(cudaMemcpy(g.q, q.data(), n, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(g.d, d.data(), n / 32 * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(g.s, s.data(), n / 32 * sizeof(float), cudaMemcpyHostToDevice));
+    }
+};
+
+/* The quantized vector the kernel wrote equals the host rule applied to the
+ * f32 values it wrote beside it (bit for bit), and dequantizes to within
+ * 8-bit rounding of the reference. */
+static void judge_q8(const char *name, const dev_q8 &dq, const std::vector<float> &own, const std::vector<double> &ref)
+{
+    const int n = dq.n;
+    std::vector<int8_t> q(n), hq;
+    std::vector<float> d(n / 32), s(n / 32), hd, hs;
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(q.data(), dq.g.q, n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(d.data(), dq.g.d, n / 32 * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(s.data(), dq.g.s, n / 32 * sizeof(float), cudaMemcpyDeviceToHost));
+    host_q8(own.data(), n, hq, hd, hs);
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s.q8", name);
+    for (int i = 0; i < n; i++)
+        if (q[i] != hq[i] || d[i / 32] != hd[i / 32] || s[i / 32] != hs[i / 32]) {
+            printf("FAIL %s: value %d: q=%d d=%g s=%g, the host rule on the kernel's own f32 gives q=%d d=%g s=%g\n",
+                   nm, i, q[i], d[i / 32], s[i / 32], hq[i], hd[i / 32], hs[i / 32]);
+            n_fail++;
+            return;
+        }
+    std::vector<float> deq(n);
+    for (int i = 0; i < n; i++) deq[i] = d[i / 32] * q[i];
+    judge(nm, deq, ref, NMSE_Q8_ROUND);
+}
+
+static void test_rmsnorm_q8(int n)
+{
+    char name[128];
+    snprintf(name, sizeof name, "rmsnorm_q8(n=%d)", n);
+    std::vector<float> x(n), w(n);
+    fill(x, 3.0f);
+    fill(w, 1.0f);
+    const float eps = 1e-6f;
+    std::vector<double> ref(n);
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) ref[i] = x[i] / sqrt(ss / n + eps) * w[i];
+    float *dx = dev_upload(x.data(), n), *dw = dev_upload(w.data(), n), *dy = dev_poisoned(n);
+    dev_q8 dq(n);
+    tg_err e = {{0}};
+    int rc = gk_rmsnorm_q8(0, dx, dw, dy, n, eps, dq.g, &e);
+    if (!rc) {
+        std::vector<float> y = dev_download(dy, n);
+        judge(name, y, ref, NMSE_RMSNORM);
+        judge_q8(name, dq, y, ref);
+    } else check_gk(rc, &e, name);
+    cudaFree(dx); cudaFree(dw); cudaFree(dy);
+}
+
+/* Three segments of types t0..t2 over one quantized input (the q, k, v
+ * launch), stored or accumulated onto random y. */
+static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *rows, int accumulate)
+{
+    char name[160];
+    int o = snprintf(name, sizeof name, "mv_fused%s(K=%d", accumulate ? "_add" : "", K);
+    for (int i = 0; i < nseg; i++) o += snprintf(name + o, sizeof name - o, ",%s:%d", tg_type_name(types[i]), rows[i]);
+    snprintf(name + o, sizeof name - o, ")");
+    std::vector<float> x(K);
+    fill(x, 1.0f);
+    std::vector<int8_t> q;
+    std::vector<float> d, s;
+    host_q8(x.data(), K, q, d, s);
+    dev_q8 dq(K);
+    dq.upload(q, d, s);
+    gk_mv_seg segs[3];
+    std::vector<std::vector<double>> refs(nseg);
+    std::vector<uint8_t *> dws(nseg);
+    std::vector<float *> dys(nseg);
+    for (int i = 0; i < nseg; i++) {
+        std::vector<float> wd;
+        std::vector<uint8_t> w = make_weights(types[i], K, rows[i], wd);
+        std::vector<float> y0(rows[i]);
+        fill(y0, 2.0f);
+        refs[i].resize(rows[i]);
+        for (int r = 0; r < rows[i]; r++) {
+            double acc = accumulate ? y0[r] : 0.0;
+            for (int j = 0; j < K; j++) acc += (double)wd[(size_t)r * K + j] * ((double)d[j / 32] * q[j]);
+            refs[i][r] = acc;
+        }
+        dws[i] = dev_upload(w.data(), w.size());
+        dys[i] = accumulate ? dev_upload(y0.data(), y0.size()) : dev_poisoned(rows[i]);
+        segs[i] = {types[i], dws[i], rows[i], dys[i]};
+    }
+    tg_err e = {{0}};
+    int rc = gk_mv_fused(0, segs, nseg, K, dq.g, accumulate, &e);
+    if (!rc) {
+        std::vector<float> all;
+        std::vector<double> ref;
+        for (int i = 0; i < nseg; i++) {
+            std::vector<float> y = dev_download(dys[i], rows[i]);
+            all.insert(all.end(), y.begin(), y.end());
+            ref.insert(ref.end(), refs[i].begin(), refs[i].end());
+        }
+        judge(name, all, ref, NMSE_MATMUL);
+    } else check_gk(rc, &e, name);
+    for (int i = 0; i < nseg; i++) { cudaFree(dws[i]); cudaFree(dys[i]); }
+}
+
+static void test_mv_swiglu(uint32_t t, int K, int n_ff)
+{
+    char name[128];
+    snprintf(name, sizeof name, "mv_swiglu_%s(K=%d,n_ff=%d)", tg_type_name(t), K, n_ff);
+    std::vector<float> x(K);
+    fill(x, 1.0f);
+    std::vector<int8_t> q;
+    std::vector<float> d, s;
+    host_q8(x.data(), K, q, d, s);
+    dev_q8 dq(K), dout(n_ff);
+    dq.upload(q, d, s);
+    std::vector<float> gd, ud;
+    std::vector<uint8_t> gw = make_weights(t, K, n_ff, gd), uw = make_weights(t, K, n_ff, ud);
+    std::vector<double> ref(n_ff);
+    for (int r = 0; r < n_ff; r++) {
+        double g = 0, u = 0;
+        for (int j = 0; j < K; j++) {
+            const double xv = (double)d[j / 32] * q[j];
+            g += gd[(size_t)r * K + j] * xv;
+            u += ud[(size_t)r * K + j] * xv;
+        }
+        ref[r] = g / (1.0 + exp(-g)) * u;
+    }
+    uint8_t *dg = dev_upload(gw.data(), gw.size()), *du = dev_upload(uw.data(), uw.size());
+    float *dy = dev_poisoned(n_ff);
+    tg_err e = {{0}};
+    int rc = gk_mv_swiglu(0, t, dg, du, n_ff, K, dq.g, dy, dout.g, &e);
+    if (!rc) {
+        std::vector<float> y = dev_download(dy, n_ff);
+        judge(name, y, ref, NMSE_MATMUL);
+        judge_q8(name, dout, y, ref);
+    } else check_gk(rc, &e, name);
+    cudaFree(dg); cudaFree(du); cudaFree(dy);
+}
+
+/* Against the composition of the plain kernels' references: per-head norm
+ * (f64), RoPE with ggml's f32 angle, the cache rows. */
+static void test_qk_norm_rope_store(int kv_f16, int n_head, int n_head_kv, int hd, int pos, int norm, int neox)
+{
+    char name[160];
+    snprintf(name, sizeof name, "qk_norm_rope_store_%s%s%s(heads=%d/%d,hd=%d,pos=%d)", kv_f16 ? "f16kv" : "f32kv",
+             norm ? ",norm" : "", neox ? ",neox" : "", n_head, n_head_kv, hd, pos);
+    const int QD = n_head * hd, KVD = n_head_kv * hd, n_ctx = pos + 3;
+    std::vector<float> q(QD), k(KVD), v(KVD), wq(hd), wk(hd);
+    fill(q, 2.0f); fill(k, 2.0f); fill(v, 2.0f); fill(wq, 1.0f); fill(wk, 1.0f);
+    const float eps = 1e-6f, base = 1e6f;
+    const float theta_scale = powf(base, -2.0f / (float)hd);
+    auto ref_head = [&](const float *x, const float *w, double *out) {
+        double ss = 0;
+        for (int i = 0; i < hd; i++) ss += (double)x[i] * x[i];
+        const double sc = norm ? 1.0 / sqrt(ss / hd + eps) : 1.0;
+        std::vector<double> t(hd);
+        for (int i = 0; i < hd; i++) t[i] = norm ? x[i] * sc * w[i] : x[i];
+        for (int i = 0; i < hd / 2; i++) {
+            const double th = (float)pos * powf(theta_scale, (float)i);
+            const int i0 = neox ? i : 2 * i, i1 = neox ? i + hd / 2 : 2 * i + 1;
+            out[i0] = t[i0] * cos(th) - t[i1] * sin(th);
+            out[i1] = t[i0] * sin(th) + t[i1] * cos(th);
+        }
+    };
+    std::vector<double> rq(QD), rk(KVD);
+    for (int h = 0; h < n_head; h++) ref_head(&q[(size_t)h * hd], wq.data(), &rq[(size_t)h * hd]);
+    for (int h = 0; h < n_head_kv; h++) ref_head(&k[(size_t)h * hd], wk.data(), &rk[(size_t)h * hd]);
+    float *dq = dev_upload(q.data(), QD), *dk = dev_upload(k.data(), KVD), *dv = dev_upload(v.data(), KVD);
+    float *dwq = dev_upload(wq.data(), hd), *dwk = dev_upload(wk.data(), hd);
+    int32_t *dp = dev_upload(&pos, 1);
+    const size_t el = kv_f16 ? 2 : 4;
+    void *kc, *vc;
+    CK(cudaMalloc(&kc, (size_t)n_ctx * KVD * el));
+    CK(cudaMalloc(&vc, (size_t)n_ctx * KVD * el));
+    tg_err e = {{0}};
+    int rc = gk_qk_norm_rope_store(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, dp,
+                                   base, neox, eps, kc, vc, kv_f16, &e);
+    if (!rc) {
+        judge(name, dev_download(dq, QD), rq, NMSE_ROPE + NMSE_RMSNORM);
+        /* the cache rows at pos, as f32 */
+        std::vector<uint8_t> kb((size_t)KVD * el), vb((size_t)KVD * el);
+        CK(cudaMemcpy(kb.data(), (uint8_t *)kc + (size_t)pos * KVD * el, kb.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(vb.data(), (uint8_t *)vc + (size_t)pos * KVD * el, vb.size(), cudaMemcpyDeviceToHost));
+        std::vector<float> kf(KVD), vf(KVD);
+        for (int i = 0; i < KVD; i++) {
+            kf[i] = kv_f16 ? tg_half_to_f32(((uint16_t *)kb.data())[i]) : ((float *)kb.data())[i];
+            vf[i] = kv_f16 ? tg_half_to_f32(((uint16_t *)vb.data())[i]) : ((float *)vb.data())[i];
+        }
+        std::vector<double> rv(v.begin(), v.end());
+        char nm[200];
+        snprintf(nm, sizeof nm, "%s.kcache", name);
+        judge(nm, kf, rk, kv_f16 ? 1e-6 : NMSE_ROPE + NMSE_RMSNORM);
+        snprintf(nm, sizeof nm, "%s.vcache", name);
+        judge(nm, vf, rv, kv_f16 ? 1e-6 : 0.0);
+    } else check_gk(rc, &e, name);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dwq); cudaFree(dwk); cudaFree(dp); cudaFree(kc); cudaFree(vc);
+}
+
+/* gk_attention_q8 against gk_attention (split) on the same cache: the f32
+ * output is the same arithmetic, the q8 copy follows the host rule. */
+static void test_attention_q8(int kv_f16, int n_head, int n_head_kv, int hd, int pos)
+{
+    char name[160];
+    snprintf(name, sizeof name, "attention_q8_%s(heads=%d/%d,hd=%d,pos=%d)", kv_f16 ? "f16kv" : "f32kv", n_head,
+             n_head_kv, hd, pos);
+    const int QD = n_head * hd, KVD = n_head_kv * hd, n_ctx = pos + 1;
+    std::vector<float> q(QD), kcf((size_t)n_ctx * KVD), vcf((size_t)n_ctx * KVD);
+    fill(q, 1.0f); fill(kcf, 1.0f); fill(vcf, 1.0f);
+    const size_t el = kv_f16 ? 2 : 4;
+    std::vector<uint8_t> kb(kcf.size() * el), vb(vcf.size() * el);
+    for (size_t i = 0; i < kcf.size(); i++) {
+        if (kv_f16) {
+            ((uint16_t *)kb.data())[i] = tg_f32_to_half(kcf[i]);
+            ((uint16_t *)vb.data())[i] = tg_f32_to_half(vcf[i]);
+        } else {
+            ((float *)kb.data())[i] = kcf[i];
+            ((float *)vb.data())[i] = vcf[i];
+        }
+    }
+    float *dq = dev_upload(q.data(), QD), *o1 = dev_poisoned(QD), *o2 = dev_poisoned(QD);
+    uint8_t *kc = dev_upload(kb.data(), kb.size()), *vc = dev_upload(vb.data(), vb.size());
+    int32_t *dp = dev_upload(&pos, 1);
+    void *scr;
+    CK(cudaMalloc(&scr, gk_attention_scratch(n_head, hd)));
+    dev_q8 oq(QD);
+    tg_err e = {{0}};
+    int rc = gk_attention(0, dq, kc, vc, kv_f16, o1, 1, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    if (!rc) rc = gk_attention_q8(0, dq, kc, vc, kv_f16, o2, oq.g, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    if (!rc) {
+        std::vector<float> a = dev_download(o1, QD), b = dev_download(o2, QD);
+        std::vector<double> ref(a.begin(), a.end());
+        judge(name, b, ref, 0.0);
+        judge_q8(name, oq, b, ref);
+    } else check_gk(rc, &e, name);
+    cudaFree(dq); cudaFree(o1); cudaFree(o2); cudaFree(kc); cudaFree(vc); cudaFree(dp); cudaFree(scr);
+}
+
 int main(void)
 {
     char desc[160];
@@ -464,6 +747,13 @@ int main(void)
     const char *seed = getenv("TG_SEED");
     rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
     printf("test_gpu_ops on %s, seed %llu\n", desc, (unsigned long long)rng_state);
+    {
+        tg_err e = {{0}};
+        if (gk_init(&e)) {
+            printf("FAIL gk_init: %s\n", e.msg);
+            n_fail++;
+        }
+    }
 
     const uint32_t types[] = {TG_TYPE_F32, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_Q8_0,
                               TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K};
@@ -511,11 +801,42 @@ int main(void)
     test_topk(151936, 256, 1);
     test_topk(300, 256, 1);
     test_topk(200, 200, 1);      /* k == n */
+    test_topk(151936, 32, 0, 1); /* every logit equal: more survivors than the final pass sorts */
+    test_topk(151936, 32, 0, 1 << 20);   /* few ties, the common case */
     test_xxh3(61);          /* 244 bytes: shortest long input */
     test_xxh3(256);         /* exactly one 1024-byte block */
     test_xxh3(8192);
     test_xxh3(151936);
     test_xxh3(151936 + 3);
+    /* the fused single-token path, at the 8b, 0.6b and tiny shapes */
+    test_rmsnorm_q8(4096);
+    test_rmsnorm_q8(1024);
+    test_rmsnorm_q8(256);
+    {
+        const uint32_t qkv[3] = {TG_TYPE_Q4_K, TG_TYPE_Q4_K, TG_TYPE_Q6_K};
+        const int r8b[3] = {4096, 1024, 1024}, rsm[3] = {64, 33, 7};
+        test_mv_fused(qkv, 3, 4096, r8b, 0);
+        test_mv_fused(qkv, 3, 256, rsm, 0);
+        const uint32_t one[3][1] = {{TG_TYPE_Q4_K}, {TG_TYPE_Q6_K}, {TG_TYPE_Q8_0}};
+        const int r1[1] = {1000}, r2[1] = {4096};
+        for (int i = 0; i < 3; i++) {
+            test_mv_fused(one[i], 1, 12288, r1, 1);   /* the down projection onto the residual */
+            test_mv_fused(one[i], 1, 4096, r2, 1);
+            test_mv_fused(one[i], 1, 1024, r1, 0);
+        }
+    }
+    for (uint32_t t : {TG_TYPE_Q4_K, TG_TYPE_Q6_K, TG_TYPE_Q8_0}) {
+        test_mv_swiglu(t, 4096, 1024);
+        test_mv_swiglu(t, 256, 96);
+    }
+    for (int f16 = 0; f16 < 2; f16++) {
+        test_qk_norm_rope_store(f16, 32, 8, 128, 77, 1, 1);
+        test_qk_norm_rope_store(f16, 16, 8, 64, 0, 0, 0);
+        test_qk_norm_rope_store(f16, 4, 2, 256, 3000, 1, 0);
+        test_attention_q8(f16, 32, 8, 128, 0);
+        test_attention_q8(f16, 32, 8, 128, 1500);
+        test_attention_q8(f16, 16, 8, 64, 40);
+    }
     printf("test_gpu_ops: %d OK, %d FAIL\n", n_ok, n_fail);
     return n_fail ? 1 : 0;
 }
