@@ -707,6 +707,7 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
     const int jb = blockIdx.z * per, je = min(n_kv, jb + per);
     for (int j0 = jb; j0 < je; j0 += ATT_CHUNK) {
         const int nj = je - j0 < ATT_CHUNK ? je - j0 : ATT_CHUNK;
+#pragma unroll 4
         for (int jj = wid; jj < nj; jj += nw) {
             const size_t base = (size_t)(j0 + jj) * kv_row + (size_t)hkv * head_dim;
             float d = 0.0f;
@@ -737,6 +738,7 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
             if (d >= head_dim) break;
             float a = acc[k] * corr;
             const size_t base = (size_t)j0 * kv_row + (size_t)hkv * head_dim + d;
+#pragma unroll 8
             for (int jj = 0; jj < nj; jj++) a += sc[jj] * kv_at<F16>(vc, base + (size_t)jj * kv_row);
             acc[k] = a;
         }
