@@ -16,6 +16,7 @@
 
 #include <assert.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -1090,4 +1091,33 @@ int arm_run_command(char *const *argv, double timeout, size_t max_out,
     }
     arm_free(a);
     return rc;
+}
+
+int arm_dump_dir_make(char *buf, size_t n, const char *what, tg_err *e)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(buf, n, "%s/tokgate-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", what);
+    if (mkdtemp(buf)) return 0;
+    snprintf(buf, n, "/tmp/tokgate-%s-XXXXXX", what);
+    if (mkdtemp(buf)) return 0;
+    int err = errno;
+    buf[0] = 0;
+    return tg_errf(e, "cannot make a temporary dump folder: %s", strerror(err));
+}
+
+void arm_dump_dir_remove(const char *dir)
+{
+    if (!dir || !dir[0]) return;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+            char p[1024];
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
 }

@@ -130,6 +130,12 @@ int arm_decode(tg_arm *a, const arm_decode_req *req, arm_decode_res *res,
                arm_progress_fn progress, void *ud, tg_err *e);
 void arm_decode_res_free(arm_decode_res *res);   /* NULL is a no-op */
 
+/* A fresh private folder for one decode's dump files, $TMPDIR (else /tmp)
+ * /tokgate-WHAT-XXXXXX, into buf. Returns 0 or -1 with e. */
+int arm_dump_dir_make(char *buf, size_t n, const char *what, tg_err *e);
+/* Removes the files of a dump folder and the folder (NULL or "" is a no-op). */
+void arm_dump_dir_remove(const char *dir);
+
 /* Whether a protocol failure ended the worker (see above), and its cause
  * (NULL when none). */
 int arm_failed(const tg_arm *a);

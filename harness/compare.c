@@ -217,7 +217,6 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
     sqlite3_bind_int64(s, 1, leg_id);
     sqlite3_bind_int64(s, 2, prompt_id);
     int cap = 0, rc, n = 0;
-    tg_top buf[4096];
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (n == cap) {
             cap = cap ? 2 * cap : 64;
@@ -239,20 +238,26 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
         lp->top[n] = NULL;
         lp->n_top[n] = 0;
         lp->n_steps = n + 1;
-        const void *b = sqlite3_column_blob(s, 4);
-        int len = sqlite3_column_bytes(s, 4);
-        if (b) {
-            int k = store_decode_top(b, (size_t)len, buf, 4096, e);
-            if (k < 0) return tg_err_prefix(e, "leg %lld step %d", (long long)leg_id, lp->step_no[n]);
-            lp->top[n] = malloc(sizeof(tg_top) * (size_t)(k ? k : 1));
-            if (!lp->top[n]) return tg_errf(e, "out of memory");
-            memcpy(lp->top[n], buf, sizeof(tg_top) * (size_t)k);
-            lp->n_top[n] = k;
-        }
         n++;
     }
     lp->n_steps = n;
     if (rc != SQLITE_DONE) return db_fail(db, e, "reading steps");
+    if (n == 0) return 0;
+    /* the top-k of every step, from the leg's chunk */
+    store_tops t;
+    if (store_tops_read(db, leg_id, prompt_id, &t, e) < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        int k = store_tops_find(&t, lp->step_no[i]);
+        if (k < 0) continue;
+        lp->top[i] = malloc(sizeof(tg_top) * (size_t)(t.n_top[k] ? t.n_top[k] : 1));
+        if (!lp->top[i]) {
+            store_tops_free(&t);
+            return tg_errf(e, "out of memory");
+        }
+        memcpy(lp->top[i], t.top + t.off[k], sizeof(tg_top) * (size_t)t.n_top[k]);
+        lp->n_top[i] = t.n_top[k];
+    }
+    store_tops_free(&t);
     return 0;
 }
 
@@ -272,7 +277,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
                            " WHERE leg_id=?1 AND prompt_id=?2",
                            -1, &sp, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(db,
-                           "SELECT step, token, forced, digest, top FROM v_step_top"
+                           "SELECT step, token, forced, digest FROM step"
                            " WHERE leg_id=?1 AND prompt_id=?2 ORDER BY step",
                            -1, &ss, NULL) != SQLITE_OK) {
         db_fail(db, e, "preparing leg queries");

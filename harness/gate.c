@@ -208,8 +208,9 @@ static void on_step(void *ud, int step)
     progress_line(p->c, p->arm, p->leg, p->prompt, step);
 }
 
-/* Copies a decode result's steps (and dumps) into q. */
-static void take_steps(lp_buf *q, const arm_decode_res *r, const int32_t *force)
+/* Copies a decode result's steps (and the dumps of the stages spec keeps)
+ * into q. */
+static void take_steps(lp_buf *q, const arm_decode_res *r, const int32_t *force, const tg_spec *spec)
 {
     int n = r->n_steps;
     q->steps = xcalloc((size_t)n, sizeof *q->steps);
@@ -232,12 +233,13 @@ static void take_steps(lp_buf *q, const arm_decode_res *r, const int32_t *force)
         q->dump_data = xcalloc((size_t)r->n_dumps, sizeof *q->dump_data);
         q->dump_stage = xcalloc((size_t)r->n_dumps, sizeof *q->dump_stage);
         for (int d = 0; d < r->n_dumps; d++) {
-            if (!r->dumps[d].data) continue;
-            q->dump_data[d] = xcalloc((size_t)r->dumps[d].n, sizeof(float));
-            memcpy(q->dump_data[d], r->dumps[d].data, (size_t)r->dumps[d].n * sizeof(float));
-            q->dump_stage[d] = xstrdup(r->dumps[d].stage);
-            q->dumps[q->lp.n_dumps++] = (store_dump){r->dumps[d].step, r->dumps[d].layer, q->dump_stage[d],
-                                                      r->dumps[d].n, q->dump_data[d]};
+            if (!r->dumps[d].data || !spec_dumps_stage(spec, r->dumps[d].stage)) continue;
+            int k = q->lp.n_dumps++;   /* kept dumps are packed: leg_buf_free frees 0..n_dumps-1 */
+            q->dump_data[k] = xcalloc((size_t)r->dumps[d].n, sizeof(float));
+            memcpy(q->dump_data[k], r->dumps[d].data, (size_t)r->dumps[d].n * sizeof(float));
+            q->dump_stage[k] = xstrdup(r->dumps[d].stage);
+            q->dumps[k] = (store_dump){r->dumps[d].step, r->dumps[d].layer, q->dump_stage[k],
+                                       r->dumps[d].n, q->dump_data[k]};
         }
         q->lp.dumps = q->dumps;
     }
@@ -346,10 +348,23 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         q->lp.n_decoded_from = n_prompt;
         arm_decode_req req = {.prompt = prompt, .n_prompt = n_prompt, .steps = s->steps, .top_k = s->top_k,
                               .force = force, .n_force = force ? s->steps : 0};
+        /* the spec's dumps: into a private folder, read back by arm_decode, stored as rows */
+        char ddir[600] = "";
+        if (spec_dumps_prompt(s, p)) {
+            if (arm_dump_dir_make(ddir, sizeof ddir, "gate", &e) < 0) {
+                q->error = xstrdup(e.msg);
+                set_cause(b, "%s: %s", sp->id, e.msg);
+                continue;
+            }
+            req.dump_steps = s->dump_steps;
+            req.n_dump_steps = s->n_dump_steps;
+            req.dump_path = ddir;
+        }
         arm_decode_res r;
         prog pg = {c, sa->name, legno, sp->id, 0};
         int rc = arm_decode(a, &req, &r, on_step, &pg, &e);
-        take_steps(q, &r, force);
+        arm_dump_dir_remove(ddir);
+        take_steps(q, &r, force, s);
         if (rc < 0) {
             q->error = xstrdup(e.msg);
             set_cause(b, "%s: %s", sp->id, e.msg);

@@ -9,7 +9,6 @@
  */
 #include "localize.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -202,23 +201,6 @@ typedef struct loc_arm {
     char dir[512];
 } loc_arm;
 
-/* Removes the files of a dump folder and the folder. */
-static void rm_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d))) {
-            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-            char p[1024];
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* Starts arm la, loads the model; tokenizes the prompt into *ids when ids
  * is not NULL; decodes steps with force (n_force ids) and dumps at step
  * dump_step. Returns 0 or -1 with e. */
@@ -264,7 +246,7 @@ out:;
     if (rc == 0 && x.cause) rc = tg_errf(e, "arm %s: %s", la->name, x.cause);
     else if (rc == 0 && x.fault_lines) rc = tg_errf(e, "arm %s: fault lines in stderr: %.300s", la->name, x.fault_lines);
     arm_free(a);
-    rm_dir(la->dir);
+    arm_dump_dir_remove(la->dir);
     return rc;
 }
 

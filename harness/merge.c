@@ -22,7 +22,7 @@
 /* Tables this file copies, in dependency order; any other non-empty table
  * of the source is reported as skipped. */
 static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg",
-                                    "leg_prompt", "step", "dump", "verdict_set", "verdict",
+                                    "leg_prompt", "step", "leg_top", "dump", "verdict_set", "verdict",
                                     "compare", "contested", "noise_band", NULL};
 
 static int sql_err(sqlite3 *db, tg_err *e, const char *what)
@@ -146,11 +146,13 @@ static const struct { const char *part, *sql; } PARTS[] = {
      " l.counters, b.sha256 FROM @.leg l JOIN @.arm a ON a.id = l.arm_id"
      " LEFT JOIN @.binary b ON b.id = l.binary_id WHERE l.run_id = ?1 ORDER BY a.name, l.leg"},
     {"steps",
-     "SELECT a.name, l.leg, p.name, st.step, st.token, st.forced, st.digest,"
-     " coalesce(st.top, (SELECT b.top FROM @.step b WHERE b.leg_id = st.same_as"
-     "   AND b.prompt_id = st.prompt_id AND b.step = st.step))"
+     "SELECT a.name, l.leg, p.name, st.step, st.token, st.forced, st.gap, st.digest"
      " FROM @.step st JOIN @.leg l ON l.id = st.leg_id JOIN @.arm a ON a.id = l.arm_id"
      " JOIN @.prompt p ON p.id = st.prompt_id WHERE l.run_id = ?1 ORDER BY 1, 2, 3, 4"},
+    /* the chunks are keyed by prompt names, so a copy is byte-identical */
+    {"top-k",
+     "SELECT a.name, l.leg, t.data FROM @.leg_top t JOIN @.leg l ON l.id = t.leg_id"
+     " JOIN @.arm a ON a.id = l.arm_id WHERE l.run_id = ?1 ORDER BY 1, 2"},
     {"verdict sets",
      "SELECT set_no, created, policy, band, overall FROM @.verdict_set WHERE run_id = ?1 ORDER BY set_no"},
     {"verdict rows",
@@ -277,10 +279,12 @@ static int copy_run(sqlite3 *db, int64_t r, int64_t *new_run, tg_err *e)
         return -1;
     const char *in_run = "s.leg_id IN (SELECT old FROM temp.m_leg)";
     subst lp_sub[] = {{"leg_id", "(SELECT new FROM temp.m_leg WHERE old = s.leg_id)"},
-                      {"prompt_id", "(SELECT new FROM temp.m_prompt WHERE old = s.prompt_id)"},
-                      {"same_as", "(SELECT new FROM temp.m_leg WHERE old = s.same_as)"}};
+                      {"prompt_id", "(SELECT new FROM temp.m_prompt WHERE old = s.prompt_id)"}};
+    subst top_sub[] = {{"leg_id", "(SELECT new FROM temp.m_leg WHERE old = s.leg_id)"},
+                       {"base_leg", "(SELECT new FROM temp.m_leg WHERE old = s.base_leg)"}};
     if (copy_rows(db, "leg_prompt", in_run, NULL, lp_sub, 2, r, nr, e) < 0 ||
-        copy_rows(db, "step", in_run, "s.leg_id, s.prompt_id, s.step", lp_sub, 3, r, nr, e) < 0 ||
+        copy_rows(db, "step", in_run, "s.leg_id, s.prompt_id, s.step", lp_sub, 2, r, nr, e) < 0 ||
+        copy_rows(db, "leg_top", in_run, "s.leg_id", top_sub, 2, r, nr, e) < 0 ||
         copy_rows(db, "dump", in_run, NULL, lp_sub, 2, r, nr, e) < 0)
         return -1;
     subst v_sub[] = {{"id", NULL}, {"run_id", "?2"}};

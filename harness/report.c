@@ -1077,7 +1077,7 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
         goto out;
     }
     if (sqlite3_prepare_v2(c.db,
-                           "SELECT s.token, s.forced, s.gap, s.top FROM v_step_top s"
+                           "SELECT s.token, s.forced, s.gap, s.leg_id, s.prompt_id FROM v_step s"
                            " JOIN leg ON leg.id = s.leg_id JOIN arm ON arm.id = leg.arm_id"
                            " JOIN prompt p ON p.id = s.prompt_id"
                            " WHERE leg.run_id=?1 AND arm.name=?2 AND leg.leg=?3 AND p.name=?4"
@@ -1106,13 +1106,18 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
         shown++;
         tg_top top[4096];
         int n = 0;
-        const void *b = sqlite3_column_blob(q, 3);
-        if (b) {
-            n = store_decode_top(b, (size_t)sqlite3_column_bytes(q, 3), top, 4096, e);
-            if (n < 0) {
+        {
+            store_tops tt;
+            if (store_tops_read(c.db, sqlite3_column_int64(q, 3), sqlite3_column_int64(q, 4), &tt, e) < 0) {
                 tg_err_prefix(e, "arm %s %s/%d", arm->name, prompt_id, step);
                 goto out;
             }
+            int k = store_tops_find(&tt, step);
+            if (k >= 0) {
+                n = tt.n_top[k] < 4096 ? tt.n_top[k] : 4096;
+                memcpy(top, tt.top + tt.off[k], sizeof(tg_top) * (size_t)n);
+            }
+            store_tops_free(&tt);
         }
         char cls[16] = "reference", rank[8] = "1", rgap[16] = "-", noise[96] = "", role[64];
         step_role(&c, arm, role, sizeof role);

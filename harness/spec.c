@@ -626,7 +626,102 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
 
 static const char *const top_keys[] = {"name", "model", "prompts", "steps", "top_k", "legs", "mode",
                                        "reference", "policy", "arms", "fault_patterns", "timeout",
-                                       "jobs", NULL};
+                                       "jobs", "dumps", NULL};
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* dumps: {steps: [N, ...], prompts: [ID, ...], stages: [NAME, ...]}; steps
+ * required, the other two optional. Needs s->steps and the prompts. */
+static int parse_dumps(pctx *c, struct fy_node *n, pos at, tg_spec *s)
+{
+    if (!n || !fy_node_is_mapping(n))
+        return perr(c, node_pos(n, at), "dumps", "expected a mapping {steps: [N, ...], prompts: [ID, ...], "
+                    "stages: [NAME, ...]}");
+    static const char *const dk[] = {"steps", "prompts", "stages", NULL};
+    pos dp = node_pos(n, at);
+    if (check_keys(c, n, dp, "dumps", dk) < 0) return -1;
+    pos q = dp;
+    struct fy_node *x = get(n, "steps", &q);
+    if (!x) return perr(c, dp, "dumps.steps", "missing (expected a list of step numbers 0..steps-1)");
+    if (!fy_node_is_sequence(x) || fy_node_sequence_item_count(x) == 0)
+        return perr(c, node_pos(x, q), "dumps.steps", "expected a non-empty list of step numbers 0..%d",
+                    s->steps - 1);
+    int k = fy_node_sequence_item_count(x);
+    s->dump_steps = calloc((size_t)k, sizeof *s->dump_steps);
+    if (!s->dump_steps) abort();
+    void *it = NULL;
+    struct fy_node *item;
+    while ((item = fy_node_sequence_iterate(x, &it))) {
+        char f[64];
+        snprintf(f, sizeof f, "dumps.steps[%d]", s->n_dump_steps);
+        int v;
+        if (get_int(c, item, node_pos(x, q), f, 0, s->steps - 1, &v) < 0) return -1;
+        for (int j = 0; j < s->n_dump_steps; j++)
+            if (s->dump_steps[j] == v)
+                return perr(c, node_pos(item, q), f, "expected each step once, %d is listed twice", v);
+        s->dump_steps[s->n_dump_steps++] = v;
+    }
+    qsort(s->dump_steps, (size_t)s->n_dump_steps, sizeof *s->dump_steps, cmp_int);
+    q = dp;
+    if ((x = get(n, "prompts", &q))) {
+        if (get_strings(c, x, q, "dumps.prompts", "prompt ids", &s->dump_prompts, &s->n_dump_prompts) < 0)
+            return -1;
+        if (s->n_dump_prompts == 0) return perr(c, node_pos(x, q), "dumps.prompts", "expected at least one prompt id");
+        for (int i = 0; i < s->n_dump_prompts; i++) {
+            int found = 0;
+            for (int p = 0; p < s->n_prompts; p++) found |= !strcmp(s->prompts[p].id, s->dump_prompts[i]);
+            if (!found) {
+                char f[64];
+                snprintf(f, sizeof f, "dumps.prompts[%d]", i);
+                return perr(c, node_pos(fy_node_sequence_get_by_index(x, i), q), f,
+                            "expected a prompt id of this spec (p1..p%d or an inline id), got '%s'",
+                            s->n_prompts, s->dump_prompts[i]);
+            }
+        }
+    }
+    q = dp;
+    if ((x = get(n, "stages", &q))) {
+        if (get_strings(c, x, q, "dumps.stages", "stage names", &s->dump_stages, &s->n_dump_stages) < 0)
+            return -1;
+        if (s->n_dump_stages == 0) return perr(c, node_pos(x, q), "dumps.stages", "expected at least one stage");
+        for (int i = 0; i < s->n_dump_stages; i++) {
+            static const char *const stages[] = {"attn_norm", "q", "k", "v", "attn_out", "ffn_norm",
+                                                 "ffn_out", "residual", "logits", NULL};
+            const char *g = s->dump_stages[i];
+            int known = 0;
+            for (int j = 0; stages[j]; j++) known |= !strcmp(stages[j], g);
+            if (!known) {
+                char f[64];
+                snprintf(f, sizeof f, "dumps.stages[%d]", i);
+                return perr(c, node_pos(fy_node_sequence_get_by_index(x, i), q), f,
+                            "expected one of: " SPEC_DUMP_STAGES ", got '%s'", g);
+            }
+        }
+    }
+    return 0;
+}
+
+int spec_dumps_prompt(const tg_spec *s, int p)
+{
+    if (!s || s->n_dump_steps == 0 || p < 0 || p >= s->n_prompts) return 0;
+    if (s->n_dump_prompts == 0) return 1;
+    for (int i = 0; i < s->n_dump_prompts; i++)
+        if (!strcmp(s->dump_prompts[i], s->prompts[p].id)) return 1;
+    return 0;
+}
+
+int spec_dumps_stage(const tg_spec *s, const char *stage)
+{
+    if (!s || !stage) return 0;
+    if (s->n_dump_stages == 0) return 1;
+    for (int i = 0; i < s->n_dump_stages; i++)
+        if (!strcmp(s->dump_stages[i], stage)) return 1;
+    return 0;
+}
 
 static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
 {
@@ -733,6 +828,9 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
     if ((v = get(root, "fault_patterns", &kp)) &&
         get_strings(c, v, kp, "fault_patterns", "stderr substrings", &s->fault_patterns, &s->n_fault_patterns) < 0)
         return -1;
+
+    kp = at;
+    if ((v = get(root, "dumps", &kp)) && parse_dumps(c, v, kp, s) < 0) return -1;
 
     kp = at; v = get(root, "arms", &kp);
     if (!fy_node_is_sequence(v) || fy_node_sequence_item_count(v) == 0)
@@ -938,6 +1036,9 @@ void spec_free(tg_spec *s)
     }
     free(s->arms);
     strv_free(s->fault_patterns, s->n_fault_patterns);
+    free(s->dump_steps);
+    strv_free(s->dump_prompts, s->n_dump_prompts);
+    strv_free(s->dump_stages, s->n_dump_stages);
     free(s);
 }
 

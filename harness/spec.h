@@ -80,7 +80,24 @@ typedef struct tg_spec {
     char **fault_patterns;
     double timeout_request;  /* defaults for arms that set none */
     double timeout_leg;
+    /* dumps: (optional) the steps at which every protocol arm dumps its
+     * hidden states into the store's dump table; none when n_dump_steps 0 */
+    int n_dump_steps;
+    int *dump_steps;         /* ascending, distinct, each < steps */
+    int n_dump_prompts;      /* 0: every prompt */
+    char **dump_prompts;     /* prompt ids */
+    int n_dump_stages;       /* 0: every stage the arm dumps */
+    char **dump_stages;      /* stage names (SPEC_DUMP_STAGES) */
 } tg_spec;
+
+/* The stage names a dump line may carry (DESIGN.md "Dumps"), space-separated. */
+#define SPEC_DUMP_STAGES "attn_norm q k v attn_out ffn_norm ffn_out residual logits"
+
+/* 1 when spec s asks for dumps of prompt index p (dumps given, and the prompt
+ * listed or no prompt list), else 0. */
+int spec_dumps_prompt(const tg_spec *s, int p);
+/* 1 when a dump of stage should be stored (no stage list, or listed). */
+int spec_dumps_stage(const tg_spec *s, const char *stage);
 
 /* Reads and validates the spec at path. Returns 0 with *out (free with
  * spec_free), or -1 with e ("path:line:col: field: expected ..."). Files the

@@ -2,7 +2,7 @@
 -- steps, steps where B's own gap >= 0.5, and token mismatches among those
 WITH s AS (
   SELECT r.id AS run, a.name AS arm, st.prompt_id AS p, st.step AS k, st.token AS tok, st.gap AS gap
-  FROM step st JOIN leg l ON l.id = st.leg_id JOIN arm a ON a.id = l.arm_id JOIN run r ON r.id = l.run_id
+  FROM v_step st JOIN leg l ON l.id = st.leg_id JOIN arm a ON a.id = l.arm_id JOIN run r ON r.id = l.run_id
   WHERE l.leg = 1)
 SELECT x.run, 'gpu vs ' || y.arm AS pair, count(*) AS steps,
        sum(y.gap >= 0.5) AS steps_gap_ge_05,

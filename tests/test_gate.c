@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zstd.h>
 
 #include "arm.h"
 #include "gate.h"
@@ -448,6 +449,97 @@ static void test_real_gate(void **unused)
     spec_free(s);
 }
 
+/* Byte-unshuffles and decompresses a dump blob (zstd of the f32 array with
+ * plane k holding byte k of every value) into n floats. Returns 0 or -1. */
+static int dump_decode(const void *blob, int len, int64_t n, float *out)
+{
+    size_t raw = (size_t)n * 4;
+    unsigned char *shuf = malloc(raw ? raw : 1);
+    assert_non_null(shuf);
+    size_t got = ZSTD_decompress(shuf, raw, blob, (size_t)len);
+    int rc = ZSTD_isError(got) || got != raw ? -1 : 0;
+    unsigned char *dst = (unsigned char *)out;
+    for (int64_t k = 0; rc == 0 && k < n; k++)
+        for (int b = 0; b < 4; b++) dst[4 * k + b] = shuf[(size_t)b * (size_t)n + (size_t)k];
+    free(shuf);
+    return rc;
+}
+
+/* A spec's dumps field: a real gate (the shipped model, engine ref and cpu
+ * tiers, 1 prompt, 3 steps) asks both arms for dumps at step 1 and stores
+ * the chosen stages in the dump table; the stored final logits agree with
+ * the step's stored argmax. */
+static void test_real_gate_dumps(void **unused)
+{
+    (void)unused;
+    char engine[2 * PATH_MAX], model[2 * PATH_MAX];
+    snprintf(engine, sizeof engine, "%s/tg-engine", g_bin);
+    snprintf(model, sizeof model, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    if (!exists(engine) || !exists(model)) {
+        print_message("skipped: needs %s and %s\n", engine, model);
+        skip();
+    }
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: dump-gate\n"
+                         "model: {path: %s, sha256: 9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657}\n"
+                         "prompts: [{id: p1, text: \"The following options are supported:\"}]\n"
+                         "steps: 3\ntop_k: 4\nlegs: 1\nreference: ref\npolicy: {kind: exact}\n"
+                         "dumps: {steps: [1], stages: [logits, ffn_out]}\n"
+                         "arms:\n"
+                         "  - {name: ref, engine: ref, options: {threads: 1}}\n"
+                         "  - {name: cpu, engine: cpu, options: {threads: 1}}\n",
+                         model) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    if (gate_run(st, s, &o, &r, &e) < 0) {
+        print_message("gate_run: %s\n", e.msg);
+        fail();
+    }
+    assert_int_equal(r.legs_faulted, 0);
+    const char *arms[] = {"ref", "cpu"};
+    for (int a = 0; a < 2; a++) {
+        /* step 1 only; the 8 layers' ffn_out and the final logits (layer -1); no other stage */
+        assert_int_equal(q_int(st, "SELECT count(*) FROM dump d JOIN leg l ON l.id = d.leg_id JOIN arm a "
+                                   "ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2", r.run_id, arms[a]), 9);
+        assert_int_equal(q_int(st, "SELECT count(*) FROM dump d JOIN leg l ON l.id = d.leg_id JOIN arm a "
+                                   "ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 AND d.step = 1 AND "
+                                   "((d.stage = 'ffn_out' AND d.layer BETWEEN 0 AND 7) OR "
+                                   "(d.stage = 'logits' AND d.layer = -1))", r.run_id, arms[a]), 9);
+        sqlite3_stmt *q;
+        assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                            "SELECT d.n, d.data, s.token FROM dump d JOIN leg l ON l.id = d.leg_id "
+                                            "JOIN arm a ON a.id = l.arm_id JOIN step s ON s.leg_id = d.leg_id "
+                                            "AND s.prompt_id = d.prompt_id AND s.step = d.step "
+                                            "WHERE l.run_id = ?1 AND a.name = ?2 AND d.stage = 'logits'",
+                                            -1, &q, NULL), SQLITE_OK);
+        sqlite3_bind_int64(q, 1, r.run_id);
+        sqlite3_bind_text(q, 2, arms[a], -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        int64_t n = sqlite3_column_int64(q, 0);
+        assert_int_equal(n, 8192);   /* the model's vocabulary */
+        float *v = malloc(sizeof *v * (size_t)n);
+        assert_non_null(v);
+        if (dump_decode(sqlite3_column_blob(q, 1), sqlite3_column_bytes(q, 1), n, v) < 0)
+            fail_msg("arm %s: the logits dump does not decode to %lld f32 values", arms[a], (long long)n);
+        int best = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (v[i] > v[best]) best = (int)i;
+        if (best != sqlite3_column_int(q, 2))
+            fail_msg("arm %s: argmax of the dumped logits %d, the stored step token %d", arms[a], best,
+                     sqlite3_column_int(q, 2));
+        free(v);
+        sqlite3_finalize(q);
+    }
+    assert_integrity(st);
+    store_close(st);
+    spec_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -455,6 +547,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_real_gate_dumps, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "v3fixture.h"
+
 #include "merge.h"
 #include "store.h"
 #include "verdict.h"
@@ -170,10 +172,12 @@ static void test_migrate_v1(void **state)
         const char *t = (const char *)sqlite3_column_text(s, 0);
         int v1 = 0;
         for (int i = 0; V1[i]; i++) v1 |= !strcmp(V1[i], t);
-        if (!v1) snprintf(later[n_later++], 64, "%s", t);
+        if (!v1 && strcmp(t, "leg_top")) snprintf(later[n_later++], 64, "%s", t);
     }
     sqlite3_finalize(s);
     char *msg = NULL;
+    /* first back to the version-3 layout of the step table */
+    if (sqlite3_exec(db, V4_TO_V3_SQL, NULL, NULL, &msg) != SQLITE_OK) fail_msg("making a v3 store: %s", msg);
     for (int i = 0; i < n_later; i++) {
         char q[128];
         snprintf(q, sizeof q, "DROP TABLE \"%.60s\"", later[i]);
@@ -210,8 +214,33 @@ static void test_merge_two_shards(void **state)
                      3 * count("a.db", "SELECT count(*) FROM step"));
     assert_int_equal(count("d.db", "SELECT count(*) FROM verdict"),
                      d0 + count("a.db", "SELECT count(*) FROM verdict") + count("b.db", "SELECT count(*) FROM verdict"));
-    /* every step's top-k resolves (same_as re-keyed to the new first leg) */
-    assert_int_equal(count("d.db", "SELECT count(*) FROM v_step_top WHERE top IS NULL"), 0);
+    /* every leg's top-k chunk came along, its base leg re-keyed to the new first leg */
+    assert_int_equal(count("d.db", "SELECT count(*) FROM leg_top"), count("d.db", "SELECT count(*) FROM leg"));
+    assert_int_equal(count("d.db", "SELECT count(*) FROM leg_top t WHERE t.base_leg IS NOT NULL AND NOT EXISTS"
+                                   " (SELECT 1 FROM leg b JOIN leg l ON l.id = t.leg_id WHERE b.id = t.base_leg"
+                                   " AND b.arm_id = l.arm_id AND b.run_id = l.run_id)"), 0);
+    {
+        /* and every step's top-k reads back */
+        sqlite3 *db;
+        char dp[2 * PATH_MAX];
+        path_in(dp, sizeof dp, "d.db");
+        assert_int_equal(sqlite3_open(dp, &db), SQLITE_OK);
+        sqlite3_stmt *q;
+        sqlite3_prepare_v2(db, "SELECT DISTINCT leg_id, prompt_id FROM step", -1, &q, NULL);
+        int legs = 0;
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            store_tops t;
+            tg_err e2;
+            if (store_tops_read(db, sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1), &t, &e2) < 0)
+                fail_msg("merged top-k: %s", e2.msg);
+            for (int i = 0; i < t.n; i++) assert_true(t.n_top[i] > 0);
+            store_tops_free(&t);
+            legs++;
+        }
+        sqlite3_finalize(q);
+        sqlite3_close(db);
+        assert_true(legs > 0);
+    }
     assert_int_equal(count("d.db", "PRAGMA foreign_key_check"), -1);   /* no violations: no rows */
     /* the verdicts travel with their run */
     assert_int_equal(count("d.db", "SELECT count(*) FROM run r JOIN spec s ON s.id = r.spec_id"

@@ -322,7 +322,7 @@ static int stored_top(tg_store *st, int64_t run, const char *arm, const char *pr
 {
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_prepare_v2(store_db(st),
-                                        "SELECT v.top FROM v_step_top v JOIN leg ON leg.id = v.leg_id"
+                                        "SELECT v.leg_id, v.prompt_id FROM step v JOIN leg ON leg.id = v.leg_id"
                                         " JOIN arm ON arm.id = leg.arm_id JOIN prompt p ON p.id = v.prompt_id"
                                         " WHERE leg.run_id=?1 AND arm.name=?2 AND leg.leg=1 AND p.name=?3"
                                         " AND v.step=?4", -1, &s, NULL), SQLITE_OK);
@@ -331,9 +331,16 @@ static int stored_top(tg_store *st, int64_t run, const char *arm, const char *pr
     sqlite3_bind_text(s, 3, prompt, -1, SQLITE_STATIC);
     sqlite3_bind_int(s, 4, step);
     int n = -1;
-    if (sqlite3_step(s) == SQLITE_ROW) {
-        tg_err e;
-        n = store_decode_top(sqlite3_column_blob(s, 0), (size_t)sqlite3_column_bytes(s, 0), top, cap, &e);
+    store_tops t;
+    tg_err e;
+    if (sqlite3_step(s) == SQLITE_ROW &&
+        store_tops_read(store_db(st), sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1), &t, &e) == 0) {
+        int k = store_tops_find(&t, step);
+        if (k >= 0) {
+            n = t.n_top[k] < cap ? t.n_top[k] : cap;
+            memcpy(top, t.top + t.off[k], sizeof *top * (size_t)n);
+        }
+        store_tops_free(&t);
     }
     sqlite3_finalize(s);
     return n;

@@ -241,6 +241,38 @@ static void test_malformed(void **st)
     load_bad(edit(3, "prompts: [1, 2"), "4:5: YAML syntax: missing comma");
     load_bad("- just\n- a list\n", "1:3: spec: expected a mapping at the top");
     load_bad("", "1:1: spec: expected a YAML mapping, the file is empty");
+    load_bad(edit(13, "dumps: [1]"), "13:9: dumps: expected a mapping");
+    load_bad(edit(13, "dumps: {step: [1]}"), "13:9: dumps.step: unknown key");
+    load_bad(edit(13, "dumps: {prompts: [a]}"), "13:9: dumps.steps: missing");
+    load_bad(edit(13, "dumps: {steps: []}"), "13:9: dumps.steps: expected a non-empty list of step numbers 0..7");
+    load_bad(edit(13, "dumps: {steps: [8]}"), "13:17: dumps.steps[0]: expected an integer 0..7, got 8");
+    load_bad(edit(13, "dumps: {steps: [1, 1]}"), "13:20: dumps.steps[1]: expected each step once");
+    load_bad(edit(13, "dumps: {steps: [1], prompts: [zz]}"), "13:31: dumps.prompts[0]: expected a prompt id of this spec");
+    load_bad(edit(13, "dumps: {steps: [1], stages: [ffn]}"), "13:30: dumps.stages[0]: expected one of: attn_norm");
+}
+
+/* dumps: steps sorted, the prompt and stage filters. */
+static void test_dumps(void **st)
+{
+    (void)st;
+    tg_spec *s = load_ok(GOOD);
+    assert_int_equal(s->n_dump_steps, 0);
+    assert_int_equal(spec_dumps_prompt(s, 0), 0);
+    spec_free(s);
+    s = load_ok(edit(13, "dumps: {steps: [5, 2], prompts: [b]}"));
+    assert_int_equal(s->n_dump_steps, 2);
+    assert_int_equal(s->dump_steps[0], 2);
+    assert_int_equal(s->dump_steps[1], 5);
+    assert_int_equal(spec_dumps_prompt(s, 0), 0);
+    assert_int_equal(spec_dumps_prompt(s, 1), 1);
+    assert_int_equal(spec_dumps_stage(s, "q"), 1);
+    spec_free(s);
+    s = load_ok(edit(13, "dumps: {steps: [0], stages: [logits]}"));
+    assert_int_equal(spec_dumps_prompt(s, 0), 1);
+    assert_int_equal(spec_dumps_prompt(s, 1), 1);
+    assert_int_equal(spec_dumps_stage(s, "logits"), 1);
+    assert_int_equal(spec_dumps_stage(s, "q"), 0);
+    spec_free(s);
 }
 
 static void test_prompt_file(void **st)
@@ -397,6 +429,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_good_spec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dumps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prompt_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_hash, setup, teardown),

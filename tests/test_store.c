@@ -1,9 +1,11 @@
 /*
  * test_store.c: the SQLite evidence store. Schema creation and version
- * refusal, the lossless top-k blob (round trips, raw fallback, corrupt
- * input), leg writes all or nothing (a failure mid-transaction leaves no
- * row), repeated identical legs stored once, dumps and stderr round trips,
- * latest-run and has-leg lookups, and the integrity check.
+ * refusal, the lossless top-k chunk (round trips, forms the packed code
+ * cannot hold, truncated chunks), the v3 blob decoder and the migration of
+ * a v3 store (tests/data/store-v3.sql, written by the v3 code), leg writes
+ * all or nothing (a failure mid-transaction leaves no row), repeated
+ * identical legs stored once, dumps and stderr round trips, latest-run and
+ * has-leg lookups, and the integrity check.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -65,7 +67,7 @@ static void test_schema(void **state)
     sqlite3_finalize(s);
     const char *tables[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg",
                             "leg_prompt", "step", "dump", "verdict_set", "verdict", "compare",
-                            "contested", "v_step_compare", "v_near_tie", "v_rank_hist", "v_step_top"};
+                            "contested", "v_step_compare", "v_near_tie", "v_rank_hist", "v_step", "leg_top"};
     for (size_t i = 0; i < sizeof tables / sizeof *tables; i++) {
         char q[256];
         snprintf(q, sizeof q, "SELECT count(*) FROM sqlite_master WHERE name='%s'", tables[i]);
@@ -109,39 +111,95 @@ static void test_newer_schema_refused(void **state)
     assert_int_equal(store_open(&c->st, c->path, &e), 0);
 }
 
-/* Encodes through a real step row and decodes: the only public path. */
-static void roundtrip(tg_store *st, int64_t run, int leg, const tg_top *top, int n, int *raw)
+/* The top-k of step 0 of prompt p1 of (run, arm cpu, leg) through
+ * store_tops_read into back (cap 600). Returns the count, or -1 with e. */
+static int read_top(tg_store *st, int64_t run, int leg, tg_top *back, tg_err *e)
 {
-    store_step sp = {.step = 0, .token = n ? top[0].id : 0, .forced = -1, .n_top = n, .top = top};
+    sqlite3_stmt *s;
+    sqlite3_prepare_v2(store_db(st),
+                       "SELECT step.leg_id, step.prompt_id FROM step JOIN leg ON leg.id = step.leg_id"
+                       " WHERE leg.run_id=?1 AND leg.leg=?2 AND step.step=0", -1, &s, NULL);
+    sqlite3_bind_int64(s, 1, run);
+    sqlite3_bind_int(s, 2, leg);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    store_tops t;
+    int rc = store_tops_read(store_db(st), sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1), &t, e);
+    sqlite3_finalize(s);
+    if (rc < 0) return -1;
+    int k = store_tops_find(&t, 0);
+    assert_true(k >= 0);
+    int n = t.n_top[k];
+    if (n > 600) {
+        store_tops_free(&t);
+        snprintf(e->msg, sizeof e->msg, "%d entries, room for 600", n);
+        return -1;
+    }
+    memcpy(back, t.top + t.off[k], sizeof *back * (size_t)n);
+    store_tops_free(&t);
+    return n;
+}
+
+/* Encodes through a real step row (token: the step's token, -1 for
+ * top[0]'s id) and decodes: the only public path. *len: the chunk's bytes. */
+static void roundtrip(tg_store *st, int64_t run, int leg, const tg_top *top, int n, int32_t token, int *len)
+{
+    store_step sp = {.step = 0, .token = token >= 0 ? token : n ? top[0].id : 0, .forced = -1, .n_top = n,
+                     .top = top};
     store_leg_prompt lp = {.prompt_id = "p1", .n_steps = 1, .steps = &sp};
     store_leg L = {.run_id = run, .arm = "cpu", .leg = leg, .n_prompts = 1, .prompts = &lp};
     tg_err e = {{0}};
     if (store_put_leg(st, &L, &e) < 0) fail_msg("put: %s", e.msg);
-    sqlite3_stmt *s;
-    sqlite3_prepare_v2(store_db(st),
-                       "SELECT top FROM v_step_top JOIN leg ON leg.id = v_step_top.leg_id"
-                       " WHERE leg.run_id=?1 AND leg.leg=?2", -1, &s, NULL);
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_int(s, 2, leg);
-    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
-    const unsigned char *b = sqlite3_column_blob(s, 0);
-    int len = sqlite3_column_bytes(s, 0);
-    *raw = b[0] == 0;
     tg_top back[600];
-    int k = store_decode_top(b, (size_t)len, back, 600, &e);
+    int k = read_top(st, run, leg, back, &e);
     if (k != n) fail_msg("decoded %d of %d entries: %s", k, n, e.msg);
     for (int i = 0; i < n; i++) {
         if (back[i].id != top[i].id || memcmp(&back[i].logit, &top[i].logit, 4))
             fail_msg("entry %d: (%d, %a) came back as (%d, %a)", i, top[i].id, top[i].logit,
                      back[i].id, back[i].logit);
     }
-    /* every truncation of the blob is an error, never a crash */
-    for (int cut = 0; cut < len; cut++) {
-        tg_err e2 = {{0}};
-        if (store_decode_top(b, (size_t)cut, back, 600, &e2) >= 0)
-            fail_msg("a blob cut to %d of %d bytes decoded", cut, len);
-    }
+    /* every truncation of the chunk is an error, never a crash */
+    sqlite3 *db = store_db(st);
+    sqlite3_stmt *s;
+    sqlite3_prepare_v2(db, "SELECT t.leg_id, t.data FROM leg_top t JOIN leg ON leg.id = t.leg_id"
+                           " WHERE leg.run_id=?1 AND leg.leg=?2", -1, &s, NULL);
+    sqlite3_bind_int64(s, 1, run);
+    sqlite3_bind_int(s, 2, leg);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    int64_t leg_id = sqlite3_column_int64(s, 0);
+    *len = sqlite3_column_bytes(s, 1);
+    unsigned char *full = malloc((size_t)*len);
+    memcpy(full, sqlite3_column_blob(s, 1), (size_t)*len);
     sqlite3_finalize(s);
+    sqlite3_prepare_v2(db, "UPDATE leg_top SET data=?2 WHERE leg_id=?1", -1, &s, NULL);
+    for (int cut = 0; cut < *len; cut++) {
+        sqlite3_reset(s);
+        sqlite3_bind_int64(s, 1, leg_id);
+        sqlite3_bind_blob(s, 2, full, cut, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(s), SQLITE_DONE);
+        tg_err e2 = {{0}};
+        if (read_top(st, run, leg, back, &e2) >= 0) fail_msg("a chunk cut to %d of %d bytes decoded", cut, *len);
+        if (!strstr(e2.msg, "leg_top chunk")) fail_msg("cut to %d bytes: the error does not name the chunk: %s", cut, e2.msg);
+    }
+    /* a flipped byte decodes to something or fails, within bounds (ASan) */
+    unsigned char *bad = malloc((size_t)*len);
+    for (int at = 0; at < *len && *len <= 400; at++) {
+        memcpy(bad, full, (size_t)*len);
+        bad[at] ^= (unsigned char)(0x5a + at);
+        sqlite3_reset(s);
+        sqlite3_bind_int64(s, 1, leg_id);
+        sqlite3_bind_blob(s, 2, bad, *len, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(s), SQLITE_DONE);
+        tg_err e3 = {{0}};
+        int k3 = read_top(st, run, leg, back, &e3);
+        assert_true(k3 >= -1 && k3 <= 600);
+    }
+    free(bad);
+    sqlite3_reset(s);
+    sqlite3_bind_int64(s, 1, leg_id);
+    sqlite3_bind_blob(s, 2, full, *len, SQLITE_STATIC);
+    assert_int_equal(sqlite3_step(s), SQLITE_DONE);
+    sqlite3_finalize(s);
+    free(full);
 }
 
 static void test_top_blob_lossless(void **state)
@@ -150,7 +208,7 @@ static void test_top_blob_lossless(void **state)
     int64_t run = craft_run(c->st, "s", "a", "teacher-forced", "llama-cpu", "exact", 0.2, 1, 2, ARMS, 1);
     uint64_t rng = 42;
     tg_top top[512];
-    int leg = 1, raw;
+    int leg = 1, len;
     for (int trial = 0; trial < 40; trial++) {
         int n = trial == 0 ? 1 : trial < 30 ? 32 : 512;
         float x = (float)(20.0 - trial);
@@ -167,23 +225,68 @@ static void test_top_blob_lossless(void **state)
             x -= (float)((rng >> 40) % 1000) * 1e-3f; /* ties included (step 0) */
             if (trial > 20) x -= 5.0f;                 /* through zero into negatives */
         }
-        roundtrip(c->st, run, leg++, top, n, &raw);
-        if (raw) fail_msg("trial %d: an ordered top list fell back to raw", trial);
+        /* trials 10..14: a token other than the first id (no side information) */
+        roundtrip(c->st, run, leg++, top, n, trial >= 10 && trial < 15 ? 7 : -1, &len);
+        /* packed: under the 8 bytes an entry takes raw, code tables included */
+        if (n >= 32 && len >= 8 * n) fail_msg("trial %d: %d entries took %d bytes", trial, n, len);
     }
-    /* things the packed form cannot hold: stored raw, still exact */
-    tg_top odd[4] = {{5, 1.0f}, {5, 0.5f}, {7, 0.25f}, {8, 0.0f}}; /* repeated id */
-    roundtrip(c->st, run, leg++, odd, 4, &raw);
-    assert_true(raw);
+    /* things the packed code cannot hold: stored raw, still exact */
+    tg_top odd[4] = {{5, 1.0f}, {5, 0.5f}, {7, 0.25f}, {-8, 0.0f}}; /* repeated and negative id */
+    roundtrip(c->st, run, leg++, odd, 4, -1, &len);
     tg_top unordered[3] = {{1, 0.5f}, {2, 1.5f}, {3, 0.0f}};
-    roundtrip(c->st, run, leg++, unordered, 3, &raw);
-    assert_true(raw);
+    roundtrip(c->st, run, leg++, unordered, 3, -1, &len);
     tg_top special[4] = {{1, INFINITY}, {2, NAN}, {-3, -0.0f}, {4, -INFINITY}};
-    roundtrip(c->st, run, leg++, special, 4, &raw);
-    assert_true(raw);
+    roundtrip(c->st, run, leg++, special, 4, -1, &len);
     tg_top zeros[3] = {{9, 0.0f}, {10, -0.0f}, {11, -1e-45f}}; /* +0, -0, denormal */
-    roundtrip(c->st, run, leg++, zeros, 3, &raw);
+    roundtrip(c->st, run, leg++, zeros, 3, -1, &len);
+    tg_top tiny[3] = {{9, 1e-30f}, {10, 1e-38f}, {11, -3e38f}}; /* a gap not in 2^-24 units */
+    roundtrip(c->st, run, leg++, tiny, 3, -1, &len);
     /* empty top list */
-    roundtrip(c->st, run, leg++, top, 0, &raw);
+    roundtrip(c->st, run, leg++, top, 0, -1, &len);
+}
+
+/* Many steps whose ids repeat (a pool of 100 ids, one id twice in a step):
+ * ids coded by recency rank come back exact, every step, and a leg of the
+ * same steps under another arm is equal. */
+static void test_top_recency(void **state)
+{
+    ctx *c = *state;
+    int64_t run = craft_run(c->st, "s", "a", "teacher-forced", "llama-cpu", "exact", 0.2, 1, 2, ARMS, 1);
+    enum { S = 40, K = 32 };
+    static tg_top top[S][K];
+    store_step steps[S];
+    uint64_t rng = 7;
+    for (int i = 0; i < S; i++) {
+        float x = 12.0f;
+        for (int j = 0; j < K; j++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            top[i][j].id = (int32_t)(rng % 100) * (j % 7 == 3 ? 1500 : 1);
+            top[i][j].logit = x;
+            x -= (float)((rng >> 33) % 500) * 1e-3f;
+        }
+        top[i][K - 1].id = top[i][K - 2].id; /* a repeated id inside a step */
+        steps[i] = (store_step){.step = i, .token = top[i][0].id, .forced = -1, .n_top = K, .top = top[i]};
+    }
+    store_leg_prompt lp = {.prompt_id = "p1", .n_steps = S, .steps = steps};
+    store_leg L = {.run_id = run, .arm = "cpu", .leg = 1, .n_prompts = 1, .prompts = &lp};
+    tg_err e = {{0}};
+    if (store_put_leg(c->st, &L, &e) < 0) fail_msg("put: %s", e.msg);
+    store_tops t;
+    int64_t leg = count(c->st, "SELECT id FROM leg"), pid = count(c->st, "SELECT id FROM prompt WHERE name = 'p1'");
+    if (store_tops_read(store_db(c->st), leg, pid, &t, &e) < 0) fail_msg("read: %s", e.msg);
+    assert_int_equal(t.n, S);
+    for (int i = 0; i < S; i++) {
+        assert_int_equal(t.step[i], i);
+        assert_int_equal(t.n_top[i], K);
+        for (int j = 0; j < K; j++)
+            if (t.top[t.off[i] + (size_t)j].id != top[i][j].id ||
+                memcmp(&t.top[t.off[i] + (size_t)j].logit, &top[i][j].logit, 4))
+                fail_msg("step %d entry %d: (%d, %a) came back as (%d, %a)", i, j, top[i][j].id, top[i][j].logit,
+                         t.top[t.off[i] + (size_t)j].id, t.top[t.off[i] + (size_t)j].logit);
+    }
+    store_tops_free(&t);
+    /* packed: well under the 8 bytes an entry takes raw */
+    assert_true(count(c->st, "SELECT length(data) FROM leg_top") < S * K * 5);
 }
 
 static void test_corrupt_blob(void **state)
@@ -271,14 +374,129 @@ static void test_identical_legs_stored_once(void **state)
     lp.gap[2] = 0.3; /* leg 3 differs at step 2 */
     tg_err e = {{0}};
     assert_int_equal(craft_leg(c->st, run, "cpu", 3, 1, &lp, NULL, &e), 0);
-    assert_int_equal(count(c->st, "SELECT count(*) FROM step WHERE top IS NULL"), 5 + 4);
-    assert_int_equal(count(c->st, "SELECT count(*) FROM step WHERE top IS NOT NULL"), 5 + 1);
-    /* the view resolves every blob, equal to leg 1's except that step */
-    assert_int_equal(count(c->st, "SELECT count(*) FROM v_step_top WHERE top IS NULL"), 0);
-    assert_int_equal(count(c->st,
-                           "SELECT count(*) FROM v_step_top a JOIN v_step_top b ON a.prompt_id=b.prompt_id"
-                           " AND a.step=b.step JOIN leg la ON la.id=a.leg_id JOIN leg lb ON lb.id=b.leg_id"
-                           " WHERE la.leg=1 AND lb.leg=3 AND a.top <> b.top"), 1);
+    /* legs 2 and 3 point at leg 1, and their chunks hold (almost) nothing */
+    assert_int_equal(count(c->st, "SELECT count(*) FROM leg_top t JOIN leg l ON l.id = t.leg_id"
+                                  " WHERE l.leg > 1 AND t.base_leg = (SELECT id FROM leg WHERE leg = 1)"), 2);
+    assert_true(count(c->st, "SELECT length(data) FROM leg_top t JOIN leg l ON l.id = t.leg_id WHERE l.leg = 2") <
+                count(c->st, "SELECT length(data) FROM leg_top t JOIN leg l ON l.id = t.leg_id WHERE l.leg = 1"));
+    /* every leg's top-k reads back; leg 3 differs from leg 1 at step 2 only */
+    store_tops tt[3];
+    tg_err e2 = {{0}};
+    int64_t pid = count(c->st, "SELECT id FROM prompt WHERE name = 'p1'");
+    for (int l = 0; l < 3; l++) {
+        char q[128];
+        snprintf(q, sizeof q, "SELECT id FROM leg WHERE leg = %d", l + 1);
+        if (store_tops_read(store_db(c->st), count(c->st, q), pid, &tt[l], &e2) < 0) fail_msg("leg %d: %s", l + 1, e2.msg);
+        assert_int_equal(tt[l].n, 5);
+    }
+    for (int k = 0; k < 5; k++) {
+        for (int l = 1; l < 3; l++) {
+            int same = tt[l].n_top[k] == tt[0].n_top[k] &&
+                       !memcmp(tt[l].top + tt[l].off[k], tt[0].top + tt[0].off[k], sizeof(tg_top) * (size_t)tt[0].n_top[k]);
+            if (same != !(l == 2 && k == 2)) fail_msg("leg %d step %d: same as leg 1: %d", l + 1, k, same);
+        }
+    }
+    for (int l = 0; l < 3; l++) store_tops_free(&tt[l]);
+    /* deleting the base leg (tokgate never does; a user might, to run it
+     * again) loses the repeated steps' top-k, as v3's same_as did: they
+     * read back empty, leg 3's own step stays, and a new leg goes in */
+    assert_int_equal(sqlite3_exec(store_db(c->st), "DELETE FROM leg WHERE leg = 1", NULL, NULL, NULL), SQLITE_OK);
+    for (int l = 1; l < 3; l++) {
+        char q[128];
+        snprintf(q, sizeof q, "SELECT id FROM leg WHERE leg = %d", l + 1);
+        if (store_tops_read(store_db(c->st), count(c->st, q), pid, &tt[l], &e2) < 0) fail_msg("leg %d: %s", l + 1, e2.msg);
+        for (int k = 0; k < 5; k++) assert_int_equal(tt[l].n_top[k], l == 2 && k == 2 ? CRAFT_K : 0);
+        store_tops_free(&tt[l]);
+    }
+    lp.gap[2] = 0;
+    assert_int_equal(craft_leg(c->st, run, "cpu", 1, 1, &lp, NULL, &e), 0);
+
+    assert_int_equal(count(c->st, "SELECT count(*) FROM v_step v JOIN leg l ON l.id = v.leg_id"
+                                  " WHERE l.leg = 3 AND v.step = 2 AND typeof(v.gap) = 'real' AND abs(v.gap - 0.3) < 1e-6"), 1);
+}
+
+#include "v3fixture.h"
+
+/* A v3 store written by the v3 code (tests/data/store-v3.sql; its data is
+ * v3fixture.h's) is migrated to the current version on open: every step's
+ * top-k comes back exact from the new chunks, and the step columns keep
+ * their values (gap as REAL through v_step). */
+static void test_migrate_v3(void **state)
+{
+    (void)state;
+    const char *root = getenv("TG_ROOT");
+    char sqlpath[600], dbpath[] = "/tmp/tg-test-store-v3-XXXXXX";
+    snprintf(sqlpath, sizeof sqlpath, "%s/tests/data/store-v3.sql", root ? root : ".");
+    FILE *f = fopen(sqlpath, "r");
+    if (!f) fail_msg("missing %s (run from the repository or set TG_ROOT)", sqlpath);
+    static char sql[65536];
+    size_t n = fread(sql, 1, sizeof sql - 1, f);
+    fclose(f);
+    sql[n] = 0;
+    int fd = mkstemp(dbpath);
+    assert_true(fd >= 0);
+    close(fd);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) fail_msg("fixture: %s", msg);
+    sqlite3_close(db);
+    tg_store *st;
+    tg_err e = {{0}};
+    if (store_open(&st, dbpath, &e) < 0) fail_msg("migration: %s", e.msg);
+    assert_int_equal(count(st, "PRAGMA user_version"), STORE_SCHEMA_VERSION);
+    assert_int_equal(count(st, "SELECT count(*) FROM step"), 16);
+    assert_int_equal(count(st, "SELECT count(*) FROM leg_top"), 2);
+    assert_int_equal(count(st, "SELECT count(*) FROM sqlite_master WHERE name = 'v_step_top'"), 0);
+    sqlite3_stmt *q;
+    sqlite3_prepare_v2(store_db(st), "SELECT v.token, v.forced, v.gap, v.digest, v.leg_id, v.prompt_id"
+                                     " FROM v_step v JOIN leg l ON l.id = v.leg_id JOIN prompt p ON p.id = v.prompt_id"
+                                     " WHERE l.leg = ?1 AND p.name = ?2 AND v.step = ?3", -1, &q, NULL);
+    for (int leg = 1; leg <= 2; leg++)
+        for (int p = 0; p < 2; p++)
+            for (int s2 = 0; s2 < 4; s2++) {
+                store_step want;
+                tg_top wt[8];
+                v3_fixture_step(leg, p, s2, &want, wt);
+                char name[4] = {'p', (char)('1' + p), 0};
+                sqlite3_reset(q);
+                sqlite3_bind_int(q, 1, leg);
+                sqlite3_bind_text(q, 2, name, -1, SQLITE_STATIC);
+                sqlite3_bind_int(q, 3, s2);
+                assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+                assert_int_equal(sqlite3_column_int(q, 0), want.token);
+                assert_int_equal(sqlite3_column_type(q, 1) == SQLITE_NULL ? -1 : sqlite3_column_int(q, 1), want.forced);
+                if (want.n_top >= 2) {
+                    double g = (double)wt[0].logit - (double)wt[1].logit;
+                    if (sqlite3_column_double(q, 2) != g)
+                        fail_msg("leg %d %s/%d: gap %.17g, expected %.17g", leg, name, s2, sqlite3_column_double(q, 2), g);
+                } else
+                    assert_int_equal(sqlite3_column_type(q, 2), SQLITE_NULL);
+                if (want.digest[0]) {
+                    char hex[17];
+                    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sqlite3_column_int64(q, 3));
+                    assert_string_equal(hex, want.digest);
+                } else
+                    assert_int_equal(sqlite3_column_type(q, 3), SQLITE_NULL);
+                store_tops t;
+                if (store_tops_read(store_db(st), sqlite3_column_int64(q, 4), sqlite3_column_int64(q, 5), &t, &e) < 0)
+                    fail_msg("leg %d %s: %s", leg, name, e.msg);
+                int k = store_tops_find(&t, s2);
+                assert_true(k >= 0);
+                assert_int_equal(t.n_top[k], want.n_top);
+                for (int i = 0; i < want.n_top; i++)
+                    if (t.top[t.off[k] + (size_t)i].id != wt[i].id || memcmp(&t.top[t.off[k] + (size_t)i].logit, &wt[i].logit, 4))
+                        fail_msg("leg %d %s/%d entry %d differs after the migration", leg, name, s2, i);
+                store_tops_free(&t);
+            }
+    sqlite3_finalize(q);
+    store_close(st);
+    char side[700];
+    unlink(dbpath);
+    snprintf(side, sizeof side, "%s-wal", dbpath);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", dbpath);
+    unlink(side);
 }
 
 static void test_dumps_stderr_lookups(void **state)
@@ -350,7 +568,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_schema, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_top_blob_lossless, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_top_recency, setup, teardown),
         cmocka_unit_test(test_corrupt_blob),
+        cmocka_unit_test(test_migrate_v3),
         cmocka_unit_test_setup_teardown(test_leg_all_or_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_identical_legs_stored_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dumps_stderr_lookups, setup, teardown),
