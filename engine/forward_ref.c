@@ -2,8 +2,8 @@
  * forward_ref.c: the ref tier, the portable yardstick every other arm is
  * measured against (see model.h).
  *
- * Plain C, one thread, one token at a time. Weights are dequantized row by
- * row with the type's scalar to_float; every sum (dot products, rmsnorm,
+ * Plain C, one token at a time. Weights are dequantized row by row with the
+ * type's scalar to_float; every sum (dot products, rmsnorm,
  * softmax, attention) is taken in f64. Activations are held as doubles but
  * rounded to f32 after every op, so the tier computes "f32 activations with
  * f64 accumulation"; with the f64 option the rounding is skipped, which
@@ -11,6 +11,12 @@
  * the other tiers and llama.cpp against. Nothing depends on timing or
  * threads: the same input gives the same bytes on every machine with
  * IEEE doubles and a correctly rounded libm for exp, sqrt, pow, cos and sin.
+ *
+ * Threads: one by default. With the threads option above 1, the mat-vecs
+ * hand row ranges to a thread pool; every row is still one f64 dot product
+ * taken in the same order by one thread, so the bytes do not change (the
+ * large models of the GPU gates need it: one thread takes about 2 s a step
+ * at the 0.6b shape).
  */
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +25,7 @@
 
 #include "forward.h"
 #include "quant.h"
+#include "threadpool.h"
 
 typedef struct ref_state {
     double *x;        /* (n_embd) residual stream */
@@ -33,7 +40,10 @@ typedef struct ref_state {
     double *sc;       /* (n_ctx) attention scores of one head */
     double *kc;       /* (n_layer, n_ctx, n_head_kv*head_dim) K cache */
     double *vc;       /* (n_layer, n_ctx, n_head_kv*head_dim) V cache */
-    float *row;       /* (max cols) one dequantized weight row */
+    float *row;       /* (nth, max cols) one dequantized weight row per thread */
+    size_t row_n;     /* max cols */
+    int nth;          /* threads (1: no pool) */
+    tg_pool *pool;
     float *f;         /* (max(n_vocab, n_ff, q dims)) f32 copy for dumps */
     double *lg;       /* (n_vocab) logits before the final rounding */
 } ref_state;
@@ -51,6 +61,7 @@ static void ref_fini(tg_session *s)
     free(r->x); free(r->h); free(r->q); free(r->k); free(r->v); free(r->att); free(r->o);
     free(r->g); free(r->u); free(r->sc); free(r->kc); free(r->vc); free(r->row); free(r->f);
     free(r->lg);
+    tg_pool_free(r->pool);
     free(r);
     s->tier = NULL;
 }
@@ -80,7 +91,13 @@ static int ref_init(tg_session *s, tg_err *e)
     r->sc = calloc((size_t)s->o.n_ctx, sizeof(double));
     r->kc = calloc(cache, sizeof(double));
     r->vc = calloc(cache, sizeof(double));
-    r->row = calloc(maxc, sizeof(float));
+    r->nth = s->o.threads > 1 ? s->o.threads : 1;
+    r->row_n = maxc;
+    r->row = calloc(maxc * (size_t)r->nth, sizeof(float));
+    if (r->nth > 1 && !(r->pool = tg_pool_new(r->nth))) {
+        ref_fini(s);
+        return tg_errf(e, "ref tier: cannot start %d threads (option threads)", r->nth);
+    }
     r->f = calloc(maxf, sizeof(float));
     r->lg = calloc(V, sizeof(double));
     if (!r->x || !r->h || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u || !r->sc ||
@@ -88,22 +105,50 @@ static int ref_init(tg_session *s, tg_err *e)
         ref_fini(s);
         return tg_errf(e, "ref tier: out of memory for a KV cache of %d positions (option n_ctx)", s->o.n_ctx);
     }
-    tg_tier_device(TG_TIER_REF, 1, s->device, sizeof s->device);
+    tg_tier_device(TG_TIER_REF, r->nth, s->device, sizeof s->device);
     return 0;
 }
 
-/* out (w->rows) = W x: each row dequantized, the dot taken in f64. */
+typedef struct ref_mm {
+    const tg_session *s;
+    double *out;
+    const tg_weight *w;
+    const double *x;
+} ref_mm;
+
+#define REF_MM_ROWS 16   /* rows per pool chunk */
+
+/* Rows [chunk * REF_MM_ROWS, +REF_MM_ROWS) of a matmul, on thread ith's row buffer. */
+static void matmul_rows(void *ctx, int chunk, int ith)
+{
+    const ref_mm *d = ctx;
+    const ref_state *r = d->s->tier;
+    const tg_type_traits *tr = tg_traits(d->w->type);
+    float *row = r->row + (size_t)ith * r->row_n;
+    int64_t i1 = (int64_t)(chunk + 1) * REF_MM_ROWS;
+    if (i1 > d->w->rows)
+        i1 = d->w->rows;
+    for (int64_t i = (int64_t)chunk * REF_MM_ROWS; i < i1; i++) {
+        tr->to_float((const char *)d->w->data + (size_t)i * d->w->row_size, row, d->w->cols);
+        double sum = 0.0;
+        for (int64_t j = 0; j < d->w->cols; j++)
+            sum += (double)row[j] * d->x[j];
+        d->out[i] = rnd(d->s, sum);
+    }
+}
+
+/* out (w->rows) = W x: each row dequantized, the dot taken in f64 (one row
+ * per dot, whichever thread takes it). */
 static void matmul(tg_session *s, double *out, const tg_weight *w, const double *x)
 {
     ref_state *r = s->tier;
-    const tg_type_traits *tr = tg_traits(w->type);
-    for (int64_t i = 0; i < w->rows; i++) {
-        tr->to_float((const char *)w->data + (size_t)i * w->row_size, r->row, w->cols);
-        double sum = 0.0;
-        for (int64_t j = 0; j < w->cols; j++)
-            sum += (double)r->row[j] * x[j];
-        out[i] = rnd(s, sum);
-    }
+    ref_mm d = {s, out, w, x};
+    const int nchunks = (int)((w->rows + REF_MM_ROWS - 1) / REF_MM_ROWS);
+    if (r->pool)
+        tg_pool_run(r->pool, nchunks, matmul_rows, &d);
+    else
+        for (int c = 0; c < nchunks; c++)
+            matmul_rows(&d, c, 0);
     tg_ops_count(&s->ops, TG_OP_MATMUL, w->type, TG_TIER_REF);
 }
 

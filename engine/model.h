@@ -15,9 +15,11 @@
  * call. The forward pass is the one of FORMATS.md ("Qwen3 forward pass").
  *
  * Tiers (opts.tier):
- *   ref  plain C, one thread: weights dequantized row by row, f32 activations
- *        with f64 accumulation, F32 KV cache. Deterministic whatever the
- *        threads option says. The yardstick.
+ *   ref  plain C: weights dequantized row by row, f32 activations with f64
+ *        accumulation, F32 KV cache. One thread unless the threads option
+ *        is above 1 (then the mat-vec rows are shared by a pool, each row
+ *        one dot product in the same order): the bytes do not depend on
+ *        it. The yardstick.
  *   cpu  activations quantized to each weight type's vec_dot type as
  *        llama.cpp's CPU backend does (Q8_K for K-quants, Q8_0 for Q8_0, F16
  *        for F16, ...), SIMD integer dot products (engine/cpu/kernels.h), a

@@ -103,9 +103,27 @@ pin() {  # spec model -> $W/specs/<spec>, sha pinned
   sed -e "s/^  sha256: .*/  sha256: $sha/" -e "s|^  path: .*|  path: $PWD/$2|" specs/$1 > $W/specs/$1
   say "pinned $1: $2 sha256 $sha"
 }
+# the latest run of spec file $1 in $DB that has no verdict yet (a gate cut
+# short by a previous call's time on a still-warm machine): resumed, so its
+# complete legs are not run again
+unfinished() {
+  python3 - "$DB" "$(sed -n 's/^name: *//p' $W/specs/$1 | head -1)" <<'PY' 2>/dev/null
+import sqlite3, sys
+try:
+    db = sqlite3.connect(sys.argv[1])
+    r = db.execute("SELECT r.id FROM run r JOIN spec s ON s.id = r.spec_id WHERE s.name = ? AND NOT EXISTS "
+                   "(SELECT 1 FROM verdict_set v WHERE v.run_id = r.id) ORDER BY r.id DESC LIMIT 1",
+                   (sys.argv[2],)).fetchone()
+    print(r[0] if r else "")
+except Exception:
+    print("")
+PY
+}
 gate() { # spec name, evidence tag
-  local s=$(date +%s)
-  timeout $(( $(left) - 15 )) $TK gate $W/specs/$1 --db $DB > "$OUT/gate-$2.txt" 2>"$OUT/gate-$2.err"
+  local s=$(date +%s) resume=() pend
+  pend=$(unfinished $1)
+  [ -n "$pend" ] && resume=(--resume $pend) && say "gate $1: resuming run $pend"
+  timeout $(( $(left) - 15 )) $TK gate $W/specs/$1 --db $DB "${resume[@]}" > "$OUT/gate-$2.txt" 2>"$OUT/gate-$2.err"
   local rc=$?
   say "gate $1: rc=$rc in $(( $(date +%s) - s )) s"; cat "$OUT/gate-$2.txt" | tail -40
   $TK report --db $DB --format md --out "$OUT/evidence-$2.md" >/dev/null 2>>"$OUT/gate-$2.err" \
