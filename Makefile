@@ -100,6 +100,9 @@ $(BUILD)/obj/%.o: %.c
 
 # SIMD kernels get their ISA flags; everything else stays portable and the
 # engine picks a kernel at run time from what the CPU reports.
+# The ref tier's sums keep one order on every machine: no multiply-add
+# contraction (gcc contracts by default where the ISA has FMA, e.g. aarch64).
+$(BUILD)/obj/engine/forward_ref.o: ISA_FLAGS := -ffp-contract=off
 $(BUILD)/obj/%_avx2.o: ISA_FLAGS := -mavx2 -mfma -mf16c
 $(BUILD)/obj/%_avx512.o: ISA_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
