@@ -384,31 +384,41 @@ static int dump_stage(tg_gpu *g, int layer, int stage, const float *d, int n, in
 /* The fused single-token step (kernels.cu, "the fused single-token path"):
  * the same forward pass as enqueue_step in 9 launches per layer. Counts the
  * same ops as the plain path, so the counters compare across the two. */
-/* The top-k on the main stream and the digest on the side stream, both
- * over the final logits, joined before the copies to the host (a fork and
- * join that a captured graph keeps as two parallel branches). */
-static int enqueue_select(tg_gpu *g, int k, tg_err *e)
-{
-    cudaStream_t s = g->stream;
-    const int nv = g->hp.n_vocab;
-    GPU_CHECK(e, cudaEventRecord(g->ev_fork, s));
-    GPU_CHECK(e, cudaStreamWaitEvent(g->side, g->ev_fork, 0));
-    if (gk_xxh3(g->side, g->logits, (size_t)nv * 4, g->xxh_scratch, g->ddigest, e)) return -1;
-    GPU_CHECK(e, cudaEventRecord(g->ev_join, g->side));
-    if (gk_topk(s, g->logits, nv, k, g->topk_scratch, g->dtop, e)) return -1;
-    GPU_CHECK(e, cudaStreamWaitEvent(s, g->ev_join, 0));
-    GPU_CHECK(e, cudaMemcpyAsync(g->htop, g->dtop, sizeof(tg_top) * k, cudaMemcpyDeviceToHost, s));
-    GPU_CHECK(e, cudaMemcpyAsync(g->hdigest, g->ddigest, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
-    return 0;
-}
-
+/* Records an event after the launch just enqueued, under label; a fused
+ * step opens the series with PROF(NULL), so launches outside one (a
+ * prefill's selection) are not timed. */
 #define PROF(label)                                                      \
     do {                                                                 \
-        if (g->prof && g->pn < 512) {                                    \
+        if (g->prof && g->pn < 512 && (g->pn > 0 || !(label))) {         \
             cudaEventRecord(g->pev[g->pn], s);                           \
             g->plab[g->pn++] = (label);                                  \
         }                                                                \
     } while (0)
+
+/* The top-k on the main stream and the digest on the side stream, both
+ * over the final logits, joined before the copies to the host (a fork and
+ * join that a captured graph keeps as two parallel branches). Profiling
+ * keeps both on the main stream, so that the events time each. */
+static int enqueue_select(tg_gpu *g, int k, tg_err *e)
+{
+    cudaStream_t s = g->stream, ds = g->prof ? s : g->side;
+    const int nv = g->hp.n_vocab;
+    if (!g->prof) {
+        GPU_CHECK(e, cudaEventRecord(g->ev_fork, s));
+        GPU_CHECK(e, cudaStreamWaitEvent(g->side, g->ev_fork, 0));
+    }
+    if (gk_topk(s, g->logits, nv, k, g->topk_scratch, g->dtop, e)) return -1;
+    PROF("topk");
+    if (gk_xxh3(ds, g->logits, (size_t)nv * 4, g->xxh_scratch, g->ddigest, e)) return -1;
+    PROF("xxh3");
+    if (!g->prof) {
+        GPU_CHECK(e, cudaEventRecord(g->ev_join, g->side));
+        GPU_CHECK(e, cudaStreamWaitEvent(s, g->ev_join, 0));
+    }
+    GPU_CHECK(e, cudaMemcpyAsync(g->htop, g->dtop, sizeof(tg_top) * k, cudaMemcpyDeviceToHost, s));
+    GPU_CHECK(e, cudaMemcpyAsync(g->hdigest, g->ddigest, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
+    return 0;
+}
 
 static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
 {
@@ -482,15 +492,7 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     COUNT(ops, TG_OP_MATMUL, g->output.type);
     PROF("mv output");
     if (k > 0) {
-        if (g->prof) {   /* one stream, so the events time each */
-            if (gk_topk(s, g->logits, hp->n_vocab, k, g->topk_scratch, g->dtop, e)) return -1;
-            PROF("topk");
-            if (gk_xxh3(s, g->logits, (size_t)hp->n_vocab * 4, g->xxh_scratch, g->ddigest, e)) return -1;
-            PROF("xxh3");
-            GPU_CHECK(e, cudaMemcpyAsync(g->htop, g->dtop, sizeof(tg_top) * k, cudaMemcpyDeviceToHost, s));
-            GPU_CHECK(e, cudaMemcpyAsync(g->hdigest, g->ddigest, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
-        } else if (enqueue_select(g, k, e))
-            return -1;
+        if (enqueue_select(g, k, e)) return -1;
     }
     return 0;
 }

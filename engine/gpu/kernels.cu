@@ -165,8 +165,10 @@ struct tr_q8_0 {
     }
 };
 
-/* Plain float types: a "block" of 8 values, one part. */
-struct tr_f16 {
+/* Plain 16-bit float types: a "block" of 8 values, one part; cvt turns the
+ * bits into f32 (h2f, bf2f). */
+template <float (*cvt)(uint16_t)>
+struct tr_half16 {
     static constexpr int QK = 8, BYTES = 16, PARTS = 1, NRUN = 1, RUNLEN = 8;
     static constexpr bool HAS_MIN = false;
     __device__ static int off(int p, int r) { return 0; }
@@ -177,28 +179,13 @@ struct tr_f16 {
         a[0] = 1.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            v[2 * i] = h2f(w[i] & 0xFFFF);
-            v[2 * i + 1] = h2f(w[i] >> 16);
+            v[2 * i] = cvt(w[i] & 0xFFFF);
+            v[2 * i + 1] = cvt(w[i] >> 16);
         }
     }
 };
-
-struct tr_bf16 {
-    static constexpr int QK = 8, BYTES = 16, PARTS = 1, NRUN = 1, RUNLEN = 8;
-    static constexpr bool HAS_MIN = false;
-    __device__ static int off(int p, int r) { return 0; }
-    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
-    {
-        const uint4 q = *(const uint4 *)b;
-        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-        a[0] = 1.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            v[2 * i] = bf2f(w[i] & 0xFFFF);
-            v[2 * i + 1] = bf2f(w[i] >> 16);
-        }
-    }
-};
+typedef tr_half16<h2f> tr_f16;
+typedef tr_half16<bf2f> tr_bf16;
 
 struct tr_f32 {
     static constexpr int QK = 4, BYTES = 16, PARTS = 1, NRUN = 1, RUNLEN = 4;
@@ -364,42 +351,81 @@ __device__ __forceinline__ int sub32x4(int v)
 #endif
 }
 
-/* Q4_K part p (as tr_q4_K: 16 bytes of qs, 16 values of sub-blocks 2g and
- * 2g+1 each) against the block's quantized activations xq (256), their
- * scales xd (8) and sums xs (8). The min term of a whole sub-block is added
- * by the part with hh == 0. */
-__device__ __forceinline__ float mv_dot_q4_K(const uint8_t *b, int p, const int8_t *xq, const float *xd,
-                                             const float *xs)
+/* The quantized activations one weight part multiplies, loaded once and
+ * shared by every row a warp serves at the same part. */
+struct fz_x4 {   /* q4_K part: 16 values of sub-block 2g, 16 of 2g+1 */
+    int4 l, h;
+    float2 d, s;
+};
+struct fz_x6 {   /* q6_K part: 4 runs of 4 values, activation blocks 4h..4h+3 */
+    int q[4];
+    float4 d;
+};
+struct fz_x8 {   /* q8_0 part: 8 values */
+    int2 q;
+    float d;
+};
+
+template <int TYPE> struct fz_x;
+template <> struct fz_x<TG_TYPE_Q4_K> { typedef fz_x4 T; };
+template <> struct fz_x<TG_TYPE_Q6_K> { typedef fz_x6 T; };
+template <> struct fz_x<TG_TYPE_Q8_0> { typedef fz_x8 T; };
+
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x4 &r)
 {
     const int g = p >> 1, hh = p & 1;
-    /* the 16-byte header (d, dmin, 12 scale bytes) in one load */
+    const int8_t *xq = x.q + ib * QK_K + 64 * g + 16 * hh;
+    r.l = *(const int4 *)xq;
+    r.h = *(const int4 *)(xq + 32);
+    r.d = *(const float2 *)(x.d + ib * 8 + 2 * g);
+    r.s = *(const float2 *)(x.s + ib * 8 + 2 * g);
+}
+
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x6 &r)
+{
+    const int h = p >> 3, l0 = 4 * (p & 7);
+    const int8_t *xb = x.q + ib * QK_K + 128 * h + l0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) r.q[i] = *(const int *)(xb + 32 * i);
+    r.d = *(const float4 *)(x.d + ib * 8 + 4 * h);
+}
+
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x8 &r)
+{
+    r.q = *(const int2 *)(x.q + ib * QK8_0 + 8 * p);
+    r.d = x.d[ib];
+}
+
+/* Q4_K part p (as tr_q4_K: 16 bytes of qs, 16 values of sub-blocks 2g and
+ * 2g+1 each) of block b against its activations: 4-byte integer dot
+ * products, scales and mins in f32; the min term of a whole sub-block is
+ * added by the part with hh == 0. */
+__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x4 &x)
+{
+    const int g = p >> 1, hh = p & 1;
     const uint4 hd = *(const uint4 *)b;
     const float d = h2f((uint16_t)(hd.x & 0xFFFF)), dmin = h2f((uint16_t)(hd.x >> 16));
     float sc0, m0, sc1, m1;
     scale_min_k4_w(2 * g, hd, &sc0, &m0);
     scale_min_k4_w(2 * g + 1, hd, &sc1, &m1);
     const uint4 q4 = *(const uint4 *)(b + 16 + 32 * g + 16 * hh);
-    const int4 xl = *(const int4 *)(xq + 64 * g + 16 * hh);
-    const int4 xh = *(const int4 *)(xq + 64 * g + 32 + 16 * hh);
     int dl = 0, dh = 0;
-    dl = dot4((int)(q4.x & 0x0F0F0F0Fu), xl.x, dl);
-    dl = dot4((int)(q4.y & 0x0F0F0F0Fu), xl.y, dl);
-    dl = dot4((int)(q4.z & 0x0F0F0F0Fu), xl.z, dl);
-    dl = dot4((int)(q4.w & 0x0F0F0F0Fu), xl.w, dl);
-    dh = dot4((int)((q4.x >> 4) & 0x0F0F0F0Fu), xh.x, dh);
-    dh = dot4((int)((q4.y >> 4) & 0x0F0F0F0Fu), xh.y, dh);
-    dh = dot4((int)((q4.z >> 4) & 0x0F0F0F0Fu), xh.z, dh);
-    dh = dot4((int)((q4.w >> 4) & 0x0F0F0F0Fu), xh.w, dh);
-    const float x0 = xd[2 * g], x1 = xd[2 * g + 1];
-    float r = x0 * (d * sc0) * (float)dl + x1 * (d * sc1) * (float)dh;
-    if (hh == 0) r -= x0 * (dmin * m0) * xs[2 * g] + x1 * (dmin * m1) * xs[2 * g + 1];
+    dl = dot4((int)(q4.x & 0x0F0F0F0Fu), x.l.x, dl);
+    dl = dot4((int)(q4.y & 0x0F0F0F0Fu), x.l.y, dl);
+    dl = dot4((int)(q4.z & 0x0F0F0F0Fu), x.l.z, dl);
+    dl = dot4((int)(q4.w & 0x0F0F0F0Fu), x.l.w, dl);
+    dh = dot4((int)((q4.x >> 4) & 0x0F0F0F0Fu), x.h.x, dh);
+    dh = dot4((int)((q4.y >> 4) & 0x0F0F0F0Fu), x.h.y, dh);
+    dh = dot4((int)((q4.z >> 4) & 0x0F0F0F0Fu), x.h.z, dh);
+    dh = dot4((int)((q4.w >> 4) & 0x0F0F0F0Fu), x.h.w, dh);
+    float r = x.d.x * (d * sc0) * (float)dl + x.d.y * (d * sc1) * (float)dh;
+    if (hh == 0) r -= x.d.x * (dmin * m0) * x.s.x + x.d.y * (dmin * m1) * x.s.y;
     return r;
 }
 
 /* Q6_K part p (as tr_q6_K: 4 runs of 4 values, run r in activation block
- * 4h + r). */
-__device__ __forceinline__ float mv_dot_q6_K(const uint8_t *b, int p, const int8_t *xq, const float *xd,
-                                             const float *xs)
+ * 4h + r). Blocks are 210 bytes, so only 2-byte loads are aligned. */
+__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x6 &x)
 {
     const int h = p >> 3, l0 = 4 * (p & 7);
     const uint16_t *ql0 = (const uint16_t *)(b + 64 * h + l0);
@@ -410,19 +436,26 @@ __device__ __forceinline__ float mv_dot_q6_K(const uint8_t *b, int p, const int8
     const uint32_t H = qh[0] | ((uint32_t)qh[1] << 16);
     const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + l0 / 16);
     const float d = h2f(*(const uint16_t *)(b + 208));
-    const int8_t *xb = xq + 128 * h + l0;
     const int v0 = sub32x4((int)((L0 & 0x0F0F0F0Fu) | ((H & 0x03030303u) << 4)));
     const int v1 = sub32x4((int)((L1 & 0x0F0F0F0Fu) | (((H >> 2) & 0x03030303u) << 4)));
     const int v2 = sub32x4((int)(((L0 >> 4) & 0x0F0F0F0Fu) | (((H >> 4) & 0x03030303u) << 4)));
     const int v3 = sub32x4((int)(((L1 >> 4) & 0x0F0F0F0Fu) | (((H >> 6) & 0x03030303u) << 4)));
-    const int s0 = dot4(v0, *(const int *)(xb), 0);
-    const int s1 = dot4(v1, *(const int *)(xb + 32), 0);
-    const int s2 = dot4(v2, *(const int *)(xb + 64), 0);
-    const int s3 = dot4(v3, *(const int *)(xb + 96), 0);
-    const float *xdb = xd + 4 * h;
-    (void)xs;
-    return d * ((float)sc[0] * xdb[0] * (float)s0 + (float)sc[2] * xdb[1] * (float)s1 +
-                (float)sc[4] * xdb[2] * (float)s2 + (float)sc[6] * xdb[3] * (float)s3);
+    const int s0 = dot4(v0, x.q[0], 0);
+    const int s1 = dot4(v1, x.q[1], 0);
+    const int s2 = dot4(v2, x.q[2], 0);
+    const int s3 = dot4(v3, x.q[3], 0);
+    return d * ((float)sc[0] * x.d.x * (float)s0 + (float)sc[2] * x.d.y * (float)s1 +
+                (float)sc[4] * x.d.z * (float)s2 + (float)sc[6] * x.d.w * (float)s3);
+}
+
+/* Q8_0 part p of 4 (8 values). */
+__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x8 &x)
+{
+    const uint16_t *q = (const uint16_t *)(b + 2 + 8 * p);
+    const int w0 = (int)(q[0] | ((uint32_t)q[1] << 16));
+    const int w1 = (int)(q[2] | ((uint32_t)q[3] << 16));
+    const int s = dot4(w1, x.q.y, dot4(w0, x.q.x, 0));
+    return h2f(*(const uint16_t *)b) * x.d * (float)s;
 }
 
 /* y[row] = dot(W row, x) for the rows of this block; x: K f32 values, K a
@@ -450,6 +483,7 @@ k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__
         }
     }
     __syncthreads();
+    const gk_q8 xsm = {xq, xd, xs};   /* the same layout, in shared memory */
     constexpr int PARTS = TYPE == TG_TYPE_Q4_K ? tr_q4_K::PARTS : tr_q6_K::PARTS;
     constexpr int BYTES = TYPE == TG_TYPE_Q4_K ? tr_q4_K::BYTES : tr_q6_K::BYTES;
     const int row0 = (blockIdx.x * MV_WARPS + warp) * rpw;
@@ -463,8 +497,9 @@ k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__
         for (int p = lane; p < nparts; p += TG_WARP) {
             const int ib = p / PARTS, part = p % PARTS;
             const uint8_t *b = wr + (size_t)ib * BYTES;
-            if (TYPE == TG_TYPE_Q4_K) acc += mv_dot_q4_K(b, part, xq + ib * QK_K, xd + ib * 8, xs + ib * 8);
-            else acc += mv_dot_q6_K(b, part, xq + ib * QK_K, xd + ib * 8, xs + ib * 8);
+            typename fz_x<TYPE>::T xv;
+            fz_load_x(xsm, ib, part, xv);
+            acc += fz_part(b, part, xv);
         }
         acc = warp_sum(acc);
         if (lane == 0) y[row] = acc;
@@ -707,7 +742,6 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
     const int jb = blockIdx.z * per, je = min(n_kv, jb + per);
     for (int j0 = jb; j0 < je; j0 += ATT_CHUNK) {
         const int nj = je - j0 < ATT_CHUNK ? je - j0 : ATT_CHUNK;
-#pragma unroll 4
         for (int jj = wid; jj < nj; jj += nw) {
             const size_t base = (size_t)(j0 + jj) * kv_row + (size_t)hkv * head_dim;
             float d = 0.0f;
@@ -1259,109 +1293,6 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
         if (y) y[i] = v;
         q8_block_store(v, lane, out.q + qb * 32, out.d + qb, out.s + qb);
     }
-}
-
-/* The quantized activations one weight part multiplies, loaded once and
- * shared by every row a warp serves at the same part. */
-struct fz_x4 {   /* q4_K part: 16 values of sub-block 2g, 16 of 2g+1 */
-    int4 l, h;
-    float2 d, s;
-};
-struct fz_x6 {   /* q6_K part: 4 runs of 4 values, activation blocks 4h..4h+3 */
-    int q[4];
-    float4 d;
-};
-struct fz_x8 {   /* q8_0 part: 8 values */
-    int2 q;
-    float d;
-};
-
-template <int TYPE> struct fz_x;
-template <> struct fz_x<TG_TYPE_Q4_K> { typedef fz_x4 T; };
-template <> struct fz_x<TG_TYPE_Q6_K> { typedef fz_x6 T; };
-template <> struct fz_x<TG_TYPE_Q8_0> { typedef fz_x8 T; };
-
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x4 &r)
-{
-    const int g = p >> 1, hh = p & 1;
-    const int8_t *xq = x.q + ib * QK_K + 64 * g + 16 * hh;
-    r.l = *(const int4 *)xq;
-    r.h = *(const int4 *)(xq + 32);
-    r.d = *(const float2 *)(x.d + ib * 8 + 2 * g);
-    r.s = *(const float2 *)(x.s + ib * 8 + 2 * g);
-}
-
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x6 &r)
-{
-    const int h = p >> 3, l0 = 4 * (p & 7);
-    const int8_t *xb = x.q + ib * QK_K + 128 * h + l0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) r.q[i] = *(const int *)(xb + 32 * i);
-    r.d = *(const float4 *)(x.d + ib * 8 + 4 * h);
-}
-
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x8 &r)
-{
-    r.q = *(const int2 *)(x.q + ib * QK8_0 + 8 * p);
-    r.d = x.d[ib];
-}
-
-/* Q4_K part p of block b against its activations (as mv_dot_q4_K). */
-__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x4 &x)
-{
-    const int g = p >> 1, hh = p & 1;
-    const uint4 hd = *(const uint4 *)b;
-    const float d = h2f((uint16_t)(hd.x & 0xFFFF)), dmin = h2f((uint16_t)(hd.x >> 16));
-    float sc0, m0, sc1, m1;
-    scale_min_k4_w(2 * g, hd, &sc0, &m0);
-    scale_min_k4_w(2 * g + 1, hd, &sc1, &m1);
-    const uint4 q4 = *(const uint4 *)(b + 16 + 32 * g + 16 * hh);
-    int dl = 0, dh = 0;
-    dl = dot4((int)(q4.x & 0x0F0F0F0Fu), x.l.x, dl);
-    dl = dot4((int)(q4.y & 0x0F0F0F0Fu), x.l.y, dl);
-    dl = dot4((int)(q4.z & 0x0F0F0F0Fu), x.l.z, dl);
-    dl = dot4((int)(q4.w & 0x0F0F0F0Fu), x.l.w, dl);
-    dh = dot4((int)((q4.x >> 4) & 0x0F0F0F0Fu), x.h.x, dh);
-    dh = dot4((int)((q4.y >> 4) & 0x0F0F0F0Fu), x.h.y, dh);
-    dh = dot4((int)((q4.z >> 4) & 0x0F0F0F0Fu), x.h.z, dh);
-    dh = dot4((int)((q4.w >> 4) & 0x0F0F0F0Fu), x.h.w, dh);
-    float r = x.d.x * (d * sc0) * (float)dl + x.d.y * (d * sc1) * (float)dh;
-    if (hh == 0) r -= x.d.x * (dmin * m0) * x.s.x + x.d.y * (dmin * m1) * x.s.y;
-    return r;
-}
-
-/* Q6_K part p (as mv_dot_q6_K). */
-__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x6 &x)
-{
-    const int h = p >> 3, l0 = 4 * (p & 7);
-    const uint16_t *ql0 = (const uint16_t *)(b + 64 * h + l0);
-    const uint16_t *ql1 = (const uint16_t *)(b + 64 * h + l0 + 32);
-    const uint16_t *qh = (const uint16_t *)(b + 128 + 32 * h + l0);
-    const uint32_t L0 = ql0[0] | ((uint32_t)ql0[1] << 16);
-    const uint32_t L1 = ql1[0] | ((uint32_t)ql1[1] << 16);
-    const uint32_t H = qh[0] | ((uint32_t)qh[1] << 16);
-    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + l0 / 16);
-    const float d = h2f(*(const uint16_t *)(b + 208));
-    const int v0 = sub32x4((int)((L0 & 0x0F0F0F0Fu) | ((H & 0x03030303u) << 4)));
-    const int v1 = sub32x4((int)((L1 & 0x0F0F0F0Fu) | (((H >> 2) & 0x03030303u) << 4)));
-    const int v2 = sub32x4((int)(((L0 >> 4) & 0x0F0F0F0Fu) | (((H >> 4) & 0x03030303u) << 4)));
-    const int v3 = sub32x4((int)(((L1 >> 4) & 0x0F0F0F0Fu) | (((H >> 6) & 0x03030303u) << 4)));
-    const int s0 = dot4(v0, x.q[0], 0);
-    const int s1 = dot4(v1, x.q[1], 0);
-    const int s2 = dot4(v2, x.q[2], 0);
-    const int s3 = dot4(v3, x.q[3], 0);
-    return d * ((float)sc[0] * x.d.x * (float)s0 + (float)sc[2] * x.d.y * (float)s1 +
-                (float)sc[4] * x.d.z * (float)s2 + (float)sc[6] * x.d.w * (float)s3);
-}
-
-/* Q8_0 part p of 4 (8 values). */
-__device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x8 &x)
-{
-    const uint16_t *q = (const uint16_t *)(b + 2 + 8 * p);
-    const int w0 = (int)(q[0] | ((uint32_t)q[1] << 16));
-    const int w1 = (int)(q[2] | ((uint32_t)q[3] << 16));
-    const int s = dot4(w1, x.q.y, dot4(w0, x.q.x, 0));
-    return h2f(*(const uint16_t *)b) * x.d * (float)s;
 }
 
 template <int TYPE> struct fz_fmt {
