@@ -628,32 +628,42 @@ static int nth_unused(const unsigned char *used, int n, uint32_t idx)
     return -1;
 }
 
-typedef struct bitr {
+/* Bit reader (least significant bit first) over a v4 chunk or a v3 step
+ * blob; reads past the end fail. */
+typedef struct cbits {
     const unsigned char *p;
-    size_t n, pos;      /* pos in bits */
-} bitr;
+    size_t nbits, pos, end;  /* end: limit in bits of the current section */
+} cbits;
 
-/* Reads bits; returns -1 past the end. */
-static int br_get(bitr *r, int bits, uint32_t *v)
+static int cb_get(cbits *r, int bits, uint32_t *v)
 {
-    if (r->pos + (size_t)bits > r->n * 8) return -1;
+    assert(bits >= 0 && bits <= 32);
+    if (r->pos + (size_t)bits > r->end) return -1;
     uint64_t x = 0;
-    for (int i = 0; i < bits; i++, r->pos++)
-        x |= (uint64_t)((r->p[r->pos >> 3] >> (r->pos & 7)) & 1) << i;
-    *v = (uint32_t)x;
+    size_t byte = r->pos >> 3, nbytes = (r->nbits + 7) / 8;
+    int shift = (int)(r->pos & 7), have = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (byte + 8 <= nbytes)
+        memcpy(&x, r->p + byte, 8);
+    else
+#endif
+        for (size_t b = byte; have < bits + shift && b < nbytes; b++, have += 8) x |= (uint64_t)r->p[b] << have;
+    x >>= shift;
+    *v = bits == 32 ? (uint32_t)x : (uint32_t)(x & ((1ull << bits) - 1));
+    r->pos += (size_t)bits;
     return 0;
 }
 
-static int br_rice(bitr *r, int b, uint32_t *v)
+static int br_rice(cbits *r, int b, uint32_t *v)
 {
     uint32_t q = 0, bit;
     for (;;) {
-        if (br_get(r, 1, &bit) < 0) return -1;
+        if (cb_get(r, 1, &bit) < 0) return -1;
         if (!bit) break;
-        if (++q == 32) return br_get(r, 32, v);
+        if (++q == 32) return cb_get(r, 32, v);
     }
     uint32_t low = 0;
-    if (br_get(r, b, &low) < 0) return -1;
+    if (cb_get(r, b, &low) < 0) return -1;
     uint64_t x = ((uint64_t)q << b) | low;
     if (x > 0xffffffffu) return -1;
     *v = (uint32_t)x;
@@ -700,7 +710,7 @@ int store_decode_top(const void *blob, size_t len, tg_top *top, int cap, tg_err 
     if (pos + 2 > len) return tg_errf(e, "step.top blob: truncated header");
     int rb = p[pos++], rl = p[pos++];
     if (rb > 31 || rl > 31) return tg_errf(e, "step.top blob: Rice parameters %d/%d > 31", rb, rl);
-    bitr r = {p + pos, len - pos, 0};
+    cbits r = {p + pos, (len - pos) * 8, 0, (len - pos) * 8};
     int32_t sorted[4096];
     int64_t prev = -1;
     for (uint64_t i = 0; i < n; i++) {
@@ -720,7 +730,7 @@ int store_decode_top(const void *blob, size_t len, tg_top *top, int cap, tg_err 
         if (rpos + 1 < n) {
             int width = 0;
             while ((1ull << width) < n - rpos) width++;
-            if (br_get(&r, width, &idx) < 0) return tg_errf(e, "step.top blob: truncated order");
+            if (cb_get(&r, width, &idx) < 0) return tg_errf(e, "step.top blob: truncated order");
         }
         int found = nth_unused(used, (int)n, idx);
         if (found < 0) return tg_errf(e, "step.top blob: order index %u out of range", idx);
@@ -728,7 +738,7 @@ int store_decode_top(const void *blob, size_t len, tg_top *top, int cap, tg_err 
         top[rpos].id = sorted[found];
     }
     uint32_t u;
-    if (br_get(&r, 32, &u) < 0) return tg_errf(e, "step.top blob: truncated first logit");
+    if (cb_get(&r, 32, &u) < 0) return tg_errf(e, "step.top blob: truncated first logit");
     top[0].logit = u2f(u);
     for (uint64_t i = 1; i < n; i++) {
         uint32_t d;
@@ -1309,31 +1319,6 @@ static int chunk_encode(const ck_sec *sec, int n_sec, unsigned char **out, size_
     }
     *out = w.p;
     *len = w.n;
-    return 0;
-}
-
-/* Bit reader over a chunk; reads past the end fail. */
-typedef struct cbits {
-    const unsigned char *p;
-    size_t nbits, pos, end;  /* end: limit in bits of the current section */
-} cbits;
-
-static int cb_get(cbits *r, int bits, uint32_t *v)
-{
-    assert(bits >= 0 && bits <= 32);
-    if (r->pos + (size_t)bits > r->end) return -1;
-    uint64_t x = 0;
-    size_t byte = r->pos >> 3, nbytes = (r->nbits + 7) / 8;
-    int shift = (int)(r->pos & 7), have = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (byte + 8 <= nbytes)
-        memcpy(&x, r->p + byte, 8);
-    else
-#endif
-        for (size_t b = byte; have < bits + shift && b < nbytes; b++, have += 8) x |= (uint64_t)r->p[b] << have;
-    x >>= shift;
-    *v = bits == 32 ? (uint32_t)x : (uint32_t)(x & ((1ull << bits) - 1));
-    r->pos += (size_t)bits;
     return 0;
 }
 
