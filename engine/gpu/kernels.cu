@@ -1746,18 +1746,10 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         GPU_CHECK_LAUNCH(e, "mv_fused (streamed)");
         return 0;
     }
-    static int R = -1;
-    if (R < 0) {
-        const char *env = getenv("TG_GPU_MV_ROWS");   /* rows per warp: 1, 2 (default) or 4 */
-        R = env && (env[0] == '1' || env[0] == '4') ? env[0] - '0' : 2;
-    }
+    /* the direct kernel: two rows per warp share their activation loads */
     int warps = 0;
-    for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + R - 1) / R;
-    const int grid = (warps + FZ_WARPS - 1) / FZ_WARPS;
-    if (R == 1) k_mv_fused<1><<<grid, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
-    else if (R == 4) k_mv_fused<4><<<grid, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
-    else k_mv_fused<2><<<grid, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
-    (void)rows;
+    for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
+    k_mv_fused<2><<<(warps + FZ_WARPS - 1) / FZ_WARPS, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
     GPU_CHECK_LAUNCH(e, "mv_fused");
     return 0;
 }
