@@ -297,7 +297,11 @@ extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o,
         if (!g->dump_buf) { tg_errf(e, "out of host memory"); goto fail; }
     }
     g->fused = fused_suits(g);
-    if (g->fused && gk_init(e)) goto fail;
+    if (gk_init(e)) goto fail;
+    if (g->fused && gk_pdl_on()) {
+        const size_t len = strlen(g->device);
+        snprintf(g->device + len, sizeof g->device - len, ", PDL");
+    }
     {
         const char *pe = getenv("TG_GPU_PROFILE");
         if (pe && pe[0] == '1') {

@@ -79,6 +79,30 @@ __device__ __forceinline__ void warp_sync(void)
 #endif
 }
 
+/* Programmatic dependent launch (sm_90 and up; nothing elsewhere). A kernel
+ * of the fused decode path may be launched before the previous kernel of its
+ * stream has finished (gk_launch with PDL on): it calls pdl_trigger() first,
+ * so that the next kernel may be scheduled as this one's blocks drain, does
+ * only what reads constant data (the first weight copies of a mat-vec), and
+ * calls pdl_wait() before it reads anything an earlier kernel wrote or writes
+ * anything at all. pdl_wait() returns once the previous kernel has completed
+ * and its memory is visible; since every such kernel waits, completion stays
+ * ordered along the whole stream. Without the launch attribute both are
+ * no-ops. */
+__device__ __forceinline__ void pdl_wait(void)
+{
+#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger(void)
+{
+#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_shfl_xor(T v, int o)
 {

@@ -538,7 +538,110 @@ static void launch_mv_q8(cudaStream_t s, uint32_t type, const void *W, int nrows
             (const uint8_t *)W, (size_t)nb * sizeof(block_q6_K), nb, x, K, y, nrows, rpw);
 }
 
-/* The per-type table: block size and the two launchers. */
+/* ---- batched matmul on tensor cores (CUDA) -------------------------------
+ *
+ * For a batch of tokens (a prompt): a thread block of 8 warps computes a tile
+ * of TC_BM weight rows x TC_BN tokens. For each TC_BK-value slice of K it
+ * decodes its rows' blocks with the type's traits (as every other kernel
+ * here) into f16 in shared memory, converts the tokens' f32 activations to
+ * f16 beside them, and multiplies the two with 16x16x16 WMMA fragments that
+ * accumulate in f32; each warp owns 16 rows x 32 tokens of the tile. The
+ * only error beyond f32 rounding is the f16 rounding of the two operands
+ * (relative 2^-11 each; NMSE_MATMUL_TC in tests/gpu). Rows past nrows read
+ * the last row again and are not stored; tokens past ncols are zeros.
+ * HIP builds have no WMMA here and keep the CUDA-core kernel above. */
+#define TC_BM 64                      /* weight rows per block */
+#define TC_BN 64                      /* tokens per block */
+#define TC_BK 256                     /* values of K per slice: whole blocks of every type */
+#define TC_LD (TC_BK + 8)             /* f16 row stride in shared memory (skews the banks) */
+#define TC_LDC (TC_BM + 4)            /* f32 stride of the output staging */
+#define TC_SMEM ((size_t)(TC_BM + TC_BN) * TC_LD * 2)
+#define TC_MIN_COLS 16                /* fewer tokens: the CUDA-core kernel */
+
+#ifndef TG_GPU_HIP
+#include <mma.h>
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__restrict__ x, int K,
+            float *__restrict__ y, int nrows, int ncols)
+{
+    using namespace nvcuda;
+    extern __shared__ __align__(128) uint8_t tc_sm[];
+    __half *ws = (__half *)tc_sm;        /* (TC_BM, TC_LD) weights of the slice */
+    __half *xs = ws + TC_BM * TC_LD;     /* (TC_BN, TC_LD) activations of the slice */
+    const int row0 = blockIdx.x * TC_BM, col0 = blockIdx.y * TC_BN;
+    const int tid = threadIdx.x, wid = tid / 32;
+    const int rt = wid % 4, ct = (wid / 4) * 2;   /* 16-row tile rt, 16-token tiles ct and ct + 1 */
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
+    constexpr int BPS = TC_BK / T::QK;              /* blocks of a row in one slice */
+    constexpr int TASKS = TC_BM * BPS * T::PARTS;   /* block parts of the tile's rows */
+    for (int k0 = 0; k0 < K; k0 += TC_BK) {
+        for (int t = tid; t < TASKS; t += 256) {
+            const int r = t / (BPS * T::PARTS), rem = t % (BPS * T::PARTS);
+            const int ib = rem / T::PARTS, part = rem % T::PARTS;
+            const int row = row0 + r < nrows ? row0 + r : nrows - 1;
+            float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
+            T::deq(W + (size_t)row * row_bytes + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
+            __half *dst = ws + r * TC_LD + ib * T::QK;
+#pragma unroll
+            for (int rr = 0; rr < T::NRUN; rr++)
+#pragma unroll
+                for (int i = 0; i < T::RUNLEN; i++)
+                    dst[T::off(part, rr) + i] = __float2half_rn(
+                        T::HAS_MIN ? a[rr] * v[rr * T::RUNLEN + i] + m[rr] : a[rr] * v[rr * T::RUNLEN + i]);
+        }
+        for (int t = tid; t < TC_BN * TC_BK / 4; t += 256) {
+            const int c = t / (TC_BK / 4), i4 = t % (TC_BK / 4);
+            float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (col0 + c < ncols) f = *(const float4 *)(x + (size_t)(col0 + c) * K + k0 + 4 * i4);
+            __half2 *d2 = (__half2 *)(xs + c * TC_LD + 4 * i4);
+            d2[0] = __floats2half2_rn(f.x, f.y);
+            d2[1] = __floats2half2_rn(f.z, f.w);
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int kk = 0; kk < TC_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, ws + rt * 16 * TC_LD + kk, TC_LD);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                wmma::load_matrix_sync(fb, xs + (ct + j) * 16 * TC_LD + kk, TC_LD);
+                wmma::mma_sync(acc[j], fa, fb, acc[j]);
+            }
+        }
+        __syncthreads();
+    }
+    float *cs = (float *)tc_sm;   /* (TC_BN, TC_LDC): the tile, token-major */
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        wmma::store_matrix_sync(cs + (ct + j) * 16 * TC_LDC + rt * 16, acc[j], TC_LDC, wmma::mem_col_major);
+    __syncthreads();
+    for (int t = tid; t < TC_BM * TC_BN; t += 256) {
+        const int c = t / TC_BM, r = t % TC_BM;
+        if (col0 + c < ncols && row0 + r < nrows) y[(size_t)(col0 + c) * nrows + row0 + r] = cs[c * TC_LDC + r];
+    }
+}
+
+template <typename T>
+static void launch_mm_tc(cudaStream_t s, const void *W, int nrows, int K, const float *x, int ncols, float *y)
+{
+    const size_t row_bytes = (size_t)(K / T::QK) * T::BYTES;
+    dim3 grid((nrows + TC_BM - 1) / TC_BM, (ncols + TC_BN - 1) / TC_BN);
+    k_matmul_tc<T><<<grid, 256, TC_SMEM, s>>>((const uint8_t *)W, row_bytes, x, K, y, nrows, ncols);
+}
+#define TC_LAUNCH(T) launch_mm_tc<T>
+#else
+#define TC_LAUNCH(T) NULL
+#endif
+
+static int tc_ready;   /* gk_init: the tensor-core kernels may use TC_SMEM of shared memory */
+
+/* The per-type table: block size and the launchers (tc: tensor cores, NULL
+ * where there are none). */
 typedef void (*mm_fn)(cudaStream_t, const void *, int, int, const float *, int, float *);
 typedef void (*rows_fn)(cudaStream_t, const void *, int, const int32_t *, int, float *);
 struct gk_type_entry {
@@ -546,15 +649,16 @@ struct gk_type_entry {
     int qk;
     mm_fn mm;
     rows_fn rows;
+    mm_fn tc;
 };
 static const gk_type_entry gk_types[] = {
-    {TG_TYPE_F32, tr_f32::QK, launch_mm_cols<tr_f32>, launch_get_rows<tr_f32>},
-    {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>},
-    {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>},
-    {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>},
-    {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>},
-    {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>},
-    {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>},
+    {TG_TYPE_F32, tr_f32::QK, launch_mm_cols<tr_f32>, launch_get_rows<tr_f32>, TC_LAUNCH(tr_f32)},
+    {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>, TC_LAUNCH(tr_f16)},
+    {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>, TC_LAUNCH(tr_bf16)},
+    {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>, TC_LAUNCH(tr_q8_0)},
+    {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>, TC_LAUNCH(tr_q4_K)},
+    {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>, TC_LAUNCH(tr_q5_K)},
+    {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>, TC_LAUNCH(tr_q6_K)},
 };
 
 static const gk_type_entry *gk_find(uint32_t type)
@@ -569,6 +673,17 @@ int gk_type_supported(uint32_t type)
     return gk_find(type) != NULL;
 }
 
+int gk_matmul_tc(uint32_t type, int K, int ncols)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("TG_GPU_TC");
+        on = !(env && env[0] == '0');
+    }
+    const gk_type_entry *t = gk_find(type);
+    return on && tc_ready && t && t->tc && ncols >= TC_MIN_COLS && K > 0 && K % TC_BK == 0;
+}
+
 int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
               const float *x, int ncols, float *y, tg_err *e)
 {
@@ -578,6 +693,7 @@ int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
         return tg_errf(e, "gpu matmul: shape K=%d nrows=%d ncols=%d: expected K a multiple of %d and 8",
                        K, nrows, ncols, t->qk);
     if (gk_matmul_q8(type, K, ncols)) launch_mv_q8(s, type, W, nrows, K, x, y);
+    else if (gk_matmul_tc(type, K, ncols)) t->tc(s, W, nrows, K, x, ncols, y);
     else t->mm(s, W, nrows, K, x, ncols, y);
     GPU_CHECK_LAUNCH(e, "matmul");
     return 0;
@@ -726,6 +842,8 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[32];
     extern __shared__ float qs[]; /* head_dim */
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y;
     const int hkv = h / (n_head / n_head_kv);
     const int n_kv = *pos0 + t + 1;
@@ -1276,6 +1394,8 @@ __global__ void __launch_bounds__(FZ_NORM_THREADS)
 k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y, int n, float eps, gk_q8 out)
 {
     __shared__ float sh[32];
+    pdl_trigger();
+    pdl_wait();
     float ss = 0.0f;
     if (n % 4 == 0)
         for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
@@ -1367,6 +1487,8 @@ template <int R>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
 k_mv_fused(fz_segs segs, int K, gk_q8 x, int accumulate)
 {
+    pdl_trigger();
+    pdl_wait();
     const int lane = threadIdx.x % TG_WARP;
     int w = blockIdx.x * FZ_WARPS + threadIdx.x / TG_WARP;
     int i = 0;
@@ -1437,33 +1559,43 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
- * chunks of this warp); acc[r] summed over the warp. */
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
-                                               uint8_t *sm, float *acc)
+/* ngroups groups of NR rows, one after the other, dotted with x and streamed
+ * through sm (NR * FZ_STAGES chunks of this warp) as one continuous sequence
+ * of chunks, so that the copies of the next group are in flight while the
+ * warp finishes the current one. rows(g, r) is the start of row r of group
+ * g; after a group's last chunk, epi(g, acc) gets its NR dot products, each
+ * summed over the warp (every lane has them). Each row's sum is taken in the
+ * same order whatever ngroups is. */
+template <int TYPE, int NR, typename RowsF, typename EpiF>
+__device__ __forceinline__ void fz_stream_seq(int ngroups, int nb, const gk_q8 &x, int lane, uint8_t *sm,
+                                              RowsF rows, EpiF epi)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
-    const int nch = nb / C::CB;
+    const int nch = nb / C::CB, total = ngroups * nch;
+    float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    auto issue = [&](int c) {
-        if (c < nch)
+    auto issue = [&](int cg) {
+        if (cg < total) {
+            const int g = cg / nch, c = cg - g * nch;
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
-                const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + cg % FZ_STAGES) * C::BYTES;
+                const uint8_t *src = rows(g, r) + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
+        }
         cp_async_commit();
     };
 #pragma unroll
     for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
-    for (int c = 0; c < nch; c++) {
-        issue(c + FZ_STAGES - 1);
+    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
+    for (int cg = 0; cg < total; cg++) {
+        issue(cg + FZ_STAGES - 1);
         cp_async_wait<FZ_STAGES - 1>();
         warp_sync();
+        const int g = cg / nch, c = cg - g * nch;
 #pragma unroll
         for (int it = 0; it < C::ITERS; it++) {
             const int p = it * TG_WARP + lane;
@@ -1472,13 +1604,61 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
             fz_load_x(x, c * C::CB + ibl, part, xv);
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + cg % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
         }
         warp_sync();   /* every lane is done with this stage before it is refilled */
+        if (c == nch - 1) {
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
+            epi(g, acc);
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+        }
     }
     cp_async_wait<0>();
+}
+
+/* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
+ * chunks of this warp); acc[r] summed over the warp. */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
+                                               uint8_t *sm, float *acc)
+{
+    fz_stream_seq<TYPE, NR>(
+        1, nb, x, lane, sm, [&](int g, int r) { return wr[r]; },
+        [&](int g, const float *a) {
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
+            for (int r = 0; r < NR; r++) acc[r] = a[r];
+        });
+}
+
+/* The rows of one segment that warp v0, v0 + stride, ... (groups of NR
+ * consecutive rows) take, as one continuous stream. */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_seg_stream_all(const gk_mv_seg &sg, int v0, int stride, int K, const gk_q8 &x,
+                                                  int lane, int accumulate, uint8_t *sm)
+{
+    const int ngrp = (sg.nrows + NR - 1) / NR;
+    if (v0 >= ngrp) return;
+    const int n = (ngrp - v0 + stride - 1) / stride;
+    const size_t rb = fz_row_bytes(TYPE, K);
+    const uint8_t *W = (const uint8_t *)sg.W;
+    fz_stream_seq<TYPE, NR>(
+        n, K / fz_fmt<TYPE>::QK, x, lane, sm,
+        [&](int g, int r) {
+            const int row = (v0 + g * stride) * NR + r;
+            return W + (size_t)(row < sg.nrows ? row : sg.nrows - 1) * rb;   /* past the end: read again, not stored */
+        },
+        [&](int g, const float *a) {
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    const int row = (v0 + g * stride) * NR + r;
+                    if (row >= sg.nrows) break;
+                    if (accumulate) sg.y[row] += a[r];
+                    else sg.y[row] = a[r];
+                }
+        });
 }
 
 template <int TYPE, int NR>
@@ -1511,8 +1691,20 @@ __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
 k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
+    pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * NR * FZ_STAGES * chunk_max;
+    if (segs.n == 1) {   /* one segment: the warp's row groups as one stream */
+        const gk_mv_seg sg = segs.s[0];
+        const int v0 = blockIdx.x * FZ_WARPS + wid, stride = gridDim.x * FZ_WARPS;
+        switch (sg.type) {
+        case TG_TYPE_Q4_K: fz_seg_stream_all<TG_TYPE_Q4_K, NR>(sg, v0, stride, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream_all<TG_TYPE_Q6_K, NR>(sg, v0, stride, K, x, lane, accumulate, sm); break;
+        default: fz_seg_stream_all<TG_TYPE_Q8_0, NR>(sg, v0, stride, K, x, lane, accumulate, sm); break;
+        }
+        pdl_wait();   /* a warp without rows also completes after the previous kernel */
+        return;
+    }
     const int n0 = (segs.s[0].nrows + NR - 1) / NR;
     const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
     const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
@@ -1526,10 +1718,38 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max)
         default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
         }
     }
+    pdl_wait();   /* a warp without rows also completes after the previous kernel */
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
 static int fz_optin;
+static int pdl_on;   /* gk_init: launch the fused path's kernels with programmatic dependent launch */
+
+/* Launches kernel k; with PDL on (sm_90, CUDA), with the attribute that lets
+ * it start before the previous kernel of the stream has finished (the kernels
+ * launched this way call pdl_trigger and pdl_wait, gpu_common.cuh). Returns
+ * the launch's error. */
+template <typename... P, typename... A>
+static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, cudaStream_t s, A... a)
+{
+#ifndef TG_GPU_HIP
+    if (pdl_on) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = sm;
+        cfg.stream = s;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, k, ((P)a)...);
+    }
+#endif
+    k<<<grid, block, sm, s>>>(((P)a)...);
+    return cudaGetLastError();
+}
 
 int gk_init(tg_err *e)
 {
@@ -1538,11 +1758,31 @@ int gk_init(tg_err *e)
     GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
     fz_optin = 1;
+#ifndef TG_GPU_HIP
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_f32>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q4_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q5_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q6_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    int dev = 0, major = 0;
+    GPU_CHECK(e, cudaGetDevice(&dev));
+    GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const char *env = getenv("TG_GPU_PDL");
+    pdl_on = major >= 9 && !(env && env[0] == '0');
+    tc_ready = major >= 7;
+#endif
     return 0;
 }
 
+int gk_pdl_on(void)
+{
+    return pdl_on;
+}
+
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
- * rows at a time (8 warps, 4 pairs each). */
+ * rows at a time (8 warps, 4 pairs each, streamed back to back). */
 template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
@@ -1550,18 +1790,18 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
+    pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    for (int j = 0; j < 4; j++) {
-        const int r = r0 + wid * 4 + j;
-        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
-        float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
-        if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-    }
+    /* the warp's 4 gate/up row pairs as one stream */
+    fz_stream_seq<TYPE, 2>(
+        4, nb, x, lane, sm, [&](int j, int r) { return (r ? Wu : Wg) + (size_t)(r0 + wid * 4 + j) * rb; },
+        [&](int j, const float *gu) {
+            if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+        });
     __syncthreads();
     if (wid == 0) {
         const float v = act[lane];
@@ -1594,6 +1834,8 @@ __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y, gk_q8 out)
 {
     __shared__ float act[32];
+    pdl_trigger();
+    pdl_wait();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
@@ -1623,6 +1865,8 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const f
 {
     __shared__ float sh[32];
     extern __shared__ float hv[];   /* head_dim */
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x;
     const bool is_k = h >= n_head;
     const int hh = is_k ? h - n_head : h;
@@ -1673,6 +1917,8 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const f
  * (head_dim a multiple of 32; blockDim.x == head_dim). */
 __global__ void k_attn_combine_q8(const float *part, float *out, int n_head, int head_dim, int nsplit, gk_q8 oq)
 {
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, d = threadIdx.x;
     const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
     float M = -INFINITY;
@@ -1705,8 +1951,7 @@ static int fz_k_ok(uint32_t type, int K)
 int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int n, float eps, gk_q8 out, tg_err *e)
 {
     if (n <= 0 || n % 32) return tg_errf(e, "gpu rmsnorm_q8: n=%d: expected a positive multiple of 32", n);
-    k_rmsnorm_q8<<<n / 32, FZ_NORM_THREADS, 0, s>>>(x, w, y, n, eps, out);
-    GPU_CHECK_LAUNCH(e, "rmsnorm_q8");
+    GPU_CHECK(e, gk_launch(k_rmsnorm_q8, n / 32, FZ_NORM_THREADS, 0, s, x, w, y, n, eps, out));
     return 0;
 }
 
@@ -1741,16 +1986,15 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const size_t sm = (size_t)FZ_WARPS * nr * FZ_STAGES * chunk_max;
         const int blocks_needed = (rows / nr + FZ_WARPS) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
-        if (nr == 2) k_mv_stream<2><<<grid, FZ_WARPS * TG_WARP, sm, s>>>(fs, K, x, accumulate, chunk_max);
-        else k_mv_stream<1><<<grid, FZ_WARPS * TG_WARP, sm, s>>>(fs, K, x, accumulate, chunk_max);
-        GPU_CHECK_LAUNCH(e, "mv_fused (streamed)");
+        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP, sm, s, fs, K,
+                               x, accumulate, chunk_max));
         return 0;
     }
     /* the direct kernel: two rows per warp share their activation loads */
     int warps = 0;
     for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
-    k_mv_fused<2><<<(warps + FZ_WARPS - 1) / FZ_WARPS, FZ_WARPS * TG_WARP, 0, s>>>(fs, K, x, accumulate);
-    GPU_CHECK_LAUNCH(e, "mv_fused");
+    GPU_CHECK(e, gk_launch(k_mv_fused<2>, (warps + FZ_WARPS - 1) / FZ_WARPS, FZ_WARPS * TG_WARP, 0, s, fs, K, x,
+                           accumulate));
     return 0;
 }
 
@@ -1764,16 +2008,16 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
     const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
     if (fz_stream_on() && fz_streams(type, K) && (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type) <= 48 * 1024) {
         const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
-        if (type == TG_TYPE_Q4_K) k_mv_swiglu_stream<TG_TYPE_Q4_K><<<grid, 8 * TG_WARP, sm, s>>>(g, u, K, x, y, out);
-        else if (type == TG_TYPE_Q6_K) k_mv_swiglu_stream<TG_TYPE_Q6_K><<<grid, 8 * TG_WARP, sm, s>>>(g, u, K, x, y, out);
-        else k_mv_swiglu_stream<TG_TYPE_Q8_0><<<grid, 8 * TG_WARP, sm, s>>>(g, u, K, x, y, out);
-        GPU_CHECK_LAUNCH(e, "mv_swiglu (streamed)");
+        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
+                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
+                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
         return 0;
     }
-    if (type == TG_TYPE_Q4_K) k_mv_swiglu<TG_TYPE_Q4_K><<<grid, 8 * TG_WARP, 0, s>>>(g, u, K, x, y, out);
-    else if (type == TG_TYPE_Q6_K) k_mv_swiglu<TG_TYPE_Q6_K><<<grid, 8 * TG_WARP, 0, s>>>(g, u, K, x, y, out);
-    else k_mv_swiglu<TG_TYPE_Q8_0><<<grid, 8 * TG_WARP, 0, s>>>(g, u, K, x, y, out);
-    GPU_CHECK_LAUNCH(e, "mv_swiglu");
+    GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
+                           : type == TG_TYPE_Q6_K ? k_mv_swiglu<TG_TYPE_Q6_K>
+                                                  : k_mv_swiglu<TG_TYPE_Q8_0>,
+                           grid, 8 * TG_WARP, 0, s, g, u, K, x, y, out));
     return 0;
 }
 
@@ -1786,9 +2030,9 @@ int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, co
                        "head_dim even and <= 1024", n_head, n_head_kv, head_dim);
     const int threads = ((head_dim + TG_WARP - 1) / TG_WARP) * TG_WARP;
     const float theta_scale = powf(base, -2.0f / (float)head_dim);
-    k_qk_norm_rope_store<<<n_head + n_head_kv, threads > 128 ? 128 : threads, head_dim * sizeof(float), s>>>(
-        q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc, kv_f16);
-    GPU_CHECK_LAUNCH(e, "qk_norm_rope_store");
+    GPU_CHECK(e, gk_launch(k_qk_norm_rope_store, n_head + n_head_kv, threads > 128 ? 128 : threads,
+                           head_dim * sizeof(float), s, q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0,
+                           theta_scale, neox, eps, kc, vc, kv_f16));
     return 0;
 }
 
@@ -1805,12 +2049,8 @@ int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *
     const float scale = 1.0f / sqrtf((float)head_dim);
     const size_t shm = (size_t)head_dim * sizeof(float);
     float *part = (float *)scratch;
-    if (kv_f16)
-        k_attention<1><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
-    else
-        k_attention<0><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
-    GPU_CHECK_LAUNCH(e, "attention");
-    k_attn_combine_q8<<<n_head, head_dim, 0, s>>>(part, out, n_head, head_dim, ATT_SPLITS, oq);
-    GPU_CHECK_LAUNCH(e, "attention combine q8");
+    GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, grid, ATT_THREADS, shm, s, q, kc, vc, out,
+                           n_head, n_head_kv, head_dim, pos0, scale, part));
+    GPU_CHECK(e, gk_launch(k_attn_combine_q8, n_head, head_dim, 0, s, part, out, n_head, head_dim, ATT_SPLITS, oq));
     return 0;
 }

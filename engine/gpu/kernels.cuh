@@ -28,8 +28,9 @@ int gk_type_supported(uint32_t type);
 
 /* y[c][r] = dot(W row r, x[c]) for c < ncols, r < nrows.
  * W: [K, nrows] of type; x: [ncols][K] f32; y: [ncols][nrows] f32.
- * K must be a multiple of the type's block size. Any ncols (processed in
- * chunks of up to 8 columns that share each weight read). */
+ * K must be a multiple of the type's block size. Any ncols (on tensor cores
+ * where gk_matmul_tc says so, else in chunks of up to 8 columns that share
+ * each weight read). */
 int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
               const float *x, int ncols, float *y, tg_err *e);
 
@@ -38,6 +39,11 @@ int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
  * d = max|x| / 127 (f32 division), q = round-half-even(x / d) (0 when d is
  * 0), and y is the dot product with x' = d * q, up to f32 rounding. */
 int gk_matmul_q8(uint32_t type, int K, int ncols);
+
+/* Whether gk_matmul multiplies on tensor cores for this call (CUDA, after
+ * gk_init, at least 16 columns, K a multiple of 256, unless TG_GPU_TC=0):
+ * then weights and x are rounded to f16 and the products summed in f32. */
+int gk_matmul_tc(uint32_t type, int K, int ncols);
 
 /* y[t] = row ids[t] of W, dequantized. W: [K, nrows]; ids: n device ints,
  * each < nrows (not checked on the device: the caller checks on the host);
@@ -112,8 +118,13 @@ typedef struct {
 } gk_mv_seg;
 
 /* Once per device before the fused kernels are captured: lets the
- * streamed mat-vecs use more than 48 KiB of shared memory. 0 or -1 with e. */
+ * streamed mat-vecs use more than 48 KiB of shared memory, and turns on
+ * programmatic dependent launch where the device has it. 0 or -1 with e. */
 int gk_init(tg_err *e);
+
+/* Whether gk_init turned on programmatic dependent launch for the fused
+ * path's kernels (sm_90 and up under CUDA, unless TG_GPU_PDL=0). */
+int gk_pdl_on(void);
 
 /* Whether the fused path serves this weight type (q4_K, q6_K, q8_0). */
 int gk_fused_type_supported(uint32_t type);

@@ -16,7 +16,8 @@
  *
  * Usage: test_gpu_model [MODEL.gguf ...] (default: the shipped trained
  * model under TG_ROOT). TG_GPU_STEPS (48), TG_GPU_PROMPTS (a prompt file,
- * one a line; default specs/prompts/manpy6.txt). Exit 0 when every check
+ * one a line; default specs/prompts/manpy6.txt; a long prompt made of them
+ * all is added, for a wide prefill batch). Exit 0 when every check
  * passed, 1 otherwise; 0 with "SKIP: no GPU" on a machine without one.
  */
 #include <math.h>
@@ -211,6 +212,16 @@ int main(int argc, char **argv)
         static const char *fallback[] = {"The following options are supported:", "import os"};
         np = 2;
         for (int i = 0; i < np; i++) snprintf(prompts[i], 512, "%s", fallback[i]);
+    }
+    /* one long prompt (every prompt, joined and repeated): its prefill is a
+     * batch wide enough for the tensor-core matmul (gk_matmul_tc) */
+    if (np < MAX_PROMPTS) {
+        size_t l = 0;
+        prompts[np][0] = 0;
+        for (int rep = 0; rep < 4; rep++)
+            for (int i = 0; i < np && l + strlen(prompts[i]) + 2 < 512; i++)
+                l += (size_t)snprintf(prompts[np] + l, 512 - l, "%s%s", l ? " " : "", prompts[i]);
+        np++;
     }
     if (steps < 1) { fprintf(stderr, "TG_GPU_STEPS: expected >= 1\n"); return 2; }
     printf("test_gpu_model on %s: %d prompts x %d steps\n", desc, np, steps);

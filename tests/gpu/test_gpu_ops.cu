@@ -31,6 +31,10 @@ extern "C" {
  * it quantizes the activations to 8 bits, the reference takes the same
  * quantized activations, so rounding only there too). get_rows may differ from the reference by an FMA's single rounding. */
 static const double NMSE_MATMUL = 1e-9;
+/* The tensor-core matmul (gk_matmul_tc) rounds weights and activations to
+ * f16 (relative error up to 2^-11 each, about 1.6e-7 of NMSE on random
+ * products); the limit leaves a factor of about 6. */
+static const double NMSE_MATMUL_TC = 1e-6;
 static const double NMSE_GET_ROWS = 1e-12;
 static const double NMSE_RMSNORM = 1e-10;
 static const double NMSE_ROPE = 1e-10;   /* the reference takes ggml's f32 angle */
@@ -144,9 +148,9 @@ static std::vector<uint8_t> make_weights(uint32_t t, int K, int rows, std::vecto
 static void test_matmul(uint32_t t, int K, int rows, int ncols)
 {
     char name[128];
-    const int q8 = gk_matmul_q8(t, K, ncols);
+    const int q8 = gk_matmul_q8(t, K, ncols), tc = gk_matmul_tc(t, K, ncols);
     snprintf(name, sizeof name, "matmul_%s(K=%d,rows=%d,cols=%d%s)", tg_type_name(t), K, rows, ncols,
-             q8 ? ",x8" : "");
+             q8 ? ",x8" : tc ? ",tc" : "");
     std::vector<float> wd;
     std::vector<uint8_t> w = make_weights(t, K, rows, wd);
     std::vector<float> x((size_t)K * ncols);
@@ -172,7 +176,7 @@ static void test_matmul(uint32_t t, int K, int rows, int ncols)
     float *dy = dev_poisoned(ref.size());
     tg_err e = {{0}};
     int rc = gk_matmul(0, t, dw, rows, K, dx, ncols, dy, &e);
-    if (!rc) judge(name, dev_download(dy, ref.size()), ref, NMSE_MATMUL);
+    if (!rc) judge(name, dev_download(dy, ref.size()), ref, tc ? NMSE_MATMUL_TC : NMSE_MATMUL);
     else check_gk(rc, &e, name);
     cudaFree(dw); cudaFree(dx); cudaFree(dy);
 }
@@ -757,8 +761,11 @@ int main(void)
 
     const uint32_t types[] = {TG_TYPE_F32, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_Q8_0,
                               TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K};
+    /* cols >= 16 with K a multiple of 256: the tensor-core kernel (partial
+     * row and token tiles included) */
     struct { int K, rows, cols; } mm[] = {{256, 64, 1}, {1024, 301, 1}, {4096, 128, 1}, {768, 96, 8},
-                                          {512, 77, 13}, {2048, 40, 3}};
+                                          {512, 77, 13}, {2048, 40, 3}, {256, 64, 16}, {768, 130, 64},
+                                          {1024, 77, 100}, {4096, 200, 33}};
     for (uint32_t t : types) {
         for (auto &s : mm) test_matmul(t, s.K, s.rows, s.cols);
         test_get_rows(t, 256, 50, 3);
