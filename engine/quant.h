@@ -113,7 +113,7 @@ typedef struct tg_type_traits {
     size_t type_size;          /* bytes per block */
     int is_quantized;
     tg_to_float_fn to_float;   /* scalar reference dequantize */
-    tg_from_float_fn from_float; /* scalar reference quantize */
+    tg_from_float_fn from_float; /* quantize (Q4_K/Q5_K/Q6_K: the vectorized scale search; the scalar reference is quant_ref.h) */
     enum tg_type vec_dot_type; /* activation type for vec_dot */
     tg_vec_dot_fn vec_dot;     /* scalar reference dot product */
 } tg_type_traits;

@@ -4,7 +4,10 @@
  * compiler's own _Float16 where it has one), struct sizes, hand-built blocks
  * that must dequantize to what FORMATS.md implies, the activation
  * quantizers' exact rules, round-trip error bounds on fresh random data, and
- * the reference dot products against f64 math on dequantized values.
+ * the reference dot products against f64 math on dequantized values; the
+ * fast Q4_K / Q5_K / Q6_K quantizers byte for byte against their scalar
+ * references on ordinary and awkward inputs (zeros, ties, denormals, huge
+ * values, NaN and inf).
  *
  * Where the llama.cpp CPU build fetched by scripts/fetch-npm.sh is present
  * (TG_CACHE/npm/linux-x64/bins/linux-x64), the same functions are compared
@@ -29,6 +32,7 @@
 #include <string.h>
 
 #include "quant.h"
+#include "quant_ref.h"
 
 /* Round-trip RMSE, relative to the data's RMS, on Gaussian data. */
 #define TOL_RT_F16  1e-3
@@ -572,6 +576,140 @@ static void test_q4_K_beats_naive(void **state)
     if (!(ours < naive)) fail_msg("q4_K quantizer (%g) is not better than naive min/max (%g)", ours, naive);
 }
 
+/* ------------------------------------------------ fast weight quantizers */
+
+/* The input families the fast Q4_K / Q5_K / Q6_K quantizers must write
+ * the reference's bytes for (engine/quant.c searches candidate scales in
+ * vector lanes; every lane must repeat the scalar float operations). */
+enum {
+    FQ_WEIGHTS, FQ_ZEROS, FQ_HUGE, FQ_TIES_SYM, FQ_TIES_ASYM, FQ_DENORMAL, FQ_MIXED_SIGNS,
+    FQ_TINY, FQ_SUBSCALES, FQ_CONSTANT, FQ_NONFINITE, FQ_COUNT
+};
+static const char *const fq_names[FQ_COUNT] = {
+    "weights", "all zeros", "one huge value", "rounding ties (sym)", "rounding ties (asym)",
+    "denormals", "mixed signs", "tiny scales", "sub-block scales", "constant runs",
+    "nan and inf",
+};
+
+static float rng_sign(void)
+{
+    return (rng_next() & 1) ? -1.0f : 1.0f;
+}
+
+/* Fills x[n] (n a multiple of 256) with family c. */
+static void fill_fast_case(int c, float *x, int n)
+{
+    switch (c) {
+    case FQ_WEIGHTS:
+        fill_weights(x, n);
+        break;
+    case FQ_ZEROS:
+        for (int i = 0; i < n; i++) x[i] = (rng_next() & 1) ? 0.0f : -0.0f;
+        break;
+    case FQ_HUGE: {
+        static const float huge[] = {1e20f, 1e30f, 3e38f, FLT_MAX};
+        fill_weights(x, n);
+        for (int b = 0; b < n / QK_K; b++)
+            x[QK_K * b + (int)(rng_next() % QK_K)] = rng_sign() * huge[rng_next() % 4];
+        break;
+    }
+    case FQ_TIES_SYM:
+        /* half-integer multiples of a power of two, -32 s first in each 16:
+         * Q6_K's unstretched grid (iscale 1/s) lands on .5 everywhere */
+        for (int g = 0; g < n / 16; g++) {
+            const float s = ldexpf(1.0f, (int)(rng_next() % 9) - 4);
+            x[16 * g] = -32 * s;
+            for (int i = 1; i < 16; i++) x[16 * g + i] = ((float)(rng_next() % 63) - 32 + 0.5f) * s;
+        }
+        break;
+    case FQ_TIES_ASYM:
+        /* 0 and nmax s (15 or 31) in each 32, half-integers between: Q4_K's
+         * and Q5_K's unstretched grids land on .5 */
+        for (int g = 0; g < n / 32; g++) {
+            const float s = ldexpf(1.0f, (int)(rng_next() % 9) - 4);
+            const int nmax = (g & 1) ? 31 : 15;
+            x[32 * g] = 0;
+            x[32 * g + 1] = nmax * s;
+            for (int i = 2; i < 32; i++) x[32 * g + i] = ((float)(rng_next() % (unsigned)nmax) + 0.5f) * s;
+        }
+        break;
+    case FQ_DENORMAL:
+        for (int i = 0; i < n; i++) {
+            const uint32_t r = (uint32_t)rng_next();
+            x[i] = (r % 5 == 0) ? 0.0f : rng_sign() * float_of(1 + (r >> 9) % 0x7fffff);
+        }
+        /* a few blocks mix denormals with the smallest normals */
+        for (int i = 0; i < n / 4; i += 3) x[i] = rng_sign() * FLT_MIN * (1 + (float)rng_uniform());
+        break;
+    case FQ_MIXED_SIGNS:
+        for (int i = 0; i < n; i++) x[i] = (float)(2 * rng_uniform() - 1);
+        /* all-positive and all-negative sub-blocks */
+        for (int i = 0; i < n / 2; i++) x[i] = (i / 32) % 2 ? -fabsf(x[i]) : fabsf(x[i]);
+        break;
+    case FQ_TINY:
+        fill_weights(x, n);
+        for (int i = 0; i < n; i++) x[i] *= (i / 256) % 2 ? 1e-25f : 1e-16f;
+        break;
+    case FQ_SUBSCALES:
+        fill_weights(x, n);
+        for (int g = 0; g < n / 16; g++) {
+            const float s = (float)pow(10, 20 * rng_uniform() - 10);
+            for (int i = 0; i < 16; i++) x[16 * g + i] *= s;
+        }
+        break;
+    case FQ_CONSTANT:
+        for (int g = 0; g < n / 16; g++) {
+            const float v = (float)((int)(rng_next() % 7) - 3) * (float)rng_uniform();
+            for (int i = 0; i < 16; i++) x[16 * g + i] = (g % 3) ? v : (float)((int)(rng_next() % 9) - 4);
+        }
+        break;
+    case FQ_NONFINITE:
+        fill_weights(x, n);
+        for (int i = 0; i < n; i += 1 + (int)(rng_next() % 61)) {
+            const int k = (int)(rng_next() % 3);
+            x[i] = k == 0 ? NAN : k == 1 ? INFINITY : -INFINITY;
+        }
+        break;
+    }
+}
+
+/* Q4_K, Q5_K and Q6_K: tg_traits' quantizer (the vector search) writes the
+ * bytes of the scalar reference (tg_from_float_ref) on every family. */
+static void test_fast_quantizers_match_ref(void **state)
+{
+    (void)state;
+    static const uint32_t types[] = {TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K};
+    enum { NB = 48, N = NB * QK_K };
+    float *x = malloc(N * sizeof(float));
+    /* room for NB blocks of the largest of the three (Q6_K, 210 bytes) */
+    uint8_t *qf = malloc(NB * sizeof(block_q6_K)), *qr = malloc(NB * sizeof(block_q6_K));
+    assert_non_null(x);
+    assert_non_null(qf);
+    assert_non_null(qr);
+    for (int c = 0; c < FQ_COUNT; c++) {
+        fill_fast_case(c, x, N);
+        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+            const tg_type_traits *tr = tg_traits(types[t]);
+            const tg_from_float_fn ref = tg_from_float_ref(types[t]);
+            assert_true(tr->type_size <= sizeof(block_q6_K));
+            if (!ref || ref == tr->from_float)
+                fail_msg("%s: no separate reference quantizer to hold the fast one to", tr->name);
+            memset(qf, 0xAA, NB * tr->type_size);
+            memset(qr, 0x55, NB * tr->type_size);
+            tr->from_float(x, qf, N);
+            ref(x, qr, N);
+            for (size_t i = 0; i < NB * tr->type_size; i++)
+                if (qf[i] != qr[i])
+                    fail_msg("%s on %s: byte %zu (block %zu, offset %zu) is 0x%02x, the reference "
+                             "wrote 0x%02x", tr->name, fq_names[c], i, i / tr->type_size,
+                             i % tr->type_size, qf[i], qr[i]);
+        }
+    }
+    free(x);
+    free(qf);
+    free(qr);
+}
+
 /* ------------------------------------------------------------ dot products */
 
 static void test_reference_dots(void **state)
@@ -800,6 +938,7 @@ int main(void)
         cmocka_unit_test(test_q8_0_exact_round_trip),
         cmocka_unit_test(test_round_trip_errors),
         cmocka_unit_test(test_q4_K_beats_naive),
+        cmocka_unit_test(test_fast_quantizers_match_ref),
         cmocka_unit_test(test_reference_dots),
         cmocka_unit_test(test_against_ggml),
     };
