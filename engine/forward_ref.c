@@ -2,22 +2,51 @@
  * forward_ref.c: the ref tier, the portable yardstick every other arm is
  * measured against (see model.h).
  *
- * Plain C, one token at a time. Weights are dequantized row by row with the
- * type's scalar to_float; every sum (dot products, rmsnorm,
- * softmax, attention) is taken in f64. Activations are held as doubles but
- * rounded to f32 after every op, so the tier computes "f32 activations with
- * f64 accumulation"; with the f64 option the rounding is skipped, which
- * gives the test suite a near-exact value of the quantized model to judge
- * the other tiers and llama.cpp against. Nothing depends on timing or
- * threads: the same input gives the same bytes on every machine with
- * IEEE doubles and a correctly rounded libm for exp, sqrt, pow, cos and sin.
+ * Plain C. Weights are dequantized row by row with the values of the
+ * type's scalar to_float (Q4_K and Q6_K by loops of the same arithmetic
+ * that the compiler vectorizes, tested bit for bit against it); every sum (dot products, rmsnorm, softmax, attention) is taken
+ * in f64. Activations are held as doubles but rounded to f32 after every op,
+ * so the tier computes "f32 activations with f64 accumulation"; with the f64
+ * option the rounding is skipped, which gives the test suite a near-exact
+ * value of the quantized model to judge the other tiers and llama.cpp
+ * against. Nothing depends on timing, threads or batching: the same input
+ * gives the same bytes on every machine with IEEE doubles and a correctly
+ * rounded libm for exp, sqrt, pow, cos and sin.
+ *
+ * The one order of a dot product (tg_ref_dot, forward.h): eight running
+ * sums, element j into sum j % 8, each a separate f64 multiply then add,
+ * added in a fixed tree, then the tail in order. The vector code holds the
+ * eight sums in two 4-lane f64 vectors (lanes 0-3 and 4-7), so every lane
+ * does exactly the scalar sum's operations; the Makefile builds this file
+ * with -ffp-contract=off (no fused multiply-add on any ISA) and the x86-64
+ * clones target AVX2 without FMA.
+ *
+ * Batches: an eval of n tokens runs layer by layer over up to REF_NB
+ * tokens at a time. Each weight row is dequantized once, converted to f64
+ * once and dotted with the batch's n activation vectors (each dot in the
+ * order above, so a token's bytes are those of a one-token eval; rows are
+ * taken in blocks of REF_KB columns, the eight sums of every dot kept
+ * between blocks, so a block of the batch's vectors stays in cache); the
+ * per-token ops (norms, rope, attention over positions 0..its own, swiglu,
+ * residuals, the perturbation) are the same arithmetic per token. The KV
+ * cache of a layer gets every token's k and v before the layer's attention,
+ * which reads for token t only positions up to its own. This is what makes
+ * the large models of the GPU gates affordable: a forced leg costs one
+ * dequantization of the weights per batch instead of per token.
  *
  * Threads: one by default. With the threads option above 1, the mat-vecs
- * hand row ranges to a thread pool; every row is still one f64 dot product
- * taken in the same order by one thread, so the bytes do not change (the
- * large models of the GPU gates need it: one thread takes about 2 s a step
- * at the 0.6b shape).
+ * hand row ranges to a thread pool; every output is still one dot product
+ * taken in the same order by one thread, so the bytes do not change.
  */
+/* No multiply-add contraction, whatever the build flags (the Makefile also
+ * passes -ffp-contract=off): the sums' order is the tier's contract. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#else
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,26 +56,245 @@
 #include "quant.h"
 #include "threadpool.h"
 
+#define REF_NB 64        /* tokens per internal batch (bounds the scratch buffers) */
+#define REF_MM_ROWS 16   /* weight rows per pool chunk */
+#define REF_ROWS1 4      /* rows dotted together with one token's vector */
+#define REF_KB 512       /* columns per block of a row: whole quant blocks (a
+                          * multiple of 256) and whole groups of 8 */
+
 typedef struct ref_state {
-    double *x;        /* (n_embd) residual stream */
-    double *h;        /* (n_embd) normed input of a block */
-    double *q;        /* (n_head*head_dim) */
-    double *k;        /* (n_head_kv*head_dim) */
-    double *v;        /* (n_head_kv*head_dim) */
-    double *att;      /* (n_head*head_dim) attention output, heads concatenated */
-    double *o;        /* (n_embd) attn_out / ffn_out */
-    double *g;        /* (n_ff) gate, then swiglu */
-    double *u;        /* (n_ff) up */
+    double *x;        /* (REF_NB, n_embd) residual stream */
+    double *h;        /* (REF_NB, n_embd) normed input of a block */
+    double *q;        /* (REF_NB, n_head*head_dim) */
+    double *k;        /* (REF_NB, n_head_kv*head_dim) */
+    double *v;        /* (REF_NB, n_head_kv*head_dim) */
+    double *att;      /* (REF_NB, n_head*head_dim) attention output, heads concatenated */
+    double *o;        /* (REF_NB, n_embd) attn_out / ffn_out */
+    double *g;        /* (REF_NB, n_ff) gate, then swiglu */
+    double *u;        /* (REF_NB, n_ff) up */
     double *sc;       /* (n_ctx) attention scores of one head */
     double *kc;       /* (n_layer, n_ctx, n_head_kv*head_dim) K cache */
     double *vc;       /* (n_layer, n_ctx, n_head_kv*head_dim) V cache */
-    float *row;       /* (nth, max cols) one dequantized weight row per thread */
-    size_t row_n;     /* max cols */
+    float *row;       /* (nth, REF_ROWS1, REF_KB) blocks of dequantized weight rows per thread */
+    double *rowd;     /* (nth, REF_KB) a block in f64, for batches */
+    double *acc;      /* (nth, REF_MM_ROWS, REF_NB, 8) the eight sums of every dot of a chunk */
+    float *emb;       /* (n_embd) a token's embedding row */
     int nth;          /* threads (1: no pool) */
     tg_pool *pool;
     float *f;         /* (max(n_vocab, n_ff, q dims)) f32 copy for dumps */
-    double *lg;       /* (n_vocab) logits before the final rounding */
+    double *lg;       /* (REF_NB, n_vocab) logits before the final rounding */
 } ref_state;
+
+/* --- the dot product ------------------------------------------------------ */
+
+/* vectors are returned only by inlined helpers: no ABI crosses a call */
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wpsabi"
+#elif defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+typedef double ref_v4d __attribute__((vector_size(32)));
+typedef float ref_v4f __attribute__((vector_size(16)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define REF_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define REF_CLONES
+#endif
+
+static inline __attribute__((always_inline)) ref_v4d ld_d(const double *p)
+{
+    ref_v4d v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Four f32 converted to f64 (exact). */
+static inline __attribute__((always_inline)) ref_v4d ld_f(const float *p)
+{
+    ref_v4f v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, ref_v4d);
+}
+
+/* The kernels keep a dot's eight sums in memory between calls (acc, 8
+ * doubles: lane k is sum k), so a row can be taken in blocks of columns
+ * (each a multiple of 8): the lanes see the same operations in the same
+ * order as in one pass. */
+
+REF_CLONES void tg_ref_acc(const float *w, const double *x, int64_t n8, double acc[8])
+{
+    ref_v4d lo = ld_d(acc), hi = ld_d(acc + 4);
+    for (int64_t j = 0; j < n8; j += 8) {
+        lo += ld_f(w + j) * ld_d(x + j);
+        hi += ld_f(w + j + 4) * ld_d(x + j + 4);
+    }
+    memcpy(acc, &lo, sizeof lo);
+    memcpy(acc + 4, &hi, sizeof hi);
+}
+
+REF_CLONES void tg_ref_acc_f64(const double *w, const double *x, int64_t n8, double acc[8])
+{
+    ref_v4d lo = ld_d(acc), hi = ld_d(acc + 4);
+    for (int64_t j = 0; j < n8; j += 8) {
+        lo += ld_d(w + j) * ld_d(x + j);
+        hi += ld_d(w + j + 4) * ld_d(x + j + 4);
+    }
+    memcpy(acc, &lo, sizeof lo);
+    memcpy(acc + 4, &hi, sizeof hi);
+}
+
+REF_CLONES void tg_ref_acc4_rows(const float *w, int64_t ldw, const double *x, int64_t n8, double acc[32])
+{
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    ref_v4d lo0 = ld_d(acc), hi0 = ld_d(acc + 4), lo1 = ld_d(acc + 8), hi1 = ld_d(acc + 12);
+    ref_v4d lo2 = ld_d(acc + 16), hi2 = ld_d(acc + 20), lo3 = ld_d(acc + 24), hi3 = ld_d(acc + 28);
+    for (int64_t j = 0; j < n8; j += 8) {
+        const ref_v4d xl = ld_d(x + j), xh = ld_d(x + j + 4);
+        lo0 += ld_f(w0 + j) * xl;
+        hi0 += ld_f(w0 + j + 4) * xh;
+        lo1 += ld_f(w1 + j) * xl;
+        hi1 += ld_f(w1 + j + 4) * xh;
+        lo2 += ld_f(w2 + j) * xl;
+        hi2 += ld_f(w2 + j + 4) * xh;
+        lo3 += ld_f(w3 + j) * xl;
+        hi3 += ld_f(w3 + j + 4) * xh;
+    }
+    memcpy(acc, &lo0, sizeof lo0);
+    memcpy(acc + 4, &hi0, sizeof hi0);
+    memcpy(acc + 8, &lo1, sizeof lo1);
+    memcpy(acc + 12, &hi1, sizeof hi1);
+    memcpy(acc + 16, &lo2, sizeof lo2);
+    memcpy(acc + 20, &hi2, sizeof hi2);
+    memcpy(acc + 24, &lo3, sizeof lo3);
+    memcpy(acc + 28, &hi3, sizeof hi3);
+}
+
+REF_CLONES void tg_ref_acc4_tok(const double *w, const double *x, int64_t ldx, int64_t n8, double acc[32])
+{
+    const double *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    ref_v4d lo0 = ld_d(acc), hi0 = ld_d(acc + 4), lo1 = ld_d(acc + 8), hi1 = ld_d(acc + 12);
+    ref_v4d lo2 = ld_d(acc + 16), hi2 = ld_d(acc + 20), lo3 = ld_d(acc + 24), hi3 = ld_d(acc + 28);
+    for (int64_t j = 0; j < n8; j += 8) {
+        const ref_v4d wl = ld_d(w + j), wh = ld_d(w + j + 4);
+        lo0 += wl * ld_d(x0 + j);
+        hi0 += wh * ld_d(x0 + j + 4);
+        lo1 += wl * ld_d(x1 + j);
+        hi1 += wh * ld_d(x1 + j + 4);
+        lo2 += wl * ld_d(x2 + j);
+        hi2 += wh * ld_d(x2 + j + 4);
+        lo3 += wl * ld_d(x3 + j);
+        hi3 += wh * ld_d(x3 + j + 4);
+    }
+    memcpy(acc, &lo0, sizeof lo0);
+    memcpy(acc + 4, &hi0, sizeof hi0);
+    memcpy(acc + 8, &lo1, sizeof lo1);
+    memcpy(acc + 12, &hi1, sizeof hi1);
+    memcpy(acc + 16, &lo2, sizeof lo2);
+    memcpy(acc + 20, &hi2, sizeof hi2);
+    memcpy(acc + 24, &lo3, sizeof lo3);
+    memcpy(acc + 28, &hi3, sizeof hi3);
+}
+
+double tg_ref_acc_sum(const double acc[8], const float *w, const double *x, int64_t nt)
+{
+    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (int64_t j = 0; j < nt; j++)
+        sum += (double)w[j] * x[j];
+    return sum;
+}
+
+double tg_ref_dot(const float *w, const double *x, int64_t n)
+{
+    const int64_t n8 = n & ~(int64_t)7;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    tg_ref_acc(w, x, n8, acc);
+    return tg_ref_acc_sum(acc, w + n8, x + n8, n - n8);
+}
+
+/* y (n) = x (n) converted to f64 (exact). */
+REF_CLONES static void to_f64(const float *x, double *y, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const ref_v4d v = ld_f(x + j);
+        memcpy(y + j, &v, sizeof v);
+    }
+    for (; j < n; j++)
+        y[j] = x[j];
+}
+
+/* --- dequantization ------------------------------------------------------- */
+
+/* Q4_K and Q6_K rows (the weights of Q4_K_M files): the loops of quant.c's
+ * scalar to_float, the same float operations per element in the same order
+ * (Q4_K: d1 * q - m1 as a multiply then a subtract; Q6_K: (d * scale) * q),
+ * so the values are bit for bit the reference's; written so that the
+ * compiler vectorizes them (GCC only does with its dynamic cost model,
+ * asked for here; no contraction either way). The other types go through
+ * the type's to_float. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define REF_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic", "fp-contract=off")))
+#else
+#define REF_VECTORIZE
+#endif
+
+REF_CLONES REF_VECTORIZE static void q4_K_row(const void *vx, float *y, int64_t k)
+{
+    const block_q4_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = tg_half_to_f32(x[i].d), dmin = tg_half_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        for (int g = 0; g < 4; g++, q += 32, y += 64) {
+            uint8_t sc, m;
+            tg_get_scale_min_k4(2 * g, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            tg_get_scale_min_k4(2 * g + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++)
+                y[l] = d1 * (q[l] & 15) - m1;
+            for (int l = 0; l < 32; l++)
+                y[32 + l] = d2 * (q[l] >> 4) - m2;
+        }
+    }
+}
+
+REF_CLONES REF_VECTORIZE static void q6_K_row(const void *vx, float *y, int64_t k)
+{
+    const block_q6_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        int8_t a[QK_K];   /* q - 32 */
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            int8_t *ah = a + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                ah[l] = (int8_t)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+                ah[l + 32] = (int8_t)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                ah[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                ah[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+        }
+        const float d = tg_half_to_f32(x[i].d);
+        for (int j = 0; j < QK_K / 16; j++) {
+            const float dj = d * x[i].scales[j];
+            for (int l = 0; l < 16; l++)
+                y[16 * j + l] = dj * a[16 * j + l];
+        }
+    }
+}
+
+void tg_ref_to_float(uint32_t type, const void *x, float *y, int64_t n)
+{
+    if (type == TG_TYPE_Q4_K)
+        q4_K_row(x, y, n);
+    else if (type == TG_TYPE_Q6_K)
+        q6_K_row(x, y, n);
+    else
+        tg_traits(type)->to_float(x, y, n);
+}
+
+/* --- state ------------------------------------------------------------------ */
 
 static double rnd(const tg_session *s, double x)
 {
@@ -59,8 +307,9 @@ static void ref_fini(tg_session *s)
     if (!r)
         return;
     free(r->x); free(r->h); free(r->q); free(r->k); free(r->v); free(r->att); free(r->o);
-    free(r->g); free(r->u); free(r->sc); free(r->kc); free(r->vc); free(r->row); free(r->f);
-    free(r->lg);
+    free(r->g); free(r->u); free(r->sc); free(r->kc); free(r->vc); free(r->row); free(r->rowd);
+    free(r->acc); free(r->emb);
+    free(r->f); free(r->lg);
     tg_pool_free(r->pool);
     free(r);
     s->tier = NULL;
@@ -79,29 +328,31 @@ static int ref_init(tg_session *s, tg_err *e)
         return tg_errf(e, "out of memory");
     s->tier = r;
     size_t cache = (size_t)hp->n_layer * (size_t)s->o.n_ctx * KV;
-    r->x = calloc(E, sizeof(double));
-    r->h = calloc(E, sizeof(double));
-    r->q = calloc(Q, sizeof(double));
-    r->k = calloc(KV, sizeof(double));
-    r->v = calloc(KV, sizeof(double));
-    r->att = calloc(Q, sizeof(double));
-    r->o = calloc(E, sizeof(double));
-    r->g = calloc(F, sizeof(double));
-    r->u = calloc(F, sizeof(double));
+    r->x = calloc(REF_NB * E, sizeof(double));
+    r->h = calloc(REF_NB * E, sizeof(double));
+    r->q = calloc(REF_NB * Q, sizeof(double));
+    r->k = calloc(REF_NB * KV, sizeof(double));
+    r->v = calloc(REF_NB * KV, sizeof(double));
+    r->att = calloc(REF_NB * Q, sizeof(double));
+    r->o = calloc(REF_NB * E, sizeof(double));
+    r->g = calloc(REF_NB * F, sizeof(double));
+    r->u = calloc(REF_NB * F, sizeof(double));
     r->sc = calloc((size_t)s->o.n_ctx, sizeof(double));
     r->kc = calloc(cache, sizeof(double));
     r->vc = calloc(cache, sizeof(double));
     r->nth = s->o.threads > 1 ? s->o.threads : 1;
-    r->row_n = maxc;
-    r->row = calloc(maxc * (size_t)r->nth, sizeof(float));
+    r->row = calloc((size_t)REF_ROWS1 * REF_KB * (size_t)r->nth, sizeof(float));
+    r->rowd = calloc((size_t)REF_KB * (size_t)r->nth, sizeof(double));
+    r->acc = calloc((size_t)REF_MM_ROWS * REF_NB * 8 * (size_t)r->nth, sizeof(double));
+    r->emb = calloc(E, sizeof(float));
     if (r->nth > 1 && !(r->pool = tg_pool_new(r->nth))) {
         ref_fini(s);
         return tg_errf(e, "ref tier: cannot start %d threads (option threads)", r->nth);
     }
     r->f = calloc(maxf, sizeof(float));
-    r->lg = calloc(V, sizeof(double));
+    r->lg = calloc(REF_NB * V, sizeof(double));
     if (!r->x || !r->h || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u || !r->sc ||
-        !r->kc || !r->vc || !r->row || !r->f || !r->lg) {
+        !r->kc || !r->vc || !r->row || !r->rowd || !r->acc || !r->emb || !r->f || !r->lg) {
         ref_fini(s);
         return tg_errf(e, "ref tier: out of memory for a KV cache of %d positions (option n_ctx)", s->o.n_ctx);
     }
@@ -109,56 +360,100 @@ static int ref_init(tg_session *s, tg_err *e)
     return 0;
 }
 
+/* --- ops ---------------------------------------------------------------------- */
+
 typedef struct ref_mm {
     const tg_session *s;
-    double *out;
+    double *out;          /* (n, w->rows) */
     const tg_weight *w;
-    const double *x;
+    const double *x;      /* (n, w->cols) */
+    int n;
 } ref_mm;
 
-#define REF_MM_ROWS 16   /* rows per pool chunk */
-
-/* Rows [chunk * REF_MM_ROWS, +REF_MM_ROWS) of a matmul, on thread ith's row buffer. */
+/* Rows [chunk * REF_MM_ROWS, +REF_MM_ROWS) of a matmul, on thread ith's
+ * buffers, in blocks of REF_KB columns: each block of a row is dequantized
+ * once (and for batches converted to f64 once) and added into the eight
+ * sums of every (row, token) pair; the last block ends each dot (the tree,
+ * then the tail in order). One token: four rows at a time (eight
+ * independent sums per step); several: four tokens at a time. A block of
+ * the batch's vectors (REF_NB x REF_KB doubles) stays in cache across the
+ * chunk's rows. */
 static void matmul_rows(void *ctx, int chunk, int ith)
 {
     const ref_mm *d = ctx;
     const ref_state *r = d->s->tier;
-    const tg_type_traits *tr = tg_traits(d->w->type);
-    float *row = r->row + (size_t)ith * r->row_n;
-    int64_t i1 = (int64_t)(chunk + 1) * REF_MM_ROWS;
-    if (i1 > d->w->rows)
-        i1 = d->w->rows;
-    const int64_t n = d->w->cols, n8 = n & ~(int64_t)7;
-    for (int64_t i = (int64_t)chunk * REF_MM_ROWS; i < i1; i++) {
-        tr->to_float((const char *)d->w->data + (size_t)i * d->w->row_size, row, n);
-        /* eight running sums (element j goes to sum j % 8), added in a
-         * fixed tree, then the tail in order: a fixed order on every
-         * machine (no contraction: the Makefile builds this file with
-         * -ffp-contract=off), and eight independent chains instead of one */
-        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t j = 0; j < n8; j += 8)
-            for (int k = 0; k < 8; k++)
-                a[k] += (double)row[j + k] * d->x[j + k];
-        double sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-        for (int64_t j = n8; j < n; j++)
-            sum += (double)row[j] * d->x[j];
-        d->out[i] = rnd(d->s, sum);
+    const tg_weight *w = d->w;
+    const int64_t rows = w->rows, n = w->cols, n8 = n & ~(int64_t)7;
+    const int nt = d->n;
+    float *seg = r->row + (size_t)ith * REF_ROWS1 * REF_KB;          /* (REF_ROWS1, REF_KB) */
+    double *segd = r->rowd + (size_t)ith * REF_KB;                    /* (REF_KB) */
+    double *acc = r->acc + (size_t)ith * REF_MM_ROWS * REF_NB * 8;    /* (chunk rows, nt, 8) */
+    const int64_t i0 = (int64_t)chunk * REF_MM_ROWS, i1 = i0 + REF_MM_ROWS < rows ? i0 + REF_MM_ROWS : rows;
+    memset(acc, 0, (size_t)(i1 - i0) * (size_t)nt * 8 * sizeof(double));
+    for (int64_t k0 = 0; k0 < n; k0 += REF_KB) {
+        const int64_t kn = n - k0 < REF_KB ? n - k0 : REF_KB;
+        const int64_t kn8 = k0 + kn <= n8 ? kn : n8 - k0;   /* whole groups of 8 in the block */
+        const int last = k0 + kn == n;
+        const char *base = (const char *)w->data + tg_row_size(w->type, k0);
+        const double *x = d->x + k0;
+        int64_t i = i0;
+        if (nt == 1) {
+            for (; i + REF_ROWS1 <= i1; i += REF_ROWS1) {
+                double *a = acc + (size_t)(i - i0) * 8;
+                for (int k = 0; k < REF_ROWS1; k++)
+                    tg_ref_to_float(w->type, base + (size_t)(i + k) * w->row_size, seg + (size_t)k * REF_KB, kn);
+                tg_ref_acc4_rows(seg, REF_KB, x, kn8, a);
+                for (int k = 0; last && k < REF_ROWS1; k++)
+                    d->out[i + k] = rnd(d->s, tg_ref_acc_sum(a + 8 * k, seg + (size_t)k * REF_KB + kn8, x + kn8,
+                                                             kn - kn8));
+            }
+            for (; i < i1; i++) {
+                double *a = acc + (size_t)(i - i0) * 8;
+                tg_ref_to_float(w->type, base + (size_t)i * w->row_size, seg, kn);
+                tg_ref_acc(seg, x, kn8, a);
+                if (last)
+                    d->out[i] = rnd(d->s, tg_ref_acc_sum(a, seg + kn8, x + kn8, kn - kn8));
+            }
+            continue;
+        }
+        for (; i < i1; i++) {
+            double *a = acc + (size_t)(i - i0) * (size_t)nt * 8;
+            tg_ref_to_float(w->type, base + (size_t)i * w->row_size, seg, kn);
+            to_f64(seg, segd, kn8);
+            int t = 0;
+            for (; t + 4 <= nt; t += 4)
+                tg_ref_acc4_tok(segd, x + (size_t)t * n, n, kn8, a + 8 * t);
+            for (; t < nt; t++)
+                tg_ref_acc_f64(segd, x + (size_t)t * n, kn8, a + 8 * t);
+            for (t = 0; last && t < nt; t++)
+                d->out[(size_t)t * rows + i] =
+                    rnd(d->s, tg_ref_acc_sum(a + 8 * t, seg + kn8, x + (size_t)t * n + kn8, kn - kn8));
+        }
     }
 }
 
-/* out (w->rows) = W x: each row dequantized, the dot taken in f64 (one row
- * per dot, in the same order whichever thread takes it). */
-static void matmul(tg_session *s, double *out, const tg_weight *w, const double *x)
+/* out (n, w->rows) = W x for the n vectors x (n, w->cols): one dot per
+ * (token, row), in the same order whichever thread takes it. Counted as n
+ * matmuls (one per token, as a one-token eval counts). */
+static void matmul(tg_session *s, double *out, const tg_weight *w, const double *x, int n)
 {
+    assert(n >= 1 && n <= REF_NB);
     ref_state *r = s->tier;
-    ref_mm d = {s, out, w, x};
+    ref_mm d = {s, out, w, x, n};
     const int nchunks = (int)((w->rows + REF_MM_ROWS - 1) / REF_MM_ROWS);
     if (r->pool)
         tg_pool_run(r->pool, nchunks, matmul_rows, &d);
     else
         for (int c = 0; c < nchunks; c++)
             matmul_rows(&d, c, 0);
-    tg_ops_count(&s->ops, TG_OP_MATMUL, w->type, TG_TIER_REF);
+    for (int t = 0; t < n; t++)
+        tg_ops_count(&s->ops, TG_OP_MATMUL, w->type, TG_TIER_REF);
+}
+
+void tg_ref_matmul(tg_session *s, double *out, const tg_weight *w, const double *x, int n)
+{
+    assert(s->impl == &tg_tier_ref_impl);
+    matmul(s, out, w, x, n);
 }
 
 /* out (n) = x / sqrt(mean(x^2) + eps) * w; w an f32 vector of n. */
@@ -213,22 +508,72 @@ static int dump(tg_session *s, int want, int layer, int stage, const double *x, 
     return tg_dump(s, layer, stage, r->f, n, e);
 }
 
-/* One token at position pos; the logits only when last, dumps when want. */
-static int ref_token(tg_session *s, int32_t token, int pos, int last, int want, tg_err *e)
+/* attention of one token at position pos of a layer whose cache holds
+ * positions 0..pos: out (n_head*head_dim) = softmax(q.k / sqrt(d)) v. */
+static void attention(tg_session *s, double *out, const double *q, const double *kc, const double *vc, int pos)
+{
+    ref_state *r = s->tier;
+    const tg_hparams *hp = &s->m->hp;
+    const int d = hp->head_dim, KV = hp->n_head_kv * d, group = hp->n_head / hp->n_head_kv;
+    const double scale = 1.0 / sqrt((double)d);
+    for (int h = 0; h < hp->n_head; h++) {
+        const double *qh = q + (size_t)h * d;
+        const int g = h / group;
+        double mx = -INFINITY;
+        for (int j = 0; j <= pos; j++) {
+            const double *kj = kc + (size_t)j * KV + (size_t)g * d;
+            double dot = 0.0;
+            for (int i = 0; i < d; i++)
+                dot += qh[i] * kj[i];
+            r->sc[j] = dot * scale;
+            if (r->sc[j] > mx)
+                mx = r->sc[j];
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= pos; j++) {
+            r->sc[j] = exp(r->sc[j] - mx);
+            sum += r->sc[j];
+        }
+        double *oh = out + (size_t)h * d;
+        for (int i = 0; i < d; i++)
+            oh[i] = 0.0;
+        for (int j = 0; j <= pos; j++) {
+            const double *vj = vc + (size_t)j * KV + (size_t)g * d;
+            double a = r->sc[j] / sum;
+            for (int i = 0; i < d; i++)
+                oh[i] += a * vj[i];
+        }
+        for (int i = 0; i < d; i++)
+            oh[i] = rnd(s, oh[i]);
+    }
+    tg_ops_count(&s->ops, TG_OP_ATTN, 0, TG_TIER_REF);
+}
+
+/* --- the forward pass ------------------------------------------------------- */
+
+/* Tokens [0, n) (1 <= n <= REF_NB) at positions pos .. pos+n-1. all: NULL,
+ * or (n, n_vocab) for the logits of every token; last: the last token's
+ * logits into s->logits; want: dumps of the last token. Returns 0, or -1
+ * with e (a failing dump callback). */
+static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float *all, int last, int want,
+                     tg_err *e)
 {
     ref_state *r = s->tier;
     const tg_model *m = s->m;
     const tg_hparams *hp = &m->hp;
-    const int E = hp->n_embd, d = hp->head_dim, KV = hp->n_head_kv * d, F = hp->n_ff;
-    const int group = hp->n_head / hp->n_head_kv;
-    const double scale = 1.0 / sqrt((double)d);
+    const int E = hp->n_embd, d = hp->head_dim, Q = hp->n_head * d, KV = hp->n_head_kv * d, F = hp->n_ff;
+    const int V = hp->n_vocab, z = n - 1;   /* z: the last token, whose stages are dumped */
+    double *x = r->x, *h = r->h, *q = r->q, *k = r->k, *v = r->v, *att = r->att, *o = r->o, *g = r->g,
+           *u = r->u;
 
     // token embedding
     const tg_type_traits *etr = tg_traits(m->token_embd.type);
-    etr->to_float((const char *)m->token_embd.data + (size_t)token * m->token_embd.row_size, r->row, E);
-    for (int i = 0; i < E; i++)
-        r->x[i] = r->row[i];
-    tg_ops_count(&s->ops, TG_OP_EMBED, m->token_embd.type, TG_TIER_REF);
+    for (int t = 0; t < n; t++) {
+        etr->to_float((const char *)m->token_embd.data + (size_t)tokens[t] * m->token_embd.row_size, r->emb, E);
+        for (int i = 0; i < E; i++)
+            x[(size_t)t * E + i] = r->emb[i];
+        tg_ops_count(&s->ops, TG_OP_EMBED, m->token_embd.type, TG_TIER_REF);
+    }
 
     for (int il = 0; il < hp->n_layer; il++) {
         const tg_layer *L = &m->layers[il];
@@ -236,130 +581,139 @@ static int ref_token(tg_session *s, int32_t token, int pos, int last, int want, 
         double *vc = r->vc + ((size_t)il * s->o.n_ctx) * KV;
 
         // attention rmsnorm
-        rmsnorm(s, r->h, r->x, &L->attn_norm, E);
-        perturb(s, il, TG_STAGE_ATTN_NORM, r->h, E);
-        if (dump(s, want, il, TG_STAGE_ATTN_NORM, r->h, E, e))
+        for (int t = 0; t < n; t++) {
+            rmsnorm(s, h + (size_t)t * E, x + (size_t)t * E, &L->attn_norm, E);
+            perturb(s, il, TG_STAGE_ATTN_NORM, h + (size_t)t * E, E);
+        }
+        if (dump(s, want, il, TG_STAGE_ATTN_NORM, h + (size_t)z * E, E, e))
             return -1;
 
         // q, k, v projections
-        matmul(s, r->q, &L->wq, r->h);
-        matmul(s, r->k, &L->wk, r->h);
-        matmul(s, r->v, &L->wv, r->h);
+        matmul(s, q, &L->wq, h, n);
+        matmul(s, k, &L->wk, h, n);
+        matmul(s, v, &L->wv, h, n);
 
-        // per-head q/k rmsnorm (qwen3)
-        if (hp->qk_norm) {
-            for (int h = 0; h < hp->n_head; h++)
-                rmsnorm(s, r->q + (size_t)h * d, r->q + (size_t)h * d, &L->q_norm, d);
-            for (int h = 0; h < hp->n_head_kv; h++)
-                rmsnorm(s, r->k + (size_t)h * d, r->k + (size_t)h * d, &L->k_norm, d);
+        for (int t = 0; t < n; t++) {
+            double *qt = q + (size_t)t * Q, *kt = k + (size_t)t * KV, *vt = v + (size_t)t * KV;
+            // per-head q/k rmsnorm (qwen3)
+            if (hp->qk_norm) {
+                for (int hh = 0; hh < hp->n_head; hh++)
+                    rmsnorm(s, qt + (size_t)hh * d, qt + (size_t)hh * d, &L->q_norm, d);
+                for (int hh = 0; hh < hp->n_head_kv; hh++)
+                    rmsnorm(s, kt + (size_t)hh * d, kt + (size_t)hh * d, &L->k_norm, d);
+            }
+            // rope
+            rope(s, qt, hp->n_head, pos + t);
+            rope(s, kt, hp->n_head_kv, pos + t);
+            perturb(s, il, TG_STAGE_Q, qt, Q);
+            perturb(s, il, TG_STAGE_K, kt, KV);
+            perturb(s, il, TG_STAGE_V, vt, KV);
         }
-
-        // rope
-        rope(s, r->q, hp->n_head, pos);
-        rope(s, r->k, hp->n_head_kv, pos);
-        perturb(s, il, TG_STAGE_Q, r->q, (int64_t)hp->n_head * d);
-        perturb(s, il, TG_STAGE_K, r->k, KV);
-        perturb(s, il, TG_STAGE_V, r->v, KV);
-        if (dump(s, want, il, TG_STAGE_Q, r->q, (int64_t)hp->n_head * d, e) ||
-            dump(s, want, il, TG_STAGE_K, r->k, KV, e) || dump(s, want, il, TG_STAGE_V, r->v, KV, e))
+        if (dump(s, want, il, TG_STAGE_Q, q + (size_t)z * Q, Q, e) ||
+            dump(s, want, il, TG_STAGE_K, k + (size_t)z * KV, KV, e) ||
+            dump(s, want, il, TG_STAGE_V, v + (size_t)z * KV, KV, e))
             return -1;
 
-        // append k, v to the cache
-        memcpy(kc + (size_t)pos * KV, r->k, (size_t)KV * sizeof(double));
-        memcpy(vc + (size_t)pos * KV, r->v, (size_t)KV * sizeof(double));
-        tg_ops_count(&s->ops, TG_OP_KV_STORE, 0, TG_TIER_REF);
+        // append every token's k, v to the cache
+        memcpy(kc + (size_t)pos * KV, k, (size_t)n * KV * sizeof(double));
+        memcpy(vc + (size_t)pos * KV, v, (size_t)n * KV * sizeof(double));
+        for (int t = 0; t < n; t++)
+            tg_ops_count(&s->ops, TG_OP_KV_STORE, 0, TG_TIER_REF);
 
-        // attention: softmax(q.k / sqrt(d)) v over positions 0..pos
-        for (int h = 0; h < hp->n_head; h++) {
-            const double *qh = r->q + (size_t)h * d;
-            const int g = h / group;
-            double mx = -INFINITY;
-            for (int j = 0; j <= pos; j++) {
-                const double *kj = kc + (size_t)j * KV + (size_t)g * d;
-                double dot = 0.0;
-                for (int i = 0; i < d; i++)
-                    dot += qh[i] * kj[i];
-                r->sc[j] = dot * scale;
-                if (r->sc[j] > mx)
-                    mx = r->sc[j];
-            }
-            double sum = 0.0;
-            for (int j = 0; j <= pos; j++) {
-                r->sc[j] = exp(r->sc[j] - mx);
-                sum += r->sc[j];
-            }
-            double *out = r->att + (size_t)h * d;
-            for (int i = 0; i < d; i++)
-                out[i] = 0.0;
-            for (int j = 0; j <= pos; j++) {
-                const double *vj = vc + (size_t)j * KV + (size_t)g * d;
-                double a = r->sc[j] / sum;
-                for (int i = 0; i < d; i++)
-                    out[i] += a * vj[i];
-            }
-            for (int i = 0; i < d; i++)
-                out[i] = rnd(s, out[i]);
-        }
-        tg_ops_count(&s->ops, TG_OP_ATTN, 0, TG_TIER_REF);
+        // attention: softmax(q.k / sqrt(d)) v over positions 0..pos+t
+        for (int t = 0; t < n; t++)
+            attention(s, att + (size_t)t * Q, q + (size_t)t * Q, kc, vc, pos + t);
 
         // output projection
-        matmul(s, r->o, &L->wo, r->att);
-        perturb(s, il, TG_STAGE_ATTN_OUT, r->o, E);
-        if (dump(s, want, il, TG_STAGE_ATTN_OUT, r->o, E, e))
+        matmul(s, o, &L->wo, att, n);
+        for (int t = 0; t < n; t++)
+            perturb(s, il, TG_STAGE_ATTN_OUT, o + (size_t)t * E, E);
+        if (dump(s, want, il, TG_STAGE_ATTN_OUT, o + (size_t)z * E, E, e))
             return -1;
 
-        // residual
-        for (int i = 0; i < E; i++)
-            r->x[i] = rnd(s, r->x[i] + r->o[i]);
-        tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_REF);
-
-        // ffn rmsnorm
-        rmsnorm(s, r->h, r->x, &L->ffn_norm, E);
-        perturb(s, il, TG_STAGE_FFN_NORM, r->h, E);
-        if (dump(s, want, il, TG_STAGE_FFN_NORM, r->h, E, e))
+        for (int t = 0; t < n; t++) {
+            double *xt = x + (size_t)t * E, *ot = o + (size_t)t * E, *ht = h + (size_t)t * E;
+            // residual
+            for (int i = 0; i < E; i++)
+                xt[i] = rnd(s, xt[i] + ot[i]);
+            tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_REF);
+            // ffn rmsnorm
+            rmsnorm(s, ht, xt, &L->ffn_norm, E);
+            perturb(s, il, TG_STAGE_FFN_NORM, ht, E);
+        }
+        if (dump(s, want, il, TG_STAGE_FFN_NORM, h + (size_t)z * E, E, e))
             return -1;
 
         // swiglu: silu(Wgate h) * (Wup h), silu(x) = x / (1 + exp(-x))
-        matmul(s, r->g, &L->gate, r->h);
-        matmul(s, r->u, &L->up, r->h);
-        for (int i = 0; i < F; i++)
-            r->g[i] = rnd(s, r->g[i] / (1.0 + exp(-r->g[i])) * r->u[i]);
-        tg_ops_count(&s->ops, TG_OP_SWIGLU, 0, TG_TIER_REF);
+        matmul(s, g, &L->gate, h, n);
+        matmul(s, u, &L->up, h, n);
+        for (int t = 0; t < n; t++) {
+            double *gt = g + (size_t)t * F, *ut = u + (size_t)t * F;
+            for (int i = 0; i < F; i++)
+                gt[i] = rnd(s, gt[i] / (1.0 + exp(-gt[i])) * ut[i]);
+            tg_ops_count(&s->ops, TG_OP_SWIGLU, 0, TG_TIER_REF);
+        }
 
         // down projection
-        matmul(s, r->o, &L->down, r->g);
-        perturb(s, il, TG_STAGE_FFN_OUT, r->o, E);
-        if (dump(s, want, il, TG_STAGE_FFN_OUT, r->o, E, e))
+        matmul(s, o, &L->down, g, n);
+        for (int t = 0; t < n; t++)
+            perturb(s, il, TG_STAGE_FFN_OUT, o + (size_t)t * E, E);
+        if (dump(s, want, il, TG_STAGE_FFN_OUT, o + (size_t)z * E, E, e))
             return -1;
 
         // residual
-        for (int i = 0; i < E; i++)
-            r->x[i] = rnd(s, r->x[i] + r->o[i]);
-        tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_REF);
-        perturb(s, il, TG_STAGE_RESIDUAL, r->x, E);
-        if (dump(s, want, il, TG_STAGE_RESIDUAL, r->x, E, e))
+        for (int t = 0; t < n; t++) {
+            double *xt = x + (size_t)t * E, *ot = o + (size_t)t * E;
+            for (int i = 0; i < E; i++)
+                xt[i] = rnd(s, xt[i] + ot[i]);
+            tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_REF);
+            perturb(s, il, TG_STAGE_RESIDUAL, xt, E);
+        }
+        if (dump(s, want, il, TG_STAGE_RESIDUAL, x + (size_t)z * E, E, e))
             return -1;
     }
 
-    if (!last)
+    if (!all && !last)
         return 0;
 
-    // output rmsnorm and projection
-    rmsnorm(s, r->h, r->x, &m->output_norm, E);
-    matmul(s, r->lg, &m->output, r->h);
-    for (int i = 0; i < hp->n_vocab; i++)
-        s->logits[i] = (float)r->lg[i];
-    if (want && s->dump_fn && tg_dump(s, -1, TG_STAGE_LOGITS, s->logits, hp->n_vocab, e))
+    // output rmsnorm and projection: every token (all), else the last one
+    const int t0 = all ? 0 : z, nt = n - t0;
+    for (int t = t0; t < n; t++)
+        rmsnorm(s, h + (size_t)t * E, x + (size_t)t * E, &m->output_norm, E);
+    matmul(s, r->lg, &m->output, h + (size_t)t0 * E, nt);
+    if (all)
+        for (size_t i = 0; i < (size_t)n * V; i++)
+            all[i] = (float)r->lg[i];
+    if (last)
+        for (int i = 0; i < V; i++)
+            s->logits[i] = (float)r->lg[(size_t)(nt - 1) * V + i];
+    if (want && s->dump_fn && tg_dump(s, -1, TG_STAGE_LOGITS, s->logits, V, e))
         return -1;
+    return 0;
+}
+
+/* tokens in batches of REF_NB; logits: NULL or (n, n_vocab) for every token. */
+static int ref_run(tg_session *s, const int32_t *tokens, int n, int want_dump, float *logits, tg_err *e)
+{
+    const size_t V = (size_t)s->m->hp.n_vocab;
+    for (int i = 0; i < n; i += REF_NB) {
+        int nb = n - i < REF_NB ? n - i : REF_NB;
+        int last = i + nb == n;
+        if (ref_batch(s, tokens + i, nb, s->pos + i, logits ? logits + (size_t)i * V : NULL, last,
+                      want_dump && last, e) != 0)
+            return -1;
+    }
     return 0;
 }
 
 static int ref_eval(tg_session *s, const int32_t *tokens, int n, int want_dump, tg_err *e)
 {
-    for (int i = 0; i < n; i++)
-        if (ref_token(s, tokens[i], s->pos + i, i == n - 1, want_dump && i == n - 1, e) != 0)
-            return -1;
-    return 0;
+    return ref_run(s, tokens, n, want_dump, NULL, e);
 }
 
-const tg_tier_impl tg_tier_ref_impl = {ref_init, ref_fini, ref_eval};
+static int ref_eval_all(tg_session *s, const int32_t *tokens, int n, int want_dump, float *logits, tg_err *e)
+{
+    return ref_run(s, tokens, n, want_dump, logits, e);
+}
+
+const tg_tier_impl tg_tier_ref_impl = {ref_init, ref_fini, ref_eval, ref_eval_all};

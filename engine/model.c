@@ -404,7 +404,8 @@ int tg_session_n_ctx(const tg_session *s)
     return s->o.n_ctx;
 }
 
-int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e)
+/* Whether n tokens fit the context and are valid ids. Returns 0, or -1 with e. */
+static int eval_check(const tg_session *s, const int32_t *tokens, int n, tg_err *e)
 {
     if (n < 1)
         return tg_errf(e, "eval: expected at least one token");
@@ -415,6 +416,13 @@ int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e)
         if (tokens[i] < 0 || tokens[i] >= s->m->hp.n_vocab)
             return tg_errf(e, "eval: token %d (index %d) is out of range 0..%d", tokens[i], i,
                            s->m->hp.n_vocab - 1);
+    return 0;
+}
+
+int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e)
+{
+    if (eval_check(s, tokens, n, e) != 0)
+        return -1;
     int start = s->pos;
     for (int i = 0; i < n; i += s->o.n_batch) {
         int nb = n - i < s->o.n_batch ? n - i : s->o.n_batch;
@@ -424,6 +432,30 @@ int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e)
             return -1;
         }
         s->pos += nb;
+    }
+    return 0;
+}
+
+int tg_session_eval_all(tg_session *s, const int32_t *tokens, int n, float *logits, tg_err *e)
+{
+    if (eval_check(s, tokens, n, e) != 0)
+        return -1;
+    const size_t V = (size_t)s->m->hp.n_vocab;
+    int start = s->pos;
+    for (int i = 0; i < n;) {
+        // the tier's batches of n_batch, or one token at a time
+        int nb = s->impl->eval_all ? (n - i < s->o.n_batch ? n - i : s->o.n_batch) : 1;
+        int want = i + nb == n && s->dump_fn != NULL;
+        int rc = s->impl->eval_all ? s->impl->eval_all(s, tokens + i, nb, want, logits + (size_t)i * V, e)
+                                   : s->impl->eval(s, tokens + i, 1, want, e);
+        if (rc != 0) {
+            s->pos = start;
+            return -1;
+        }
+        if (!s->impl->eval_all)
+            memcpy(logits + (size_t)i * V, s->logits, V * sizeof(float));
+        s->pos += nb;
+        i += nb;
     }
     return 0;
 }

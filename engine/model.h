@@ -19,7 +19,9 @@
  *        accumulation, F32 KV cache. One thread unless the threads option
  *        is above 1 (then the mat-vec rows are shared by a pool, each row
  *        one dot product in the same order): the bytes do not depend on
- *        it. The yardstick.
+ *        it. The tokens of one eval go through in batches (each weight row
+ *        dequantized once per batch), with the bytes of one token at a
+ *        time. The yardstick.
  *   cpu  activations quantized to each weight type's vec_dot type as
  *        llama.cpp's CPU backend does (Q8_K for K-quants, Q8_0 for Q8_0, F16
  *        for F16, ...), SIMD integer dot products (engine/cpu/kernels.h), a
@@ -159,6 +161,14 @@ int tg_session_n_ctx(const tg_session *s);
  * keeps the logits of the last one. Returns 0, or -1 with e (a token id out
  * of range, the context full); on failure the cache is left as before. */
 int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e);
+/* tg_session_eval that also gives the logits of every token: row i of
+ * logits (n, n_vocab floats, the caller's) is what tg_session_logits()
+ * would give after tokens[0..i] went in one token at a time, byte for byte
+ * (the ref tier computes the rows in batches, the cpu tier one token at a
+ * time); the last row is also kept as the session's logits. Dumps, as for
+ * an eval, are of the last token. Returns 0, or -1 with e as
+ * tg_session_eval (the cache left as before, logits undefined). */
+int tg_session_eval_all(tg_session *s, const int32_t *tokens, int n, float *logits, tg_err *e);
 /* The last logits (n_vocab floats, owned by the session, valid until the
  * next eval/reset/free). */
 const float *tg_session_logits(const tg_session *s);

@@ -35,6 +35,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -42,8 +43,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
+#include "forward.h"
 #include "gguf.h"
 #include "llama/llama_dl.h"
 #include "model.h"
@@ -766,6 +771,563 @@ static void test_dumps_perturb_counters(void **state)
     tg_model_free(m);
 }
 
+/* --- the ref tier's dot product and batches -------------------------------- */
+
+/* The ref tier's dot order written as the plain loop it replaced: eight
+ * running sums, a fixed tree, the tail in order (the reference for the
+ * vector code of forward_ref.c). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+static double dot_scalar(const float *w, const double *x, int64_t n)
+{
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+    const int64_t n8 = n & ~(int64_t)7;
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n8; j += 8)
+        for (int k = 0; k < 8; k++)
+            a[k] += (double)w[j + k] * x[j + k];
+    double sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (int64_t j = n8; j < n; j++)
+        sum += (double)w[j] * x[j];
+    return sum;
+}
+
+static uint64_t g_rng;
+
+static uint64_t rng_next(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* A random value with a random sign and an exponent in [-20, 20]: sums of
+ * such terms round differently in different orders. */
+static double rng_val(void)
+{
+    uint64_t r = rng_next();
+    double m = 1.0 + (double)(r >> 11) / 9007199254740992.0;
+    return ldexp(r & 1 ? -m : m, (int)((r >> 1) % 41) - 20);
+}
+
+static void rng_seed(const char *what)
+{
+    static uint64_t calls;
+    g_rng = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid() << 32 ^ ++calls * 0x9E3779B97F4A7C15u;
+    if (!g_rng)
+        g_rng = 1;
+    printf("%s: random seed %llu\n", what, (unsigned long long)g_rng);
+}
+
+/* Sums w x over [0, n) with the kernels of forward.h, the eight sums kept
+ * in acc across random blocks of multiples of 8 (one_call: tg_ref_dot). */
+static double dot_blocks(const float *w, const double *wd, const double *x, int64_t n, int f64, int one_call)
+{
+    if (one_call)
+        return tg_ref_dot(w, x, n);
+    const int64_t n8 = n & ~(int64_t)7;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < n8;) {
+        int64_t b = 8 * (int64_t)(1 + rng_next() % 40);
+        if (b > n8 - j)
+            b = n8 - j;
+        if (f64)
+            tg_ref_acc_f64(wd + j, x + j, b, acc);
+        else
+            tg_ref_acc(w + j, x + j, b, acc);
+        j += b;
+    }
+    return tg_ref_acc_sum(acc, w + n8, x + n8, n - n8);
+}
+
+static void test_ref_dot(void **state)
+{
+    (void)state;
+    rng_seed("ref dot");
+    enum { NMAX = 1000 };
+    float *w = malloc(4 * NMAX * sizeof(float));
+    double *wd = malloc(NMAX * sizeof(double)), *x = malloc(4 * NMAX * sizeof(double));
+    assert_non_null(w);
+    assert_non_null(wd);
+    assert_non_null(x);
+    int order_matters = 0;
+    for (int n = 0; n <= NMAX; n++) {
+        for (int j = 0; j < 4 * n; j++) {
+            w[j] = (float)rng_val();
+            x[j] = rng_val();
+        }
+        for (int j = 0; j < n; j++)
+            wd[j] = w[j];
+        const int64_t n8 = n & ~7;
+        // one row against one vector: in one call, in blocks, f32 and f64 rows
+        const double want = dot_scalar(w, x, n);
+        for (int k = 0; k < 3; k++) {
+            double got = dot_blocks(w, wd, x, n, k == 2, k == 0);
+            if (memcmp(&got, &want, sizeof got))
+                fail_msg("n %d: %s gives %.17g, the scalar order %.17g", n,
+                         k == 0 ? "tg_ref_dot" : k == 1 ? "tg_ref_acc in blocks" : "tg_ref_acc_f64 in blocks",
+                         got, want);
+        }
+        // four rows (w + r*n) against x; one row wd against four vectors (x + t*n)
+        double a4r[32] = {0}, a4t[32] = {0};
+        tg_ref_acc4_rows(w, n, x, n8, a4r);
+        tg_ref_acc4_tok(wd, x, n, n8, a4t);
+        for (int k = 0; k < 4; k++) {
+            double wr = dot_scalar(w + (size_t)k * n, x, n), wt = dot_scalar(w, x + (size_t)k * n, n);
+            double gr = tg_ref_acc_sum(a4r + 8 * k, w + (size_t)k * n + n8, x + n8, n - n8);
+            double gt = tg_ref_acc_sum(a4t + 8 * k, w + n8, x + (size_t)k * n + n8, n - n8);
+            if (memcmp(&gr, &wr, sizeof wr) || memcmp(&gt, &wt, sizeof wt))
+                fail_msg("n %d, %d: acc4_rows %.17g (scalar %.17g), acc4_tok %.17g (scalar %.17g)", n, k, gr, wr, gt,
+                         wt);
+        }
+        // the inputs are such that another order gives other bytes
+        double seq = 0;
+        for (int j = 0; j < n; j++)
+            seq += (double)w[j] * x[j];
+        order_matters += seq != want;
+    }
+    printf("ref dot: lengths 0..%d bit-identical to the scalar order; a sequential sum differs at %d of them\n",
+           NMAX, order_matters);
+    assert_true(order_matters > NMAX / 2);
+    free(w);
+    free(wd);
+    free(x);
+}
+
+/* One matmul of the ref tier against the scalar order over the type's
+ * reference to_float, every output (rounded to f32 as the tier does unless
+ * the session has the f64 option). */
+static void check_matmul(tg_session *s, const tg_weight *w, int n, int f64, const char *what)
+{
+    const int64_t cols = w->cols, rows = w->rows;
+    double *x = malloc(sizeof(double) * (size_t)n * cols), *out = malloc(sizeof(double) * (size_t)n * rows);
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    assert_non_null(x);
+    assert_non_null(out);
+    assert_non_null(row);
+    for (int64_t j = 0; j < n * cols; j++)
+        x[j] = (double)(float)rng_val();
+    tg_ref_matmul(s, out, w, x, n);
+    for (int64_t i = 0; i < rows; i++) {
+        tg_traits(w->type)->to_float((const char *)w->data + (size_t)i * w->row_size, row, cols);
+        for (int t = 0; t < n; t++) {
+            double want = dot_scalar(row, x + (size_t)t * cols, cols);
+            if (!f64)
+                want = (double)(float)want;
+            if (memcmp(&want, &out[(size_t)t * rows + i], sizeof want) != 0)
+                fail_msg("%s, %d vector(s): row %lld, vector %d: %.17g, the scalar order gives %.17g", what, n,
+                         (long long)i, t, out[(size_t)t * rows + i], want);
+        }
+    }
+    free(x);
+    free(out);
+    free(row);
+}
+
+/* The ref tier's matmul (blocks of columns, rows and tokens in groups of
+ * four, threads) against the scalar order, on the shipped model's weights
+ * and on F32 weights whose widths leave partial blocks and tails. */
+static void test_ref_matmul(void **state)
+{
+    (void)state;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    if (!file_exists(path)) {
+        printf("skipped: %s is missing\n", path);
+        skip();
+    }
+    tg_err e = {{0}};
+    tg_model *m;
+    if (tg_model_load(&m, path, &e) != 0)
+        fail_msg("load: %s", e.msg);
+    rng_seed("ref matmul");
+    // F32 weights of 37 rows: 1003 columns (a tail of 3), 2051 (blocks of 512, a tail of 3)
+    enum { FR = 37 };
+    float *fw = malloc(sizeof(float) * FR * 2051);
+    assert_non_null(fw);
+    for (int j = 0; j < FR * 2051; j++)
+        fw[j] = (float)rng_val();
+    tg_weight f1 = {fw, TG_TYPE_F32, 1003, FR, 1003 * sizeof(float), "f32 x 1003"};
+    tg_weight f2 = {fw, TG_TYPE_F32, 2051, FR, 2051 * sizeof(float), "f32 x 2051"};
+    // q4_K and q6_K (768 columns: a partial block of 512), the q6_K output
+    const tg_weight *ws[] = {&m->layers[1].wq, &m->layers[0].wv, &m->layers[0].down, &m->output, &f1, &f2};
+    const int ns[] = {1, 2, 3, 4, 5, 9, 32};
+    // the f64 option leaves the sums unrounded: any other order would show
+    for (int c = 0; c < 3; c++) {
+        const int thr = c == 0 ? 1 : c == 1 ? 3 : 2, f64 = c < 2;
+        tg_opts o = tg_opts_default();
+        o.tier = TG_TIER_REF;
+        o.threads = thr;
+        o.f64 = f64;
+        o.n_ctx = 16;
+        tg_session *s;
+        if (tg_session_new(&s, m, &o, &e) != 0)
+            fail_msg("tg_session_new: %s", e.msg);
+        for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++)
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
+                if (ws[k] == &m->output && ns[j] > 4)
+                    continue;   /* 8192 rows: a few vector counts suffice */
+                char what[128];
+                snprintf(what, sizeof what, "%s (%s, %lld x %lld), %d thread(s)%s", ws[k]->name,
+                         tg_type_name(ws[k]->type), (long long)ws[k]->rows, (long long)ws[k]->cols, thr,
+                         f64 ? ", f64" : "");
+                check_matmul(s, ws[k], ns[j], f64, what);
+            }
+        tg_session_free(s);
+    }
+    printf("ref matmul: q4_K, q6_K and two F32 widths, 1..32 vectors, 1, 2 and 3 threads, f64 and f32: "
+           "bit-identical to the scalar order\n");
+    free(fw);
+    tg_model_free(m);
+}
+
+/* A random finite half (zero and subnormals included), random sign. */
+static tg_half rng_half(void)
+{
+    return (tg_half)((rng_next() & 0x8000) | rng_next() % 0x7C00);
+}
+
+/* tg_ref_to_float (the ref tier's Q4_K / Q6_K dequantization) against the
+ * types' to_float: bit-identical on fresh random blocks. */
+static void test_ref_to_float(void **state)
+{
+    (void)state;
+    rng_seed("ref to_float");
+    enum { NB = 64, N = NB * QK_K };
+    float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
+    block_q4_K *b4 = malloc(NB * sizeof *b4);
+    block_q6_K *b6 = malloc(NB * sizeof *b6);
+    assert_non_null(want);
+    assert_non_null(got);
+    assert_non_null(b4);
+    assert_non_null(b6);
+    for (int round = 0; round < 20; round++) {
+        uint8_t *p = (uint8_t *)b4;
+        for (size_t i = 0; i < NB * sizeof *b4; i++)
+            p[i] = (uint8_t)rng_next();
+        p = (uint8_t *)b6;
+        for (size_t i = 0; i < NB * sizeof *b6; i++)
+            p[i] = (uint8_t)rng_next();
+        for (int i = 0; i < NB; i++) {
+            b4[i].d = rng_half();
+            b4[i].dmin = rng_half();
+            b6[i].d = rng_half();
+        }
+        const struct { uint32_t type; const void *x; } c[] = {{TG_TYPE_Q4_K, b4}, {TG_TYPE_Q6_K, b6}};
+        for (int k = 0; k < 2; k++) {
+            // whole rows and a one-block row
+            for (int n = QK_K; n <= N; n += N - QK_K) {
+                tg_traits(c[k].type)->to_float(c[k].x, want, n);
+                tg_ref_to_float(c[k].type, c[k].x, got, n);
+                for (int i = 0; i < n; i++)
+                    if (memcmp(&want[i], &got[i], sizeof(float)) != 0)
+                        fail_msg("%s value %d (block %d): %.9g, to_float gives %.9g", tg_type_name(c[k].type), i,
+                                 i / QK_K, got[i], want[i]);
+            }
+        }
+    }
+    printf("ref to_float: q4_K and q6_K bit-identical to to_float on %d random blocks each\n", 20 * NB);
+    free(want);
+    free(got);
+    free(b4);
+    free(b6);
+}
+
+/* Dumps of one eval as (layer, stage, n, digest of the floats). */
+typedef struct dumplog {
+    int n;
+    int layer[80], stage[80];
+    int64_t len[80];
+    char dig[80][17];
+} dumplog;
+
+static int log_dump(void *ud, int layer, int stage, const float *x, int64_t n, tg_err *e)
+{
+    (void)e;
+    dumplog *d = ud;
+    if (d->n < 80) {
+        d->layer[d->n] = layer;
+        d->stage[d->n] = stage;
+        d->len[d->n] = n;
+        tg_digest_logits(x, (size_t)n, d->dig[d->n]);
+    }
+    d->n++;
+    return 0;
+}
+
+static void assert_dumps_equal(const dumplog *a, const dumplog *b, const char *what)
+{
+    if (a->n != b->n)
+        fail_msg("%s: %d dumps against %d", what, a->n, b->n);
+    for (int i = 0; i < a->n && i < 80; i++)
+        if (a->layer[i] != b->layer[i] || a->stage[i] != b->stage[i] || a->len[i] != b->len[i] ||
+            strcmp(a->dig[i], b->dig[i]) != 0)
+            fail_msg("%s: dump %d differs (layer %d %s: %s against layer %d %s: %s)", what, i, a->layer[i],
+                     tg_stage_name(a->stage[i]), a->dig[i], b->layer[i], tg_stage_name(b->stage[i]), b->dig[i]);
+}
+
+/* Fails unless the n_vocab logits a and b are the same bytes. */
+static void assert_logits_equal(const float *a, const float *b, int n_vocab, const char *what, int row)
+{
+    if (memcmp(a, b, (size_t)n_vocab * sizeof(float)) == 0)
+        return;
+    int i = 0;
+    while (memcmp(&a[i], &b[i], sizeof(float)) == 0)
+        i++;
+    fail_msg("%s, row %d: logit %d is %.9g against %.9g one token at a time", what, row, i, a[i], b[i]);
+}
+
+#define BATCH_NP 5     /* prompt tokens */
+#define BATCH_NF 70    /* forced tokens: crosses the ref tier's internal batch of 32 and n_batch 64 */
+
+/* tg_session_eval_all against one token at a time: the logits of every row
+ * and the last token's dumps, ref (threads 1 and 3, n_batch 64 and 100) and
+ * cpu; a prompt in one eval against token by token; its op counts and
+ * errors. */
+static void test_eval_all(void **state)
+{
+    (void)state;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    if (!file_exists(path)) {
+        printf("skipped: %s is missing\n", path);
+        skip();
+    }
+    tg_err e = {{0}};
+    tg_model *m;
+    if (tg_model_load(&m, path, &e) != 0)
+        fail_msg("load: %s", e.msg);
+    const int V = m->hp.n_vocab;
+    rng_seed("eval_all");
+    int32_t toks[BATCH_NP + BATCH_NF];
+    for (int i = 0; i < BATCH_NP + BATCH_NF; i++)
+        toks[i] = (int32_t)(rng_next() % (uint64_t)V);
+    const int32_t *prompt = toks, *force = toks + BATCH_NP;
+    float *step = malloc(sizeof(float) * (size_t)(BATCH_NF + 1) * V);
+    float *all = malloc(sizeof(float) * (size_t)BATCH_NF * V);
+    assert_non_null(step);
+    assert_non_null(all);
+
+    const struct { enum tg_tier tier; int threads, n_batch; } cfg[] = {
+        {TG_TIER_REF, 1, 0}, {TG_TIER_REF, 3, 100}, {TG_TIER_CPU, 2, 0}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s tier, %d thread(s), n_batch %d", tg_tier_name(cfg[c].tier),
+                 cfg[c].threads, cfg[c].n_batch);
+        tg_opts o = tg_opts_default();
+        o.tier = cfg[c].tier;
+        o.threads = cfg[c].threads;
+        o.n_batch = cfg[c].n_batch;
+        o.n_ctx = 128;
+        tg_session *s1, *s2;
+        if (tg_session_new(&s1, m, &o, &e) != 0 || tg_session_new(&s2, m, &o, &e) != 0)
+            fail_msg("%s: tg_session_new: %s", what, e.msg);
+
+        // one token at a time (the prompt in one eval); dumps of the last token
+        dumplog d1 = {0}, d2 = {0};
+        assert_int_equal(tg_session_eval(s1, prompt, BATCH_NP, &e), 0);
+        memcpy(step, tg_session_logits(s1), sizeof(float) * V);
+        for (int i = 0; i < BATCH_NF; i++) {
+            if (i == BATCH_NF - 1)
+                tg_session_set_dump(s1, log_dump, &d1);
+            assert_int_equal(tg_session_eval(s1, &force[i], 1, &e), 0);
+            memcpy(step + (size_t)(i + 1) * V, tg_session_logits(s1), sizeof(float) * V);
+        }
+
+        // the forced tokens in one eval_all
+        assert_int_equal(tg_session_eval(s2, prompt, BATCH_NP, &e), 0);
+        assert_logits_equal(tg_session_logits(s2), step, V, what, 0);
+        tg_ops_clear(tg_session_ops(s2));
+        tg_session_set_dump(s2, log_dump, &d2);
+        if (tg_session_eval_all(s2, force, BATCH_NF, all, &e) != 0)
+            fail_msg("%s: eval_all: %s", what, e.msg);
+        for (int i = 0; i < BATCH_NF; i++)
+            assert_logits_equal(all + (size_t)i * V, step + (size_t)(i + 1) * V, V, what, i + 1);
+        assert_logits_equal(tg_session_logits(s2), step + (size_t)BATCH_NF * V, V, what, BATCH_NF);
+        assert_int_equal(tg_session_pos(s2), BATCH_NP + BATCH_NF);
+        assert_int_equal(d1.n, 8 * 8 + 1);
+        assert_dumps_equal(&d2, &d1, what);
+        if (cfg[c].tier == TG_TIER_REF) {
+            // counted per token: 7 matmuls a layer, and the output of every token
+            uint64_t mm = 0;
+            for (int t = 0; t < TG_TYPE_COUNT; t++)
+                mm += tg_session_ops(s2)->n[TG_OP_MATMUL][t][TG_TIER_REF];
+            assert_int_equal(mm, (uint64_t)BATCH_NF * (7 * 8 + 1));
+        }
+
+        // errors leave the session as it was
+        int32_t bad[3] = {1, V, 2};
+        tg_session_set_dump(s2, NULL, NULL);
+        assert_int_equal(tg_session_eval_all(s2, bad, 3, all, &e), -1);
+        assert_non_null(strstr(e.msg, "out of range"));
+        assert_int_equal(tg_session_eval_all(s2, force, 0, all, &e), -1);
+        assert_int_equal(tg_session_eval_all(s2, force, 128 - BATCH_NP - BATCH_NF + 1, all, &e), -1);
+        assert_non_null(strstr(e.msg, "n_ctx"));
+        assert_int_equal(tg_session_pos(s2), BATCH_NP + BATCH_NF);
+
+        // the whole sequence as one prompt, and the prompt token by token
+        dumplog d3 = {0};
+        tg_session_reset(s2);
+        tg_session_set_dump(s2, log_dump, &d3);
+        assert_int_equal(tg_session_eval(s2, toks, BATCH_NP + BATCH_NF, &e), 0);
+        assert_logits_equal(tg_session_logits(s2), step + (size_t)BATCH_NF * V, V, what, BATCH_NF);
+        assert_dumps_equal(&d3, &d1, what);
+        tg_session_set_dump(s2, NULL, NULL);
+        tg_session_reset(s2);
+        for (int i = 0; i < BATCH_NP; i++)
+            assert_int_equal(tg_session_eval(s2, &prompt[i], 1, &e), 0);
+        assert_logits_equal(tg_session_logits(s2), step, V, what, 0);
+        printf("%s: eval_all of %d tokens and a prompt of %d == one token at a time, logits and dumps\n",
+               what, BATCH_NF, BATCH_NP + BATCH_NF);
+        tg_session_free(s1);
+        tg_session_free(s2);
+    }
+    free(step);
+    free(all);
+    tg_model_free(m);
+}
+
+/* Runs `tg-engine --tier ref` on the request lines `req` (through files in
+ * /tmp) and returns its stdout, malloc'ed, or NULL when it cannot run. */
+static char *engine_talk(const char *req)
+{
+    char bin[4600], in[128], out[128];
+    snprintf(bin, sizeof bin, "%s/bin/tg-engine", g_build);
+    if (!file_exists(bin)) {
+        printf("tg-engine not built (%s)\n", bin);
+        return NULL;
+    }
+    snprintf(in, sizeof in, "/tmp/tg-test-model-%d.in", (int)getpid());
+    snprintf(out, sizeof out, "/tmp/tg-test-model-%d.out", (int)getpid());
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    fputs(req, f);
+    fclose(f);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, in, O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    char *argv[] = {bin, "--tier", "ref", NULL};
+    pid_t pid;
+    int st = -1;
+    if (posix_spawn(&pid, bin, &fa, NULL, argv, environ) == 0)
+        waitpid(pid, &st, 0);
+    posix_spawn_file_actions_destroy(&fa);
+    unlink(in);
+    f = fopen(out, "r");
+    char *text = NULL;
+    size_t len = 0;
+    if (f) {
+        FILE *m = open_memstream(&text, &len);
+        char buf[65536];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+            fwrite(buf, 1, k, m);
+        fclose(m);
+        fclose(f);
+    }
+    unlink(out);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        fail_msg("tg-engine --tier ref exited with status %d; its output:\n%s", st, text ? text : "");
+    return text;
+}
+
+/* The step lines of the decode number `which` (0-based) in out, as
+ * malloc'ed strings into lines[0..max); their count. */
+static int step_lines(const char *out, int which, char **lines, int max)
+{
+    int n = 0, dec = 0;
+    for (const char *p = out; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        if (strncmp(p, "{\"step\":", 8) == 0 && dec == which && n < max)
+            lines[n++] = strndup(p, len);
+        else if (strstr(p, "\"done\":true") && strstr(p, "\"done\":true") < p + len)
+            dec++;
+        p += len + (nl ? 1 : 0);
+    }
+    return n;
+}
+
+#define PROTO_STEPS 40   /* more than the ref tier's internal batch of 32 */
+
+/* tg-engine --tier ref: a forced decode along the tokens of a greedy one
+ * gives the greedy decode's step lines (token, top, digest) byte for byte,
+ * with steps-1 and with steps forced ids, at 1 and 3 threads (the harness's
+ * LEGS_IDENTICAL rests on it). */
+static void test_engine_forced_lines(void **state)
+{
+    (void)state;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    if (!file_exists(path)) {
+        printf("skipped: %s is missing\n", path);
+        skip();
+    }
+    json_t *jp = json_pack("[iiiii]", 785, 6722, 315, 12, 4000);
+    char *prompt = json_dumps(jp, JSON_COMPACT);
+    json_t *jpath = json_string(path);
+    char *pq = json_dumps(jpath, JSON_ENCODE_ANY);
+    json_decref(jpath);
+    char req[16384];
+    snprintf(req, sizeof req,
+             "{\"op\":\"hello\"}\n{\"op\":\"load\",\"model\":%s,\"options\":{\"n_ctx\":128,\"threads\":1}}\n"
+             "{\"op\":\"decode\",\"prompt\":%s,\"steps\":%d,\"top_k\":8}\n{\"op\":\"bye\"}\n",
+             pq, prompt, PROTO_STEPS);
+    char *out = engine_talk(req);
+    if (!out)
+        skip();
+    char *greedy[PROTO_STEPS], *forced[PROTO_STEPS];
+    assert_int_equal(step_lines(out, 0, greedy, PROTO_STEPS), PROTO_STEPS);
+    free(out);
+
+    // the greedy tokens appended after steps 0..steps-2 (each line's
+    // "token"); with steps ids, one more that is never appended
+    json_t *force = json_array();
+    for (int i = 0; i < PROTO_STEPS - 1; i++) {
+        json_t *l = json_loads(greedy[i], 0, NULL);
+        assert_non_null(l);
+        json_array_append(force, json_object_get(l, "token"));
+        json_decref(l);
+    }
+    char *f_less = json_dumps(force, JSON_COMPACT);
+    json_array_append_new(force, json_integer(7));
+    char *f_all = json_dumps(force, JSON_COMPACT);
+    snprintf(req, sizeof req,
+             "{\"op\":\"hello\"}\n{\"op\":\"load\",\"model\":%s,\"options\":{\"n_ctx\":128,\"threads\":1}}\n"
+             "{\"op\":\"decode\",\"prompt\":%s,\"steps\":%d,\"top_k\":8,\"force\":%s}\n"
+             "{\"op\":\"load\",\"model\":%s,\"options\":{\"n_ctx\":128,\"threads\":3}}\n"
+             "{\"op\":\"decode\",\"prompt\":%s,\"steps\":%d,\"top_k\":8,\"force\":%s}\n{\"op\":\"bye\"}\n",
+             pq, prompt, PROTO_STEPS, f_less, pq, prompt, PROTO_STEPS, f_all);
+    out = engine_talk(req);
+    assert_non_null(out);
+    for (int d = 0; d < 2; d++) {
+        int n = step_lines(out, d, forced, PROTO_STEPS);
+        if (n != PROTO_STEPS)
+            fail_msg("forced decode %d: %d step lines, expected %d; output:\n%s", d, n, PROTO_STEPS, out);
+        for (int i = 0; i < PROTO_STEPS; i++) {
+            if (strcmp(forced[i], greedy[i]) != 0)
+                fail_msg("forced decode %d (%s ids, %d threads), step %d:\n  %s\nthe greedy decode:\n  %s", d,
+                         d ? "steps" : "steps-1", d ? 3 : 1, i, forced[i], greedy[i]);
+            free(forced[i]);
+        }
+    }
+    printf("tg-engine --tier ref: %d forced steps (1 and 3 threads) == the greedy decode's lines\n", PROTO_STEPS);
+    for (int i = 0; i < PROTO_STEPS; i++)
+        free(greedy[i]);
+    free(out);
+    free(f_all);
+    free(f_less);
+    free(prompt);
+    free(pq);
+    json_decref(jp);
+    json_decref(force);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -824,6 +1386,11 @@ int main(void)
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_dumps_perturb_counters),
+        cmocka_unit_test(test_ref_dot),
+        cmocka_unit_test(test_ref_matmul),
+        cmocka_unit_test(test_ref_to_float),
+        cmocka_unit_test(test_eval_all),
+        cmocka_unit_test(test_engine_forced_lines),
         cmocka_unit_test(test_trained_o),
         cmocka_unit_test(test_llama_arch_o),
         cmocka_unit_test(test_mk_tiny_f32_o),

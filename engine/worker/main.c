@@ -9,7 +9,9 @@
  * n_batch, n_ctx, perturb "bf16:STAGE:LAYER", see engine/model.h) and
  * answers its hyperparameters; tokenize / detokenize use the file's own
  * vocabulary (engine/tokenizer.h); decode runs the prompt and the steps on
- * the chosen tier with teacher forcing, dumps and op counters. --tier gpu
+ * the chosen tier with teacher forcing, dumps and op counters (forced steps
+ * without dumps go through tg_session_eval_all in chunks, the same bytes as
+ * one step at a time). --tier gpu
  * runs the GPU arm (engine/gpu/gpu.h) when this binary was built by `make
  * gpu` or `make hip` (TG_WITH_GPU): the forward pass, top-k and digest run on
  * the device; in any other build every load with --tier gpu answers that
@@ -306,6 +308,40 @@ out:
 }
 #endif
 
+#define FORCE_CHUNK 64   /* forced steps per tg_session_eval_all (bounds its logits buffer) */
+
+/* The steps of a teacher-forced decode without dumps, after the prompt:
+ * step 0 from the session's logits, then the forced tokens in chunks
+ * through tg_session_eval_all (the ref tier evaluates them in batches; each
+ * step's logits are byte for byte those of one token at a time), every
+ * step line written as the one-token path writes it. Returns 0, or -1 with
+ * e prefixed by the first step of the failing chunk. */
+static int decode_forced(worker *w, const proto_decode_req *req, proto_conn *c, tg_err *e)
+{
+    tg_session *s = w->sess;
+    const int n_vocab = w->model->hp.n_vocab;
+    proto_step(c, req, 0, tg_session_logits(s), n_vocab);
+    const int chunk = req->steps - 1 < FORCE_CHUNK ? req->steps - 1 : FORCE_CHUNK;
+    if (chunk < 1)
+        return 0;
+    float *lg = malloc(sizeof *lg * (size_t)chunk * (size_t)n_vocab);
+    if (!lg)
+        return tg_errf(e, "out of memory (%d x %d logits)", chunk, n_vocab);
+    int rc = 0;
+    for (int st = 1; st < req->steps; st += chunk) {
+        // steps st .. st+nb-1 read the logits after force[st-1 .. st+nb-2]
+        int nb = req->steps - st < chunk ? req->steps - st : chunk;
+        if (tg_session_eval_all(s, req->force + st - 1, nb, lg, e) != 0) {
+            rc = tg_err_prefix(e, "step %d", st);
+            break;
+        }
+        for (int i = 0; i < nb; i++)
+            proto_step(c, req, st + i, lg + (size_t)i * n_vocab, n_vocab);
+    }
+    free(lg);
+    return rc;
+}
+
 static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto_done *done, tg_err *e)
 {
     worker *w = ud;
@@ -336,15 +372,20 @@ static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto
     if (tg_session_eval(s, req->prompt, req->n_prompt, e) != 0)
         goto out;
     double t1 = tg_now();
-    for (int st = 0; st < req->steps; st++) {
-        int32_t next = proto_step(c, req, st, tg_session_logits(s), n_vocab);
-        if (st == req->steps - 1)
-            break;
-        dc.step = st + 1;
-        tg_session_set_dump(s, proto_wants_dump(req, st + 1) ? dump_hook : NULL, &dc);
-        if (tg_session_eval(s, &next, 1, e) != 0) {
-            tg_err_prefix(e, "step %d", st + 1);
+    if (req->force && req->n_dump_steps == 0) {
+        if (decode_forced(w, req, c, e) != 0)
             goto out;
+    } else {
+        for (int st = 0; st < req->steps; st++) {
+            int32_t next = proto_step(c, req, st, tg_session_logits(s), n_vocab);
+            if (st == req->steps - 1)
+                break;
+            dc.step = st + 1;
+            tg_session_set_dump(s, proto_wants_dump(req, st + 1) ? dump_hook : NULL, &dc);
+            if (tg_session_eval(s, &next, 1, e) != 0) {
+                tg_err_prefix(e, "step %d", st + 1);
+                goto out;
+            }
         }
     }
     double t2 = tg_now();
