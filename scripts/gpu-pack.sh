@@ -7,11 +7,13 @@
 #                     the GPU arm, test_gpu_ops, test_gpu_model, bench_gpu
 #                     (nvcc, sm_90), built here with BUILD=build/gpu-pack
 #   deps.tar.gz       the runtime .so files of the Debian packages the
-#                     binaries link (from .carry/gpu-debs, any Debian 12 .debs)
+#                     binaries link (from .carry/gpu-debs, Debian 12 .debs that
+#                     apt-get download fetches when missing)
 #   llama-src.tar.gz  the llama.cpp source of the pinned bundle
 #                     (.cache/llama.cpp), pruned to llama + ggml-cpu + ggml-cuda
 #   llama-cpu.tar.gz  the prebuilt x86-64 CPU libllama (npm) and its ggml libs
-#   tokenizer.json.gz the Qwen3 tokenizer for tg-mkmodel
+#   tokenizer.json.gz the Qwen3 tokenizer for tg-mkmodel, and its
+#   tokenizer_config.json
 # Usage (repository root, needs nvcc): bash scripts/gpu-pack.sh [-j N]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,8 +34,9 @@ cp $B/bin/tokgate $B/bin/tg-llama $B/bin/tg-mkmodel $B/gpu/bin/tg-engine \
 tar -C "$tmp/bin" -czf "$C/bin.tar.gz" .
 
 if [ ! -f "$C/deps.tar.gz" ]; then
-  mkdir -p "$tmp/deps"
+  mkdir -p "$tmp/deps" .carry/gpu-debs
   for d in libfyaml0 libjansson4 libpcre2-8-0 libsqlite3-0 libssl3 libxxhash0 libzstd1; do
+    ls .carry/gpu-debs/${d}_*.deb >/dev/null 2>&1 || (cd .carry/gpu-debs && apt-get download "$d")
     dpkg -x .carry/gpu-debs/${d}_*.deb "$tmp/deps"
   done
   tar -C "$tmp/deps/usr/lib/x86_64-linux-gnu" -czf "$C/deps.tar.gz" .
@@ -53,5 +56,9 @@ if [ ! -f "$C/llama-cpu.tar.gz" ]; then
    tar -czf "$top/$C/llama-cpu.tar.gz" libllama.so libllama.v0.4.0.so libggml.v0.4.0.so libggml-base.so libggml-cpu-*.so)
 fi
 [ -f "$C/tokenizer.json.gz" ] || gzip -9 -c .cache/npm/tokenizer-qwen3/models/tokenizer.json > "$C/tokenizer.json.gz"
+# beside it, as tg-mkmodel finds it in the cache: the special ids, add_bos and
+# the chat template (without it the device's files differ from this
+# machine's in those keys, and so in their sha256)
+cp .cache/npm/tokenizer-qwen3/models/tokenizer_config.json "$C/tokenizer_config.json"
 du -sh "$C"
 ls -la "$C"

@@ -828,7 +828,19 @@ __device__ __forceinline__ float kv_at(const void *c, size_t i)
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 1024   /* scores held in shared memory per pass */
-#define ATT_SPLITS 16    /* key ranges of a single-token step, one block each */
+#define ATT_SPLITS_MAX 128   /* key ranges of a single-token step, one block each: at most */
+#define ATT_SPLITS_DEF 32    /* and by default (TG_GPU_ATT_SPLITS=n, 1..ATT_SPLITS_MAX, read once) */
+
+static int att_splits(void)
+{
+    static int n = 0;
+    if (!n) {
+        const char *env = getenv("TG_GPU_ATT_SPLITS");
+        const int v = env ? atoi(env) : 0;
+        n = v >= 1 && v <= ATT_SPLITS_MAX ? v : ATT_SPLITS_DEF;
+    }
+    return n;
+}
 
 /* One thread block per (query head, query token). Pass over the keys in
  * chunks of ATT_CHUNK: scores into shared memory (one warp per key, lanes
@@ -916,32 +928,47 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
     }
 }
 
+/* The weights of the nsplit partial results of one (head, token) at pp:
+ * f[z] = e^(m_z - M) in shared memory (0 for an empty split, m = -inf),
+ * M the largest m_z; returns the denominator sum_z s_z f[z] (every thread).
+ * The m and s of all splits are loaded at once (a thread per split), not
+ * one after the other. blockDim.x a multiple of TG_WARP. */
+__device__ float attn_split_weights(const float *pp, int head_dim, int nsplit, float *f, float *red)
+{
+    float mx = -INFINITY;
+    for (int z = threadIdx.x; z < nsplit; z += blockDim.x) mx = fmaxf(mx, pp[(size_t)z * (head_dim + 2)]);
+    const float M = block_max(mx, red);
+    float den = 0.0f;
+    for (int z = threadIdx.x; z < nsplit; z += blockDim.x) {
+        const float m = pp[(size_t)z * (head_dim + 2)];
+        const float w = m != -INFINITY ? expf(m - M) : 0.0f;
+        f[z] = w;
+        den += pp[(size_t)z * (head_dim + 2) + 1] * w;
+    }
+    den = block_sum(den, red);   /* its barriers also publish f */
+    return den;
+}
+
 /* Merges the splits of one (head, token): out = sum_s acc_s e^(m_s - M) /
  * sum_s sum_s e^(m_s - M). Empty splits have m = -inf and sum 0. */
 __global__ void k_attn_combine(const float *part, float *out, int n_head, int head_dim, int nsplit)
 {
+    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ float red[32];
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((size_t)t * n_head + h) * nsplit * (head_dim + 2);
-    float M = -INFINITY;
-    for (int z = 0; z < nsplit; z++) M = fmaxf(M, pp[(size_t)z * (head_dim + 2)]);
-    float den = 0.0f;
-    for (int z = 0; z < nsplit; z++) {
-        const float m = pp[(size_t)z * (head_dim + 2)];
-        if (m != -INFINITY) den += pp[(size_t)z * (head_dim + 2) + 1] * expf(m - M);
-    }
+    const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float num = 0.0f;
-        for (int z = 0; z < nsplit; z++) {
-            const float m = pp[(size_t)z * (head_dim + 2)];
-            if (m != -INFINITY) num += pp[(size_t)z * (head_dim + 2) + 2 + d] * expf(m - M);
-        }
+#pragma unroll 8
+        for (int z = 0; z < nsplit; z++) num += pp[(size_t)z * (head_dim + 2) + 2 + d] * f[z];
         out[((size_t)t * n_head + h) * head_dim + d] = num / den;
     }
 }
 
 size_t gk_attention_scratch(int n_head, int head_dim)
 {
-    return (size_t)n_head * ATT_SPLITS * (head_dim + 2) * sizeof(float);
+    return (size_t)n_head * ATT_SPLITS_MAX * (head_dim + 2) * sizeof(float);
 }
 
 int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
@@ -953,8 +980,8 @@ int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
         return tg_errf(e, "gpu attention: n_tok=%d n_head=%d n_head_kv=%d head_dim=%d: expected n_head a "
                        "multiple of n_head_kv and head_dim <= %d", n_tok, n_head, n_head_kv, head_dim,
                        4 * ATT_THREADS);
-    /* a single token splits its keys over ATT_SPLITS blocks per head */
-    const int nsplit = n_tok == 1 && scratch ? ATT_SPLITS : 1;
+    /* a single token splits its keys over att_splits() blocks per head */
+    const int nsplit = n_tok == 1 && scratch ? att_splits() : 1;
     dim3 grid(n_head, n_tok, nsplit);
     const float scale = 1.0f / sqrtf((float)head_dim);
     const size_t shm = (size_t)head_dim * sizeof(float);
@@ -1619,17 +1646,50 @@ __device__ __forceinline__ void fz_stream_seq(int ngroups, int nb, const gk_q8 &
 }
 
 /* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
- * chunks of this warp); acc[r] summed over the warp. */
+ * chunks of this warp); acc[r] summed over the warp (every lane has them).
+ * fz_stream_seq with one group, without its group bookkeeping (the same
+ * sums in the same order). */
 template <int TYPE, int NR>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
                                                uint8_t *sm, float *acc)
 {
-    fz_stream_seq<TYPE, NR>(
-        1, nb, x, lane, sm, [&](int g, int r) { return wr[r]; },
-        [&](int g, const float *a) {
+    typedef fz_fmt<TYPE> F;
+    typedef fz_chunk<TYPE> C;
+    const int nch = nb / C::CB;
 #pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] = a[r];
-        });
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    auto issue = [&](int c) {
+        if (c < nch)
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
+                const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
+                for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
+            }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
+    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
+    for (int c = 0; c < nch; c++) {
+        issue(c + FZ_STAGES - 1);
+        cp_async_wait<FZ_STAGES - 1>();
+        warp_sync();
+#pragma unroll
+        for (int it = 0; it < C::ITERS; it++) {
+            const int p = it * TG_WARP + lane;
+            const int ibl = p / F::PARTS, part = p % F::PARTS;
+            typename fz_x<TYPE>::T xv;
+            fz_load_x(x, c * C::CB + ibl, part, xv);
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+        }
+        warp_sync();   /* every lane is done with this stage before it is refilled */
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
 /* The rows of one segment that warp v0, v0 + stride, ... (groups of NR
@@ -1688,13 +1748,13 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * FZ_WARPS * NR * FZ_STAGES * chunk_max. */
 template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max, int seq)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * NR * FZ_STAGES * chunk_max;
-    if (segs.n == 1) {   /* one segment: the warp's row groups as one stream */
+    if (seq && segs.n == 1) {   /* TG_GPU_SEQ=1, one segment: the warp's row groups as one stream */
         const gk_mv_seg sg = segs.s[0];
         const int v0 = blockIdx.x * FZ_WARPS + wid, stride = gridDim.x * FZ_WARPS;
         switch (sg.type) {
@@ -1770,7 +1830,7 @@ int gk_init(tg_err *e)
     GPU_CHECK(e, cudaGetDevice(&dev));
     GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     const char *env = getenv("TG_GPU_PDL");
-    pdl_on = major >= 9 && !(env && env[0] == '0');
+    pdl_on = major >= 9 && env && env[0] == '1';   /* off by default: 3% slower decode at 8b (H200, run 4) */
     tc_ready = major >= 7;
 #endif
     return 0;
@@ -1782,11 +1842,12 @@ int gk_pdl_on(void)
 }
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
- * rows at a time (8 warps, 4 pairs each, streamed back to back). */
+ * rows at a time (8 warps, 4 pairs each; with seq, TG_GPU_SEQ=1, the 4
+ * pairs streamed back to back as one sequence of chunks). */
 template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out)
+                   gk_q8 out, int seq)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
@@ -1796,12 +1857,21 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    /* the warp's 4 gate/up row pairs as one stream */
-    fz_stream_seq<TYPE, 2>(
-        4, nb, x, lane, sm, [&](int j, int r) { return (r ? Wu : Wg) + (size_t)(r0 + wid * 4 + j) * rb; },
-        [&](int j, const float *gu) {
+    if (seq) {   /* the warp's 4 gate/up row pairs as one stream */
+        fz_stream_seq<TYPE, 2>(
+            4, nb, x, lane, sm, [&](int j, int r) { return (r ? Wu : Wg) + (size_t)(r0 + wid * 4 + j) * rb; },
+            [&](int j, const float *gu) {
+                if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+            });
+    } else {
+        for (int j = 0; j < 4; j++) {
+            const int r = r0 + wid * 4 + j;
+            const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
+            float gu[2];
+            fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
             if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-        });
+        }
+    }
     __syncthreads();
     if (wid == 0) {
         const float v = act[lane];
@@ -1816,6 +1886,19 @@ static int fz_stream_on(void)
     if (on < 0) {
         const char *env = getenv("TG_GPU_STREAM");
         on = !(env && env[0] == '0');
+    }
+    return on;
+}
+
+/* TG_GPU_SEQ=1: a warp streams all its row groups of a one-segment mat-vec
+ * (and its 4 gate/up pairs) as one continuous sequence of chunks; off by
+ * default (it measured slower on the H200 at the 8b shape, run 3). */
+static int fz_seq_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("TG_GPU_SEQ");
+        on = env && env[0] == '1';
     }
     return on;
 }
@@ -1917,21 +2000,16 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const f
  * (head_dim a multiple of 32; blockDim.x == head_dim). */
 __global__ void k_attn_combine_q8(const float *part, float *out, int n_head, int head_dim, int nsplit, gk_q8 oq)
 {
+    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ float red[32];
     pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, d = threadIdx.x;
     const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
-    float M = -INFINITY;
-    for (int z = 0; z < nsplit; z++) M = fmaxf(M, pp[(size_t)z * (head_dim + 2)]);
-    float den = 0.0f, num = 0.0f;
-    for (int z = 0; z < nsplit; z++) {
-        const float m = pp[(size_t)z * (head_dim + 2)];
-        if (m != -INFINITY) {
-            const float f = expf(m - M);
-            den += pp[(size_t)z * (head_dim + 2) + 1] * f;
-            num += pp[(size_t)z * (head_dim + 2) + 2 + d] * f;
-        }
-    }
+    const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
+    float num = 0.0f;
+#pragma unroll 8
+    for (int z = 0; z < nsplit; z++) num += pp[(size_t)z * (head_dim + 2) + 2 + d] * f[z];
     const float v = num / den;
     const size_t i = (size_t)h * head_dim + d;
     out[i] = v;
@@ -1987,7 +2065,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const int blocks_needed = (rows / nr + FZ_WARPS) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
         GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP, sm, s, fs, K,
-                               x, accumulate, chunk_max));
+                               x, accumulate, chunk_max, fz_seq_on()));
         return 0;
     }
     /* the direct kernel: two rows per warp share their activation loads */
@@ -2011,7 +2089,7 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
         GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
                                : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
                                                       : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, fz_seq_on()));
         return 0;
     }
     GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
@@ -2045,12 +2123,13 @@ int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *
         return tg_errf(e, "gpu attention_q8: n_head=%d n_head_kv=%d head_dim=%d: expected n_head a multiple of "
                        "n_head_kv, head_dim a multiple of 32 up to %d, and scratch", n_head, n_head_kv, head_dim,
                        4 * ATT_THREADS);
-    dim3 grid(n_head, 1, ATT_SPLITS);
+    const int nsplit = att_splits();
+    dim3 grid(n_head, 1, nsplit);
     const float scale = 1.0f / sqrtf((float)head_dim);
     const size_t shm = (size_t)head_dim * sizeof(float);
     float *part = (float *)scratch;
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, grid, ATT_THREADS, shm, s, q, kc, vc, out,
                            n_head, n_head_kv, head_dim, pos0, scale, part));
-    GPU_CHECK(e, gk_launch(k_attn_combine_q8, n_head, head_dim, 0, s, part, out, n_head, head_dim, ATT_SPLITS, oq));
+    GPU_CHECK(e, gk_launch(k_attn_combine_q8, n_head, head_dim, 0, s, part, out, n_head, head_dim, nsplit, oq));
     return 0;
 }
