@@ -2114,6 +2114,137 @@ int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, co
     return 0;
 }
 
+#define ATT_GMAX 8     /* query heads per KV head the grouped kernel serves */
+#define ATT_GCH 256    /* keys per pass of the grouped kernel (scores in shared memory) */
+
+/* TG_GPU_ATT_GQA=1 (read once; gk_set_att_gqa for the tests): the
+ * single-token attention with one block per (KV head, key range) serving
+ * all the query heads of that KV head, so each key and value is read once
+ * rather than once per query head. Off by default (not yet measured). */
+static int att_gqa = -1;
+
+static int att_gqa_on(void)
+{
+    if (att_gqa < 0) {
+        const char *env = getenv("TG_GPU_ATT_GQA");
+        att_gqa = env && env[0] == '1';
+    }
+    return att_gqa;
+}
+
+void gk_set_att_gqa(int on)
+{
+    att_gqa = on ? 1 : 0;
+}
+
+/* One block per (KV head, key range z of gridDim.z), ATT_THREADS threads,
+ * G = n_head / n_head_kv <= ATT_GMAX query heads (hkv * G .. hkv * G + G -
+ * 1). Per pass of up to ATT_GCH keys: a warp per key computes the key's dot
+ * with every query head (lanes split head_dim, as k_attention does), a warp
+ * per query head updates that head's running max and sum, then each thread
+ * accumulates its dimensions of the values for every head. Writes the same
+ * partial results as k_attention (max, sum, unnormalized output per head
+ * and range) for k_attn_combine_q8. Dynamic shared memory: G * (head_dim +
+ * ATT_GCH) floats. */
+template <int F16>
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attention_gqa(const float *q, const void *kc, const void *vc, int n_head, int n_head_kv, int head_dim,
+                const int32_t *pos0, float scale, float *part)
+{
+    extern __shared__ float gsm[];
+    __shared__ float smax[ATT_GMAX], ssum[ATT_GMAX], scorr[ATT_GMAX];
+    pdl_trigger();
+    pdl_wait();
+    const int hkv = blockIdx.x, G = n_head / n_head_kv;
+    const int n_kv = *pos0 + 1;
+    const size_t kv_row = (size_t)n_head_kv * head_dim;
+    float *qs = gsm, *sc = gsm + (size_t)G * head_dim;
+    for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) qs[i] = q[(size_t)hkv * G * head_dim + i];
+    if (threadIdx.x < ATT_GMAX) { smax[threadIdx.x] = -INFINITY; ssum[threadIdx.x] = 0.0f; scorr[threadIdx.x] = 0.0f; }
+    __syncthreads();
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP, nw = blockDim.x / TG_WARP;
+    float acc[4][ATT_GMAX];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int g = 0; g < ATT_GMAX; g++) acc[k][g] = 0.0f;
+    const int per = (n_kv + gridDim.z - 1) / gridDim.z;
+    const int jb = blockIdx.z * per, je = min(n_kv, jb + per);
+    for (int j0 = jb; j0 < je; j0 += ATT_GCH) {
+        const int nj = je - j0 < ATT_GCH ? je - j0 : ATT_GCH;
+        for (int jj = wid; jj < nj; jj += nw) {
+            const size_t base = (size_t)(j0 + jj) * kv_row + (size_t)hkv * head_dim;
+            float d[ATT_GMAX];
+#pragma unroll
+            for (int g = 0; g < ATT_GMAX; g++) d[g] = 0.0f;
+            for (int i = lane; i < head_dim; i += TG_WARP) {
+                const float kv = kv_at<F16>(kc, base + i);
+#pragma unroll
+                for (int g = 0; g < ATT_GMAX; g++)
+                    if (g < G) d[g] += qs[g * head_dim + i] * kv;
+            }
+#pragma unroll
+            for (int g = 0; g < ATT_GMAX; g++)
+                if (g < G) {
+                    const float v = warp_sum(d[g]);
+                    if (lane == 0) sc[g * ATT_GCH + jj] = v * scale;
+                }
+        }
+        __syncthreads();
+        for (int g = wid; g < G; g += nw) {
+            float mx = -INFINITY;
+            for (int jj = lane; jj < nj; jj += TG_WARP) mx = fmaxf(mx, sc[g * ATT_GCH + jj]);
+            mx = warp_max(mx);
+            const float nm = fmaxf(smax[g], mx);
+            float ls = 0.0f;
+            for (int jj = lane; jj < nj; jj += TG_WARP) {
+                const float p = expf(sc[g * ATT_GCH + jj] - nm);
+                sc[g * ATT_GCH + jj] = p;
+                ls += p;
+            }
+            ls = warp_sum(ls);
+            if (lane == 0) {
+                const float corr = expf(smax[g] - nm);   /* 0 on the first pass */
+                ssum[g] = ssum[g] * corr + ls;
+                smax[g] = nm;
+                scorr[g] = corr;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int dd = threadIdx.x + k * ATT_THREADS;
+            if (dd >= head_dim) break;
+            float a[ATT_GMAX];
+#pragma unroll
+            for (int g = 0; g < ATT_GMAX; g++) a[g] = g < G ? acc[k][g] * scorr[g] : 0.0f;
+            const size_t base = (size_t)j0 * kv_row + (size_t)hkv * head_dim + dd;
+#pragma unroll 4
+            for (int jj = 0; jj < nj; jj++) {
+                const float vv = kv_at<F16>(vc, base + (size_t)jj * kv_row);
+#pragma unroll
+                for (int g = 0; g < ATT_GMAX; g++)
+                    if (g < G) a[g] += sc[g * ATT_GCH + jj] * vv;
+            }
+#pragma unroll
+            for (int g = 0; g < ATT_GMAX; g++) acc[k][g] = a[g];
+        }
+        __syncthreads();
+    }
+    for (int g = 0; g < G; g++) {
+        float *pp = part + ((size_t)(hkv * G + g) * gridDim.z + blockIdx.z) * (head_dim + 2);
+        if (threadIdx.x == 0) { pp[0] = smax[g]; pp[1] = ssum[g]; }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int dd = threadIdx.x + k * ATT_THREADS;
+        if (dd >= head_dim) break;
+#pragma unroll
+        for (int g = 0; g < ATT_GMAX; g++)
+            if (g < G) part[((size_t)(hkv * G + g) * gridDim.z + blockIdx.z) * (head_dim + 2) + 2 + dd] = acc[k][g];
+    }
+}
+
 int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
                     gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
                     void *scratch, tg_err *e)
@@ -2124,12 +2255,18 @@ int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *
                        "n_head_kv, head_dim a multiple of 32 up to %d, and scratch", n_head, n_head_kv, head_dim,
                        4 * ATT_THREADS);
     const int nsplit = att_splits();
-    dim3 grid(n_head, 1, nsplit);
     const float scale = 1.0f / sqrtf((float)head_dim);
-    const size_t shm = (size_t)head_dim * sizeof(float);
     float *part = (float *)scratch;
-    GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, grid, ATT_THREADS, shm, s, q, kc, vc, out,
-                           n_head, n_head_kv, head_dim, pos0, scale, part));
+    const int G = n_head / n_head_kv;
+    if (att_gqa_on() && G <= ATT_GMAX) {
+        const size_t shm = (size_t)G * (head_dim + ATT_GCH) * sizeof(float);
+        GPU_CHECK(e, gk_launch(kv_f16 ? k_attention_gqa<1> : k_attention_gqa<0>, dim3(n_head_kv, 1, nsplit),
+                               ATT_THREADS, shm, s, q, kc, vc, n_head, n_head_kv, head_dim, pos0, scale, part));
+    } else {
+        const size_t shm = (size_t)head_dim * sizeof(float);
+        GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, dim3(n_head, 1, nsplit), ATT_THREADS,
+                               shm, s, q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part));
+    }
     GPU_CHECK(e, gk_launch(k_attn_combine_q8, n_head, head_dim, 0, s, part, out, n_head, head_dim, nsplit, oq));
     return 0;
 }

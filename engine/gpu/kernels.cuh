@@ -151,9 +151,14 @@ int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, co
                           float eps, void *kc, void *vc, int kv_f16, tg_err *e);
 
 /* gk_attention for one token (split keys, scratch required) with the output
- * also quantized into oq; head_dim a multiple of 32. */
+ * also quantized into oq; head_dim a multiple of 32. With the grouped
+ * kernel on (TG_GPU_ATT_GQA=1, or gk_set_att_gqa(1)) and at most 8 query
+ * heads per KV head, one block serves all the query heads of a KV head. */
 int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
                     gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
                     void *scratch, tg_err *e);
+/* Turns the grouped single-token attention on or off (the tests; the
+ * default comes from TG_GPU_ATT_GQA). */
+void gk_set_att_gqa(int on);
 
 #endif

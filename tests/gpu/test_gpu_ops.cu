@@ -700,11 +700,11 @@ static void test_qk_norm_rope_store(int kv_f16, int n_head, int n_head_kv, int h
 
 /* gk_attention_q8 against gk_attention (split) on the same cache: the f32
  * output is the same arithmetic, the q8 copy follows the host rule. */
-static void test_attention_q8(int kv_f16, int n_head, int n_head_kv, int hd, int pos)
+static void test_attention_q8(int kv_f16, int n_head, int n_head_kv, int hd, int pos, int gqa = 0)
 {
     char name[160];
-    snprintf(name, sizeof name, "attention_q8_%s(heads=%d/%d,hd=%d,pos=%d)", kv_f16 ? "f16kv" : "f32kv", n_head,
-             n_head_kv, hd, pos);
+    snprintf(name, sizeof name, "%s_%s(heads=%d/%d,hd=%d,pos=%d)", gqa ? "attention_gqa" : "attention_q8",
+             kv_f16 ? "f16kv" : "f32kv", n_head, n_head_kv, hd, pos);
     const int QD = n_head * hd, KVD = n_head_kv * hd, n_ctx = pos + 1;
     std::vector<float> q(QD), kcf((size_t)n_ctx * KVD), vcf((size_t)n_ctx * KVD);
     fill(q, 1.0f); fill(kcf, 1.0f); fill(vcf, 1.0f);
@@ -726,12 +726,24 @@ static void test_attention_q8(int kv_f16, int n_head, int n_head_kv, int hd, int
     CK(cudaMalloc(&scr, gk_attention_scratch(n_head, hd)));
     dev_q8 oq(QD);
     tg_err e = {{0}};
-    int rc = gk_attention(0, dq, kc, vc, kv_f16, o1, 1, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    /* gqa: the grouped kernel against the per-head one (same scores, sums
+     * in another order: NMSE limit 1e-10); else against gk_attention */
+    int rc;
+    if (gqa) {
+        gk_set_att_gqa(0);
+        rc = gk_attention_q8(0, dq, kc, vc, kv_f16, o1, oq.g, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+        gk_set_att_gqa(1);
+    } else {
+        gk_set_att_gqa(0);
+        rc = gk_attention(0, dq, kc, vc, kv_f16, o1, 1, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    }
     if (!rc) rc = gk_attention_q8(0, dq, kc, vc, kv_f16, o2, oq.g, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    const char *env = getenv("TG_GPU_ATT_GQA");
+    gk_set_att_gqa(env && env[0] == '1');
     if (!rc) {
         std::vector<float> a = dev_download(o1, QD), b = dev_download(o2, QD);
         std::vector<double> ref(a.begin(), a.end());
-        judge(name, b, ref, 0.0);
+        judge(name, b, ref, gqa ? 1e-10 : 0.0);
         judge_q8(name, oq, b, ref);
     } else check_gk(rc, &e, name);
     cudaFree(dq); cudaFree(o1); cudaFree(o2); cudaFree(kc); cudaFree(vc); cudaFree(dp); cudaFree(scr);
@@ -843,6 +855,13 @@ int main(void)
         test_attention_q8(f16, 32, 8, 128, 0);
         test_attention_q8(f16, 32, 8, 128, 1500);
         test_attention_q8(f16, 16, 8, 64, 40);
+        /* the grouped kernel (TG_GPU_ATT_GQA=1) against the per-head one:
+         * fewer keys than ranges, more than one pass of 256 keys, 2 and 4
+         * query heads per KV head, head_dim 64 to 256 */
+        test_attention_q8(f16, 32, 8, 128, 0, 1);
+        test_attention_q8(f16, 32, 8, 128, 1500, 1);
+        test_attention_q8(f16, 16, 8, 64, 40, 1);
+        test_attention_q8(f16, 8, 1, 256, 9000, 1);
     }
     printf("test_gpu_ops: %d OK, %d FAIL\n", n_ok, n_fail);
     return n_fail ? 1 : 0;
