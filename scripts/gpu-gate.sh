@@ -210,7 +210,8 @@ if [ -f $M8 ] && [ "$(left)" -gt 120 ]; then
   best_env=; best=$(dtok "$OUT/bench_gpu-8b.txt"); best=${best:-0}
   # (a comma joins the settings of one candidate)
   for cfg in TG_GPU_PDL=1 TG_GPU_SEQ=1 TG_GPU_ATT_SPLITS=16 TG_GPU_ATT_SPLITS=64 TG_GPU_ATT_GQA=1 \
-             TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=64 TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=128; do
+             TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=64 TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=128 \
+             TG_GPU_STREAM_ROWS=q6 TG_GPU_STREAM_ROWS=1; do
     [ "$(left)" -gt 200 ] || break
     f="$OUT/bench_gpu-8b-$(echo $cfg | tr '=,' '--').txt"
     env $(echo $cfg | tr , ' ') timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$f" 2>&1

@@ -2053,14 +2053,18 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         if (fz_chunk_bytes(segs[i].type) > chunk_max) chunk_max = fz_chunk_bytes(segs[i].type);
     }
     if (stream) {
-        /* two rows per warp where the shared memory allows (more bytes in flight) */
+        /* two rows per warp where the shared memory allows (more bytes in
+         * flight); TG_GPU_STREAM_ROWS=1: one row per warp always, =q6: one
+         * row per warp for launches with a Q6_K segment (whose 1,680-byte
+         * chunks make a block's ring 54 KiB at two rows: 4 blocks an SM) */
         static int nr_env = -1;
         if (nr_env < 0) {
             const char *env = getenv("TG_GPU_STREAM_ROWS");
-            nr_env = env && env[0] == '1' ? 1 : 2;
+            nr_env = env && env[0] == '1' ? 1 : env && env[0] == 'q' ? 3 : 2;
         }
         const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
-        const int nr = nr_env == 2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
+        const int want2 = nr_env == 2 || (nr_env == 3 && chunk_max != fz_chunk_bytes(TG_TYPE_Q6_K));
+        const int nr = want2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
         const size_t sm = (size_t)FZ_WARPS * nr * FZ_STAGES * chunk_max;
         const int blocks_needed = (rows / nr + FZ_WARPS) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
