@@ -1203,10 +1203,113 @@ __global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out, 
     }
 }
 
+/* ---- top-k by a bound first (TG_GPU_TOPK_FAST=1) ---------------------------
+ * Three launches instead of a sort of every chunk: (1) each chunk's largest
+ * non-NaN logit; (2) every chunk block finds the k-th largest of those
+ * maxima, b (k chunks each hold a logit >= b, so the k-th logit is >= b),
+ * and appends its own logits >= b to a survivor list (all of them, NaN
+ * included, when fewer than k chunks give a bound: b = -inf); (3) one block
+ * sorts the survivors in rank order (a total order, so the list's order
+ * does not matter), or, past TOPK_FINAL_CAP survivors (massive ties), runs
+ * k rounds of block_select over every logit at or above b. The same result
+ * as the sorting path and tg_topk. Scratch: the maxima, b and the counter,
+ * then TOPK_FINAL_CAP survivors. */
+static int topk_fast = -1;
+
+static int topk_fast_on(void)
+{
+    if (topk_fast < 0) {
+        const char *env = getenv("TG_GPU_TOPK_FAST");
+        topk_fast = env && env[0] == '1';
+    }
+    return topk_fast;
+}
+
+void gk_set_topk_fast(int on)
+{
+    topk_fast = on ? 1 : 0;
+}
+
+static size_t topk_fast_head(int nblk)
+{
+    return ((size_t)nblk * sizeof(float) + 2 * sizeof(float) + 15) / 16 * 16;   /* maxima, b, counter */
+}
+
+__global__ void k_topk_chunk_max(const float *logits, int n, float *cmax, int *counter)
+{
+    __shared__ float sh[32];
+    const int start = blockIdx.x * TOPK_CHUNK;
+    float m = -INFINITY;
+    for (int i = start + threadIdx.x; i < n && i < start + TOPK_CHUNK; i += blockDim.x) {
+        const float v = logits[i];
+        if (!isnan(v)) m = fmaxf(m, v);
+    }
+    m = block_max(m, sh);
+    if (threadIdx.x == 0) cmax[blockIdx.x] = m;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *counter = 0;
+}
+
+__global__ void k_topk_gather(const float *logits, int n, int k, const float *cmax, int nblk, float *bout,
+                              int *counter, tg_top *surv)
+{
+    __shared__ float sb;
+    if (threadIdx.x == 0) sb = -INFINITY;
+    __syncthreads();
+    for (int j = threadIdx.x; j < nblk; j += blockDim.x) {
+        const float mj = cmax[j];
+        if (mj == -INFINITY) continue;
+        int gt = 0, ge = 0;
+        for (int i = 0; i < nblk; i++) {
+            const float mi = cmax[i];
+            gt += mi > mj;
+            ge += mi >= mj;
+        }
+        if (gt < k && k <= ge) sb = mj;   /* every such j holds the same value */
+    }
+    __syncthreads();
+    const float b = sb;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *bout = b;
+    const int start = blockIdx.x * TOPK_CHUNK;
+    for (int i = start + threadIdx.x; i < n && i < start + TOPK_CHUNK; i += blockDim.x) {
+        const float v = logits[i];
+        const bool keep = b == -INFINITY ? true : (!isnan(v) && v >= b);
+        if (keep) {
+            const int slot = atomicAdd(counter, 1);
+            if (slot < TOPK_FINAL_CAP) { surv[slot].id = i; surv[slot].logit = v; }
+        }
+    }
+}
+
+__global__ void k_topk_sort(const float *logits, int n, int k, const float *bp, const int *counter,
+                            const tg_top *surv, tg_top *out)
+{
+    __shared__ float sv[TOPK_FINAL_CAP];
+    __shared__ int si[TOPK_FINAL_CAP];
+    const int m = *counter;
+    if (m > TOPK_FINAL_CAP) {
+        block_select(logits, NULL, 0, n, k, out, 1, *bp);
+        return;
+    }
+    int n2 = 1;
+    while (n2 < m || n2 < k) n2 <<= 1;
+    for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+        sv[i] = i < m ? surv[i].logit : NAN;
+        si[i] = i < m ? surv[i].id : -1;
+    }
+    __syncthreads();
+    block_bitonic(sv, si, n2);
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        out[r].id = si[r];
+        out[r].logit = si[r] >= 0 ? sv[r] : NAN;
+    }
+}
+
 size_t gk_topk_scratch(int n, int k)
 {
     const size_t nblk = ((size_t)n + TOPK_CHUNK - 1) / TOPK_CHUNK;
-    return nblk * (size_t)k * sizeof(tg_top);
+    const size_t sorted = nblk * (size_t)k * sizeof(tg_top);
+    const size_t fast = topk_fast_head((int)nblk) + (size_t)TOPK_FINAL_CAP * sizeof(tg_top);
+    return sorted > fast ? sorted : fast;
 }
 
 int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
@@ -1215,6 +1318,18 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     if (n <= 0 || k <= 0 || k > n || k > TG_GPU_MAX_TOPK)
         return tg_errf(e, "gpu topk: n=%d k=%d: expected 1 <= k <= min(n, %d)", n, k, TG_GPU_MAX_TOPK);
     const int nblk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
+    if (topk_fast_on()) {
+        float *cmax = (float *)scratch, *b = cmax + nblk;
+        int *counter = (int *)(b + 1);
+        tg_top *surv = (tg_top *)((char *)scratch + topk_fast_head(nblk));
+        k_topk_chunk_max<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, cmax, counter);
+        GPU_CHECK_LAUNCH(e, "topk chunk maxima");
+        k_topk_gather<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cmax, nblk, b, counter, surv);
+        GPU_CHECK_LAUNCH(e, "topk gather");
+        k_topk_sort<<<1, 1024, 0, s>>>(logits, n, k, b, counter, surv, out);
+        GPU_CHECK_LAUNCH(e, "topk sort");
+        return 0;
+    }
     const size_t ncand = (size_t)nblk * k;
     tg_top *cand = (tg_top *)scratch;
     k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);

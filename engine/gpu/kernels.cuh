@@ -94,6 +94,9 @@ int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e);
  * k in 1..min(n, TG_GPU_MAX_TOPK). scratch: gk_topk_scratch(n, k) bytes. */
 int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
             tg_top *out, tg_err *e);
+/* Turns the bound-first top-k on or off (the tests; the default comes from
+ * TG_GPU_TOPK_FAST, 1 = on; off by default). Same results either way. */
+void gk_set_topk_fast(int on);
 
 /* XXH3-64 (seed 0, default secret) of len bytes at data, into *out (device).
  * len must exceed 240 (the long-input variant); data 8-byte aligned.

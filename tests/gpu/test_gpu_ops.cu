@@ -394,10 +394,12 @@ static void test_swiglu_add(int n)
  * with ties and, optionally, NaNs. */
 /* levels: the number of distinct values (ties); 1 makes every logit equal,
  * so the search bound keeps every candidate (the fallback selection). */
-static void test_topk(int n, int k, int with_nan, int levels = 2000)
+/* fast: the bound-first path (TG_GPU_TOPK_FAST=1) instead of the sorting one. */
+static void test_topk(int n, int k, int with_nan, int levels = 2000, int fast = 0)
 {
     char name[96];
-    snprintf(name, sizeof name, "topk(n=%d,k=%d%s%s)", n, k, with_nan ? ",nan" : "", levels == 1 ? ",all-equal" : "");
+    snprintf(name, sizeof name, "%s(n=%d,k=%d%s%s)", fast ? "topk_fast" : "topk", n, k, with_nan ? ",nan" : "",
+             levels == 1 ? ",all-equal" : "");
     std::vector<float> x(n);
     for (int i = 0; i < n; i++) x[i] = levels == 1 ? 3.0f : (float)(int)(rndf() * levels) / 64.0f;   /* many ties */
     if (with_nan) {
@@ -413,7 +415,10 @@ static void test_topk(int n, int k, int with_nan, int levels = 2000)
     CK(cudaMalloc((void **)&dout, sizeof(tg_top) * k));
     CK(cudaMemset(dout, 0xFF, sizeof(tg_top) * k));
     tg_err e = {{0}};
+    gk_set_topk_fast(fast);
     int rc = gk_topk(0, dx, n, k, scratch, dout, &e);
+    const char *env = getenv("TG_GPU_TOPK_FAST");
+    gk_set_topk_fast(env && env[0] == '1');
     if (rc) { check_gk(rc, &e, name); return; }
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(out.data(), dout, sizeof(tg_top) * k, cudaMemcpyDeviceToHost));
@@ -822,6 +827,15 @@ int main(void)
     test_topk(200, 200, 1);      /* k == n */
     test_topk(151936, 32, 0, 1); /* every logit equal: more survivors than the final pass sorts */
     test_topk(151936, 32, 0, 1 << 20);   /* few ties, the common case */
+    for (int levels : {2000, 1, 1 << 20}) {   /* the bound-first path on the same kinds of data */
+        test_topk(151936, 32, 0, levels, 1);
+        test_topk(151936, 32, 1, levels, 1);
+    }
+    test_topk(8192, 1, 0, 2000, 1);
+    test_topk(8192, 32, 1, 2000, 1);    /* fewer chunks than k: no bound */
+    test_topk(151936, 256, 1, 2000, 1);
+    test_topk(300, 256, 1, 2000, 1);
+    test_topk(200, 200, 1, 2000, 1);
     test_xxh3(61);          /* 244 bytes: shortest long input */
     test_xxh3(256);         /* exactly one 1024-byte block */
     test_xxh3(8192);
