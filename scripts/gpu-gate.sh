@@ -175,7 +175,7 @@ FZRE='^FAIL (mv_|rmsnorm_q8|qk_norm|attention_q8)'
 timeout 120 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops.txt" 2>&1; rco=$?
 say "test_gpu_ops rc=$rco $(grep -c '^OK' "$OUT/test_gpu_ops.txt") OK $(grep -c '^FAIL' "$OUT/test_gpu_ops.txt") FAIL"
 grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
-if grep -q '^FAIL topk' "$OUT/test_gpu_ops.txt"; then export TG_GPU_TOPK_BOUND=0; say "top-k FAILED: TG_GPU_TOPK_BOUND=0"; fi
+if grep -q '^FAIL topk(' "$OUT/test_gpu_ops.txt"; then export TG_GPU_TOPK_BOUND=0; say "top-k FAILED: TG_GPU_TOPK_BOUND=0"; fi
 if grep -qE "$FZRE" "$OUT/test_gpu_ops.txt" || [ $rco -gt 1 ]; then
   TG_GPU_STREAM=0 timeout 120 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops-direct.txt" 2>&1
   if grep -qE "$FZRE" "$OUT/test_gpu_ops-direct.txt"; then
