@@ -16,6 +16,17 @@
 
 #include <math.h>
 
+/* A switch read once from the environment into *cache (-1: not read yet):
+ * "1..." on, "0..." off, unset or anything else def. */
+static int env_switch(int *cache, const char *name, int def)
+{
+    if (*cache < 0) {
+        const char *v = getenv(name);
+        *cache = v && v[0] == '1' ? 1 : v && v[0] == '0' ? 0 : def;
+    }
+    return *cache;
+}
+
 /* ---- block decoding traits --------------------------------------------- */
 
 /* One thread's share ("part") of a block: NRUN runs of RUNLEN consecutive
@@ -509,11 +520,7 @@ k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__
 static int mv_q8_enabled(void)
 {
     static int on = -1;
-    if (on < 0) {
-        const char *s = getenv("TG_GPU_MMVQ");
-        on = !(s && s[0] == '0');
-    }
-    return on;
+    return env_switch(&on, "TG_GPU_MMVQ", 1);
 }
 
 int gk_matmul_q8(uint32_t type, int K, int ncols)
@@ -676,12 +683,8 @@ int gk_type_supported(uint32_t type)
 int gk_matmul_tc(uint32_t type, int K, int ncols)
 {
     static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("TG_GPU_TC");
-        on = !(env && env[0] == '0');
-    }
     const gk_type_entry *t = gk_find(type);
-    return on && tc_ready && t && t->tc && ncols >= TC_MIN_COLS && K > 0 && K % TC_BK == 0;
+    return env_switch(&on, "TG_GPU_TC", 1) && tc_ready && t && t->tc && ncols >= TC_MIN_COLS && K > 0 && K % TC_BK == 0;
 }
 
 int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
@@ -1218,16 +1221,12 @@ static int topk_fast = -1;
 
 static int topk_fast_on(void)
 {
-    if (topk_fast < 0) {
-        const char *env = getenv("TG_GPU_TOPK_FAST");
-        topk_fast = env && env[0] == '1';
-    }
-    return topk_fast;
+    return env_switch(&topk_fast, "TG_GPU_TOPK_FAST", 0);
 }
 
 void gk_set_topk_fast(int on)
 {
-    topk_fast = on ? 1 : 0;
+    topk_fast = on < 0 ? -1 : on ? 1 : 0;
 }
 
 static size_t topk_fast_head(int nblk)
@@ -1334,12 +1333,8 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     tg_top *cand = (tg_top *)scratch;
     k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
     GPU_CHECK_LAUNCH(e, "topk partial");
-    static int bound = -1;
-    if (bound < 0) {
-        const char *env = getenv("TG_GPU_TOPK_BOUND");   /* 0: only the chunks' k-th entries bound the search */
-        bound = !(env && env[0] == '0');
-    }
-    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, bound);
+    static int bound = -1;   /* TG_GPU_TOPK_BOUND=0: only the chunks' k-th entries bound the search */
+    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, env_switch(&bound, "TG_GPU_TOPK_BOUND", 1));
     GPU_CHECK_LAUNCH(e, "topk final");
     return 0;
 }
@@ -1944,8 +1939,8 @@ int gk_init(tg_err *e)
     int dev = 0, major = 0;
     GPU_CHECK(e, cudaGetDevice(&dev));
     GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const char *env = getenv("TG_GPU_PDL");
-    pdl_on = major >= 9 && env && env[0] == '1';   /* off by default: 3% slower decode at 8b (H200, run 4) */
+    static int pdl_env = -1;   /* off by default: 3% slower decode at 8b (H200, run 4) */
+    pdl_on = major >= 9 && env_switch(&pdl_env, "TG_GPU_PDL", 0);
     tc_ready = major >= 7;
 #endif
     return 0;
@@ -1998,11 +1993,7 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
 static int fz_stream_on(void)
 {
     static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("TG_GPU_STREAM");
-        on = !(env && env[0] == '0');
-    }
-    return on;
+    return env_switch(&on, "TG_GPU_STREAM", 1);
 }
 
 /* TG_GPU_SEQ=1: a warp streams all its row groups of a one-segment mat-vec
@@ -2011,11 +2002,7 @@ static int fz_stream_on(void)
 static int fz_seq_on(void)
 {
     static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("TG_GPU_SEQ");
-        on = env && env[0] == '1';
-    }
-    return on;
+    return env_switch(&on, "TG_GPU_SEQ", 0);
 }
 
 static int fz_chunk_bytes(uint32_t type)
@@ -2244,16 +2231,12 @@ static int att_gqa = -1;
 
 static int att_gqa_on(void)
 {
-    if (att_gqa < 0) {
-        const char *env = getenv("TG_GPU_ATT_GQA");
-        att_gqa = env && env[0] == '1';
-    }
-    return att_gqa;
+    return env_switch(&att_gqa, "TG_GPU_ATT_GQA", 0);
 }
 
 void gk_set_att_gqa(int on)
 {
-    att_gqa = on ? 1 : 0;
+    att_gqa = on < 0 ? -1 : on ? 1 : 0;
 }
 
 /* One block per (KV head, key range z of gridDim.z), ATT_THREADS threads,

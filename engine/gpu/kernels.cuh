@@ -94,8 +94,9 @@ int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e);
  * k in 1..min(n, TG_GPU_MAX_TOPK). scratch: gk_topk_scratch(n, k) bytes. */
 int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
             tg_top *out, tg_err *e);
-/* Turns the bound-first top-k on or off (the tests; the default comes from
- * TG_GPU_TOPK_FAST, 1 = on; off by default). Same results either way. */
+/* Turns the bound-first top-k on (1) or off (0), or back to what
+ * TG_GPU_TOPK_FAST says (-1; off when unset): the tests. Same results
+ * either way. */
 void gk_set_topk_fast(int on);
 
 /* XXH3-64 (seed 0, default secret) of len bytes at data, into *out (device).
@@ -160,8 +161,8 @@ int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, co
 int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
                     gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
                     void *scratch, tg_err *e);
-/* Turns the grouped single-token attention on or off (the tests; the
- * default comes from TG_GPU_ATT_GQA). */
+/* Turns the grouped single-token attention on (1) or off (0), or back to
+ * what TG_GPU_ATT_GQA says (-1; off when unset): the tests. */
 void gk_set_att_gqa(int on);
 
 #endif

@@ -417,8 +417,7 @@ static void test_topk(int n, int k, int with_nan, int levels = 2000, int fast = 
     tg_err e = {{0}};
     gk_set_topk_fast(fast);
     int rc = gk_topk(0, dx, n, k, scratch, dout, &e);
-    const char *env = getenv("TG_GPU_TOPK_FAST");
-    gk_set_topk_fast(env && env[0] == '1');
+    gk_set_topk_fast(-1);
     if (rc) { check_gk(rc, &e, name); return; }
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(out.data(), dout, sizeof(tg_top) * k, cudaMemcpyDeviceToHost));
@@ -743,8 +742,7 @@ static void test_attention_q8(int kv_f16, int n_head, int n_head_kv, int hd, int
         rc = gk_attention(0, dq, kc, vc, kv_f16, o1, 1, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
     }
     if (!rc) rc = gk_attention_q8(0, dq, kc, vc, kv_f16, o2, oq.g, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
-    const char *env = getenv("TG_GPU_ATT_GQA");
-    gk_set_att_gqa(env && env[0] == '1');
+    gk_set_att_gqa(-1);
     if (!rc) {
         std::vector<float> a = dev_download(o1, QD), b = dev_download(o2, QD);
         std::vector<double> ref(a.begin(), a.end());
