@@ -77,10 +77,6 @@ double tg_ref_dot(const float *w, const double *x, int64_t n);
  * threads), each output rounded to f32 unless the f64 option is set. */
 void tg_ref_matmul(tg_session *s, double *out, const tg_weight *w, const double *x, int n);
 
-/* n values of type at x into y as f32, the bytes of the type's to_float
- * (quant.h); Q4_K and Q6_K by faster code of the same float arithmetic per
- * element. The ref tier's dequantization, exported for the tests. */
-void tg_ref_to_float(uint32_t type, const void *x, float *y, int64_t n);
 
 /* Rounds n floats to bfloat16 in place (the perturbation). */
 void tg_round_bf16(float *x, int64_t n);

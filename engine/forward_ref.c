@@ -225,75 +225,6 @@ REF_CLONES static void to_f64(const float *x, double *y, int64_t n)
         y[j] = x[j];
 }
 
-/* --- dequantization ------------------------------------------------------- */
-
-/* Q4_K and Q6_K rows (the weights of Q4_K_M files): the loops of quant.c's
- * scalar to_float, the same float operations per element in the same order
- * (Q4_K: d1 * q - m1 as a multiply then a subtract; Q6_K: (d * scale) * q),
- * so the values are bit for bit the reference's; written so that the
- * compiler vectorizes them (GCC only does with its dynamic cost model,
- * asked for here; no contraction either way). The other types go through
- * the type's to_float. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define REF_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic", "fp-contract=off")))
-#else
-#define REF_VECTORIZE
-#endif
-
-REF_CLONES REF_VECTORIZE static void q4_K_row(const void *vx, float *y, int64_t k)
-{
-    const block_q4_K *x = vx;
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        const float d = tg_half_to_f32(x[i].d), dmin = tg_half_to_f32(x[i].dmin);
-        const uint8_t *q = x[i].qs;
-        for (int g = 0; g < 4; g++, q += 32, y += 64) {
-            uint8_t sc, m;
-            tg_get_scale_min_k4(2 * g, x[i].scales, &sc, &m);
-            const float d1 = d * sc, m1 = dmin * m;
-            tg_get_scale_min_k4(2 * g + 1, x[i].scales, &sc, &m);
-            const float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++)
-                y[l] = d1 * (q[l] & 15) - m1;
-            for (int l = 0; l < 32; l++)
-                y[32 + l] = d2 * (q[l] >> 4) - m2;
-        }
-    }
-}
-
-REF_CLONES REF_VECTORIZE static void q6_K_row(const void *vx, float *y, int64_t k)
-{
-    const block_q6_K *x = vx;
-    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
-        int8_t a[QK_K];   /* q - 32 */
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
-            int8_t *ah = a + 128 * h;
-            for (int l = 0; l < 32; l++) {
-                ah[l] = (int8_t)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
-                ah[l + 32] = (int8_t)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
-                ah[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-                ah[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-            }
-        }
-        const float d = tg_half_to_f32(x[i].d);
-        for (int j = 0; j < QK_K / 16; j++) {
-            const float dj = d * x[i].scales[j];
-            for (int l = 0; l < 16; l++)
-                y[16 * j + l] = dj * a[16 * j + l];
-        }
-    }
-}
-
-void tg_ref_to_float(uint32_t type, const void *x, float *y, int64_t n)
-{
-    if (type == TG_TYPE_Q4_K)
-        q4_K_row(x, y, n);
-    else if (type == TG_TYPE_Q6_K)
-        q6_K_row(x, y, n);
-    else
-        tg_traits(type)->to_float(x, y, n);
-}
-
 /* --- state ------------------------------------------------------------------ */
 
 static double rnd(const tg_session *s, double x)
@@ -385,6 +316,7 @@ static void matmul_rows(void *ctx, int chunk, int ith)
     const tg_weight *w = d->w;
     const int64_t rows = w->rows, n = w->cols, n8 = n & ~(int64_t)7;
     const int nt = d->n;
+    const tg_to_float_fn to_float = tg_traits(w->type)->to_float;
     float *seg = r->row + (size_t)ith * REF_ROWS1 * REF_KB;          /* (REF_ROWS1, REF_KB) */
     double *segd = r->rowd + (size_t)ith * REF_KB;                    /* (REF_KB) */
     double *acc = r->acc + (size_t)ith * REF_MM_ROWS * REF_NB * 8;    /* (chunk rows, nt, 8) */
@@ -401,7 +333,7 @@ static void matmul_rows(void *ctx, int chunk, int ith)
             for (; i + REF_ROWS1 <= i1; i += REF_ROWS1) {
                 double *a = acc + (size_t)(i - i0) * 8;
                 for (int k = 0; k < REF_ROWS1; k++)
-                    tg_ref_to_float(w->type, base + (size_t)(i + k) * w->row_size, seg + (size_t)k * REF_KB, kn);
+                    to_float(base + (size_t)(i + k) * w->row_size, seg + (size_t)k * REF_KB, kn);
                 tg_ref_acc4_rows(seg, REF_KB, x, kn8, a);
                 for (int k = 0; last && k < REF_ROWS1; k++)
                     d->out[i + k] = rnd(d->s, tg_ref_acc_sum(a + 8 * k, seg + (size_t)k * REF_KB + kn8, x + kn8,
@@ -409,7 +341,7 @@ static void matmul_rows(void *ctx, int chunk, int ith)
             }
             for (; i < i1; i++) {
                 double *a = acc + (size_t)(i - i0) * 8;
-                tg_ref_to_float(w->type, base + (size_t)i * w->row_size, seg, kn);
+                to_float(base + (size_t)i * w->row_size, seg, kn);
                 tg_ref_acc(seg, x, kn8, a);
                 if (last)
                     d->out[i] = rnd(d->s, tg_ref_acc_sum(a, seg + kn8, x + kn8, kn - kn8));
@@ -418,7 +350,7 @@ static void matmul_rows(void *ctx, int chunk, int ith)
         }
         for (; i < i1; i++) {
             double *a = acc + (size_t)(i - i0) * (size_t)nt * 8;
-            tg_ref_to_float(w->type, base + (size_t)i * w->row_size, seg, kn);
+            to_float(base + (size_t)i * w->row_size, seg, kn);
             to_f64(seg, segd, kn8);
             int t = 0;
             for (; t + 4 <= nt; t += 4)

@@ -367,6 +367,27 @@ static int grid_fit(grid_sums g, double sw, double swx, double swxx, float *a_ou
     return 0;
 }
 
+/* The sums a scale-and-min fit starts from: lo = min(0, min x), hi = max x,
+ * and the weighted sums of 1, x and x^2 (in double, in order). */
+static inline void fit_stats(int n, const float *x, const float *w, float *lo, float *hi, double *sw,
+                             double *swx, double *swxx)
+{
+    float l = x[0], h = x[0];
+    double a = 0, b = 0, c = 0;
+    for (int i = 0; i < n; i++) {
+        l = x[i] < l ? x[i] : l;
+        h = x[i] > h ? x[i] : h;
+        a += w[i];
+        b += (double)w[i] * x[i];
+        c += (double)w[i] * x[i] * x[i];
+    }
+    *lo = l > 0 ? 0 : l;
+    *hi = h;
+    *sw = a;
+    *swx = b;
+    *swxx = c;
+}
+
 /* Fits x[i] ~ a * L[i] + b, L[i] in [0, nmax], b <= 0, minimizing the
  * weighted squared error sum w[i] (a L[i] + b - x[i])^2 over n (even,
  * <= 32) values. Candidate grids: L = round((x - min) * t / (max - min))
@@ -379,16 +400,9 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w,
                            uint8_t *L, float *mn)
 {
     assert(n <= 32 && n % 2 == 0);
-    float lo = x[0], hi = x[0];
-    double sw = 0, swx = 0, swxx = 0;
-    for (int i = 0; i < n; i++) {
-        lo = x[i] < lo ? x[i] : lo;
-        hi = x[i] > hi ? x[i] : hi;
-        sw += w[i];
-        swx += (double)w[i] * x[i];
-        swxx += (double)w[i] * x[i] * x[i];
-    }
-    if (lo > 0) lo = 0;
+    float lo, hi;
+    double sw, swx, swxx;
+    fit_stats(n, x, w, &lo, &hi, &sw, &swx, &swxx);
     if (hi <= lo) {                     /* constant non-positive block */
         memset(L, 0, (size_t)n);
         *mn = -lo;
@@ -738,16 +752,9 @@ static float fit_scale_sym_fast(int n, int nmax, const float *x, const float *w)
 static float fit_scale_min_fast(int n, int nmax, const float *x, const float *w, float *mn)
 {
     assert(n <= 32 && n % 2 == 0);
-    float lo = x[0], hi = x[0];
-    double sw = 0, swx = 0, swxx = 0;
-    for (int i = 0; i < n; i++) {
-        lo = x[i] < lo ? x[i] : lo;
-        hi = x[i] > hi ? x[i] : hi;
-        sw += w[i];
-        swx += (double)w[i] * x[i];
-        swxx += (double)w[i] * x[i] * x[i];
-    }
-    if (lo > 0) lo = 0;
+    float lo, hi;
+    double sw, swx, swxx;
+    fit_stats(n, x, w, &lo, &hi, &sw, &swx, &swxx);
     if (hi <= lo) {
         *mn = -lo;
         return 0;
@@ -861,21 +868,36 @@ static void q4_K_from_float_ref(const float *x, void *vy, int64_t k)
     q4_K_quantize(x, vy, k, 0);
 }
 
-static void q4_K_to_float(const void *vx, float *y, int64_t k)
+/* The Q4_K and Q6_K dequantization (the weights of Q4_K_M files, and the
+ * ref tier's hot loop) is written so that the compiler vectorizes it: GCC
+ * only does with its dynamic cost model, asked for here, and never
+ * contracts (fp-contract=off), so each value is the plain formula's float
+ * operations in order (Q4_K: d1 * q - m1, a multiply then a subtract;
+ * Q6_K: (d * scale) * q). tests/test_quant.c checks the bits against that
+ * formula. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define KQ_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic", "fp-contract=off")))
+#else
+#define KQ_VECTORIZE
+#endif
+
+KQ_CLONES KQ_VECTORIZE static void q4_K_to_float(const void *vx, float *y, int64_t k)
 {
     assert(k % QK_K == 0);
     const block_q4_K *x = vx;
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = tg_half_to_f32(x[i].d), dmin = tg_half_to_f32(x[i].dmin);
         const uint8_t *q = x[i].qs;
-        for (int g = 0; g < 4; g++, q += 32) {
+        for (int g = 0; g < 4; g++, q += 32, y += 64) {
             uint8_t sc, m;
             tg_get_scale_min_k4(2 * g, x[i].scales, &sc, &m);
             const float d1 = d * sc, m1 = dmin * m;
             tg_get_scale_min_k4(2 * g + 1, x[i].scales, &sc, &m);
             const float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 15) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
+            for (int l = 0; l < 32; l++)
+                y[l] = d1 * (q[l] & 15) - m1;
+            for (int l = 0; l < 32; l++)
+                y[32 + l] = d2 * (q[l] >> 4) - m2;
         }
     }
 }
@@ -1071,7 +1093,7 @@ static void q6_K_quantize(const float *x, void *vy, int64_t k, int fast)
 }
 
 /* Unpacks one Q6_K block's 256 quants as signed values (q - 32). */
-static void q6_K_unpack(const block_q6_K *b, int8_t *a)
+static inline void q6_K_unpack(const block_q6_K *b, int8_t *a)
 {
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
@@ -1097,15 +1119,19 @@ static void q6_K_from_float_ref(const float *x, void *vy, int64_t k)
     q6_K_quantize(x, vy, k, 0);
 }
 
-static void q6_K_to_float(const void *vx, float *y, int64_t k)
+KQ_CLONES KQ_VECTORIZE static void q6_K_to_float(const void *vx, float *y, int64_t k)
 {
     assert(k % QK_K == 0);
     const block_q6_K *x = vx;
-    for (int64_t i = 0; i < k / QK_K; i++) {
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
         int8_t a[QK_K];
         q6_K_unpack(&x[i], a);
         const float d = tg_half_to_f32(x[i].d);
-        for (int l = 0; l < QK_K; l++) *y++ = d * x[i].scales[l / 16] * a[l];
+        for (int j = 0; j < QK_K / 16; j++) {
+            const float dj = d * x[i].scales[j];
+            for (int l = 0; l < 16; l++)
+                y[16 * j + l] = dj * a[16 * j + l];
+        }
     }
 }
 

@@ -420,13 +420,22 @@ static int mkmodel(const char *preset, const char *type, char *out, size_t n)
     return 0;
 }
 
+/* The shipped trained model's path into path; skips the test (saying so)
+ * when the file is missing. */
+static void shipped_model(char *path, size_t n)
+{
+    snprintf(path, n, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    if (!file_exists(path)) {
+        printf("skipped: %s is missing\n", path);
+        skip();
+    }
+}
+
 static void test_trained(void **state)
 {
     (void)state;
     char path[4200];
-    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
-    if (!file_exists(path))
-        skip();
+    shipped_model(path, sizeof path);
     accept_cfg c = {"trained Q4_K_M", path, 48, 3, 24, 1};
     accept_model(&c);
 }
@@ -684,9 +693,7 @@ static void test_dumps_perturb_counters(void **state)
 {
     (void)state;
     char path[4200];
-    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
-    if (!file_exists(path))
-        skip();
+    shipped_model(path, sizeof path);
     tg_err e = {{0}};
     tg_model *m;
     assert_int_equal(tg_model_load(&m, path, &e), 0);
@@ -935,11 +942,7 @@ static void test_ref_matmul(void **state)
 {
     (void)state;
     char path[4200];
-    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
-    if (!file_exists(path)) {
-        printf("skipped: %s is missing\n", path);
-        skip();
-    }
+    shipped_model(path, sizeof path);
     tg_err e = {{0}};
     tg_model *m;
     if (tg_model_load(&m, path, &e) != 0)
@@ -991,17 +994,39 @@ static tg_half rng_half(void)
     return (tg_half)((rng_next() & 0x8000) | rng_next() % 0x7C00);
 }
 
-/* tg_ref_to_float (the ref tier's Q4_K / Q6_K dequantization) against the
- * types' to_float: bit-identical on fresh random blocks. */
-static void test_ref_to_float(void **state)
+/* The plain formula of one value of a Q4_K or Q6_K block (FORMATS.md), one
+ * element at a time. */
+static float kquant_value(uint32_t type, const void *blocks, int idx)
+{
+    const int b = idx / QK_K, e = idx % QK_K;
+    if (type == TG_TYPE_Q4_K) {
+        const block_q4_K *x = (const block_q4_K *)blocks + b;
+        const int g = e / 64, hi = (e % 64) / 32, l = e % 32;
+        uint8_t sc, m;
+        tg_get_scale_min_k4(2 * g + hi, x->scales, &sc, &m);
+        const float dl = tg_half_to_f32(x->d) * sc, ml = tg_half_to_f32(x->dmin) * m;
+        const int q = hi ? x->qs[32 * g + l] >> 4 : x->qs[32 * g + l] & 15;
+        return dl * q - ml;
+    }
+    const block_q6_K *x = (const block_q6_K *)blocks + b;
+    const int h = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+    const uint8_t ql = x->ql[64 * h + l + (quarter & 1) * 32], qh = x->qh[32 * h + l];
+    const int lo = quarter < 2 ? ql & 15 : ql >> 4;
+    const int q = (lo | (((qh >> (2 * quarter)) & 3) << 4)) - 32;
+    return tg_half_to_f32(x->d) * x->scales[e / 16] * q;
+}
+
+/* The Q4_K / Q6_K to_float (vectorized by the compiler; the ref tier's hot
+ * loop) against the plain formula, value by value: bit-identical on fresh
+ * random blocks. */
+static void test_kquant_to_float(void **state)
 {
     (void)state;
     rng_seed("ref to_float");
     enum { NB = 64, N = NB * QK_K };
-    float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
+    float *got = malloc(N * sizeof(float));
     block_q4_K *b4 = malloc(NB * sizeof *b4);
     block_q6_K *b6 = malloc(NB * sizeof *b6);
-    assert_non_null(want);
     assert_non_null(got);
     assert_non_null(b4);
     assert_non_null(b6);
@@ -1021,17 +1046,17 @@ static void test_ref_to_float(void **state)
         for (int k = 0; k < 2; k++) {
             // whole rows and a one-block row
             for (int n = QK_K; n <= N; n += N - QK_K) {
-                tg_traits(c[k].type)->to_float(c[k].x, want, n);
-                tg_ref_to_float(c[k].type, c[k].x, got, n);
-                for (int i = 0; i < n; i++)
-                    if (memcmp(&want[i], &got[i], sizeof(float)) != 0)
-                        fail_msg("%s value %d (block %d): %.9g, to_float gives %.9g", tg_type_name(c[k].type), i,
-                                 i / QK_K, got[i], want[i]);
+                tg_traits(c[k].type)->to_float(c[k].x, got, n);
+                for (int i = 0; i < n; i++) {
+                    const float want = kquant_value(c[k].type, c[k].x, i);
+                    if (memcmp(&want, &got[i], sizeof(float)) != 0)
+                        fail_msg("%s value %d (block %d): to_float %.9g, the formula %.9g",
+                                 tg_type_name(c[k].type), i, i / QK_K, got[i], want);
+                }
             }
         }
     }
-    printf("ref to_float: q4_K and q6_K bit-identical to to_float on %d random blocks each\n", 20 * NB);
-    free(want);
+    printf("to_float: q4_K and q6_K bit-identical to the plain formula on %d random blocks each\n", 20 * NB);
     free(got);
     free(b4);
     free(b6);
@@ -1092,11 +1117,7 @@ static void test_eval_all(void **state)
 {
     (void)state;
     char path[4200];
-    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
-    if (!file_exists(path)) {
-        printf("skipped: %s is missing\n", path);
-        skip();
-    }
+    shipped_model(path, sizeof path);
     tg_err e = {{0}};
     tg_model *m;
     if (tg_model_load(&m, path, &e) != 0)
@@ -1263,11 +1284,7 @@ static void test_engine_forced_lines(void **state)
 {
     (void)state;
     char path[4200];
-    snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
-    if (!file_exists(path)) {
-        printf("skipped: %s is missing\n", path);
-        skip();
-    }
+    shipped_model(path, sizeof path);
     json_t *jp = json_pack("[iiiii]", 785, 6722, 315, 12, 4000);
     char *prompt = json_dumps(jp, JSON_COMPACT);
     json_t *jpath = json_string(path);
@@ -1388,7 +1405,7 @@ int main(void)
         cmocka_unit_test(test_dumps_perturb_counters),
         cmocka_unit_test(test_ref_dot),
         cmocka_unit_test(test_ref_matmul),
-        cmocka_unit_test(test_ref_to_float),
+        cmocka_unit_test(test_kquant_to_float),
         cmocka_unit_test(test_eval_all),
         cmocka_unit_test(test_engine_forced_lines),
         cmocka_unit_test(test_trained_o),
