@@ -82,7 +82,8 @@ __device__ __forceinline__ void warp_sync(void)
 /* Programmatic dependent launch (sm_90 and up; nothing elsewhere). A kernel
  * of the fused decode path may be launched before the previous kernel of its
  * stream has finished (gk_launch with PDL on): it calls pdl_trigger() first,
- * so that the next kernel may be scheduled as this one's blocks drain, does
+ * so that the next kernel may be scheduled as this one's blocks drain
+ * (unless pdl_early_c is off), does
  * only what reads constant data (the first weight copies of a mat-vec), and
  * calls pdl_wait() before it reads anything an earlier kernel wrote or writes
  * anything at all. pdl_wait() returns once the previous kernel has completed
@@ -96,10 +97,16 @@ __device__ __forceinline__ void pdl_wait(void)
 #endif
 }
 
+/* 1: pdl_trigger() lets the next kernel start at once (TG_GPU_PDL=1); 0:
+ * it does nothing, and the next kernel is started as this one's blocks exit
+ * (TG_GPU_PDL=2: the launch still overlaps, the waiting blocks of the next
+ * kernel no longer hold SM resources while this one runs). Set by gk_init. */
+static __constant__ int pdl_early_c = 1;
+
 __device__ __forceinline__ void pdl_trigger(void)
 {
 #if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (pdl_early_c) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 

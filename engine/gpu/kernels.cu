@@ -1939,8 +1939,14 @@ int gk_init(tg_err *e)
     int dev = 0, major = 0;
     GPU_CHECK(e, cudaGetDevice(&dev));
     GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    static int pdl_env = -1;   /* off by default: 3% slower decode at 8b (H200, run 4) */
-    pdl_on = major >= 9 && env_switch(&pdl_env, "TG_GPU_PDL", 0);
+    /* off by default: 3% slower decode at 8b (H200, run 4); TG_GPU_PDL=1:
+     * on, each kernel lets the next start at once; =2: on, the next kernel
+     * starts as this one's blocks exit (pdl_early_c off) */
+    const char *pv = getenv("TG_GPU_PDL");
+    const int pdl_mode = pv && (pv[0] == '1' || pv[0] == '2') ? pv[0] - '0' : 0;
+    pdl_on = major >= 9 && pdl_mode > 0;
+    const int early = pdl_mode != 2;
+    GPU_CHECK(e, cudaMemcpyToSymbol(pdl_early_c, &early, sizeof early));
     tc_ready = major >= 7;
 #endif
     return 0;
