@@ -15,7 +15,7 @@
 # 4. benchmark on the 8b file: the same protocol requests to tg-engine
 #    --tier gpu and to tg-llama over the CUDA libllama (a 512-token prompt
 #    then 128 steps, after one warm-up request): prefill and decode tokens/s
-#    and the ratio (and the gpu arm with TG_GPU_PDL=0 beside it); bench_gpu
+#    and the ratio; a decode A/B of the TG_GPU_* settings; bench_gpu
 #    for the copy bandwidth, the roofline and a per-kernel profile;
 # 5. gates, once llama.cpp is built: specs/gpu-0.6b-ref.yaml and
 #    specs/gpu-8b-ref.yaml (gpu, llama-cuda, llama-cpu teacher-forced over
@@ -212,8 +212,7 @@ if [ -f $M8 ] && [ "$(left)" -gt 120 ]; then
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   kept=; best=$(dtok "$OUT/bench_gpu-8b.txt"); best=${best:-0}
   for cfg in TG_GPU_TOPK_FAST=1 TG_GPU_ATT_GQA=1 TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=64 \
-             TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=128 TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=16 \
-             TG_GPU_STREAM_ROWS=q6 TG_GPU_STREAM_ROWS=1 TG_GPU_PDL=2 TG_GPU_PDL=1 TG_GPU_SEQ=1 \
+             TG_GPU_STREAM_ROWS=2 TG_GPU_STREAM_ROWS=q6 TG_GPU_PDL=0 TG_GPU_PDL=1 TG_GPU_SEQ=1 \
              TG_GPU_ATT_SPLITS=16 TG_GPU_ATT_SPLITS=64; do
     [ "$(left)" -gt 200 ] || break
     trial=${kept:+$kept,}$cfg

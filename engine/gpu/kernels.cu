@@ -1939,11 +1939,12 @@ int gk_init(tg_err *e)
     int dev = 0, major = 0;
     GPU_CHECK(e, cudaGetDevice(&dev));
     GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    /* off by default: 3% slower decode at 8b (H200, run 4); TG_GPU_PDL=1:
-     * on, each kernel lets the next start at once; =2: on, the next kernel
-     * starts as this one's blocks exit (pdl_early_c off) */
+    /* TG_GPU_PDL=2 (the default): on, the next kernel starts as this one's
+     * blocks exit (pdl_early_c off; 2.5% faster decode at 8b, H200, run 5);
+     * =1: on, each kernel lets the next start at once (3% slower than off
+     * in run 4); =0: off */
     const char *pv = getenv("TG_GPU_PDL");
-    const int pdl_mode = pv && (pv[0] == '1' || pv[0] == '2') ? pv[0] - '0' : 0;
+    const int pdl_mode = pv && pv[0] >= '0' && pv[0] <= '2' ? pv[0] - '0' : 2;
     pdl_on = major >= 9 && pdl_mode > 0;
     const int early = pdl_mode != 2;
     GPU_CHECK(e, cudaMemcpyToSymbol(pdl_early_c, &early, sizeof early));
@@ -2161,14 +2162,16 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         if (fz_chunk_bytes(segs[i].type) > chunk_max) chunk_max = fz_chunk_bytes(segs[i].type);
     }
     if (stream) {
-        /* two rows per warp where the shared memory allows (more bytes in
-         * flight); TG_GPU_STREAM_ROWS=1: one row per warp always, =q6: one
-         * row per warp for launches with a Q6_K segment (whose 1,680-byte
-         * chunks make a block's ring 54 KiB at two rows: 4 blocks an SM) */
+        /* one row per warp (the default: more resident warps, and 4.3%
+         * faster decode at 8b than two rows, H200, run 5);
+         * TG_GPU_STREAM_ROWS=2: two rows per warp where the shared memory
+         * allows (the two share their activation loads), =q6: one row per
+         * warp only for launches with a Q6_K segment (whose 1,680-byte chunks
+         * make a block's ring 54 KiB at two rows: 4 blocks an SM) */
         static int nr_env = -1;
         if (nr_env < 0) {
             const char *env = getenv("TG_GPU_STREAM_ROWS");
-            nr_env = env && env[0] == '1' ? 1 : env && env[0] == 'q' ? 3 : 2;
+            nr_env = env && env[0] == '2' ? 2 : env && env[0] == 'q' ? 3 : 1;
         }
         const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
         const int want2 = nr_env == 2 || (nr_env == 3 && chunk_max != fz_chunk_bytes(TG_TYPE_Q6_K));

@@ -127,7 +127,7 @@ typedef struct {
 int gk_init(tg_err *e);
 
 /* Whether gk_init turned on programmatic dependent launch for the fused
- * path's kernels (sm_90 and up under CUDA, with TG_GPU_PDL=1). */
+ * path's kernels (sm_90 and up under CUDA, unless TG_GPU_PDL=0). */
 int gk_pdl_on(void);
 
 /* Whether the fused path serves this weight type (q4_K, q6_K, q8_0). */
