@@ -2162,7 +2162,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         if (fz_chunk_bytes(segs[i].type) > chunk_max) chunk_max = fz_chunk_bytes(segs[i].type);
     }
     if (stream) {
-        /* one row per warp (the default: more resident warps, and 4.3%
+        /* one row per warp (the default: more resident warps, and 4.5%
          * faster decode at 8b than two rows, H200, run 5);
          * TG_GPU_STREAM_ROWS=2: two rows per warp where the shared memory
          * allows (the two share their activation loads), =q6: one row per
