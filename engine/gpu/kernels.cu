@@ -1696,69 +1696,8 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* ngroups groups of NR rows, one after the other, dotted with x and streamed
- * through sm (NR * FZ_STAGES chunks of this warp) as one continuous sequence
- * of chunks, so that the copies of the next group are in flight while the
- * warp finishes the current one. rows(g, r) is the start of row r of group
- * g; after a group's last chunk, epi(g, acc) gets its NR dot products, each
- * summed over the warp (every lane has them). Each row's sum is taken in the
- * same order whatever ngroups is. */
-template <int TYPE, int NR, typename RowsF, typename EpiF>
-__device__ __forceinline__ void fz_stream_seq(int ngroups, int nb, const gk_q8 &x, int lane, uint8_t *sm,
-                                              RowsF rows, EpiF epi)
-{
-    typedef fz_fmt<TYPE> F;
-    typedef fz_chunk<TYPE> C;
-    const int nch = nb / C::CB, total = ngroups * nch;
-    float acc[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    auto issue = [&](int cg) {
-        if (cg < total) {
-            const int g = cg / nch, c = cg - g * nch;
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + cg % FZ_STAGES) * C::BYTES;
-                const uint8_t *src = rows(g, r) + (size_t)c * C::BYTES;
-                for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
-            }
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
-    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
-    for (int cg = 0; cg < total; cg++) {
-        issue(cg + FZ_STAGES - 1);
-        cp_async_wait<FZ_STAGES - 1>();
-        warp_sync();
-        const int g = cg / nch, c = cg - g * nch;
-#pragma unroll
-        for (int it = 0; it < C::ITERS; it++) {
-            const int p = it * TG_WARP + lane;
-            const int ibl = p / F::PARTS, part = p % F::PARTS;
-            typename fz_x<TYPE>::T xv;
-            fz_load_x(x, c * C::CB + ibl, part, xv);
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + cg % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
-        }
-        warp_sync();   /* every lane is done with this stage before it is refilled */
-        if (c == nch - 1) {
-#pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
-            epi(g, acc);
-#pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-        }
-    }
-    cp_async_wait<0>();
-}
-
 /* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
- * chunks of this warp); acc[r] summed over the warp (every lane has them).
- * fz_stream_seq with one group, without its group bookkeeping (the same
- * sums in the same order). */
+ * chunks of this warp); acc[r] summed over the warp (every lane has them). */
 template <int TYPE, int NR>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
                                                uint8_t *sm, float *acc)
@@ -1802,35 +1741,6 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-/* The rows of one segment that warp v0, v0 + stride, ... (groups of NR
- * consecutive rows) take, as one continuous stream. */
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream_all(const gk_mv_seg &sg, int v0, int stride, int K, const gk_q8 &x,
-                                                  int lane, int accumulate, uint8_t *sm)
-{
-    const int ngrp = (sg.nrows + NR - 1) / NR;
-    if (v0 >= ngrp) return;
-    const int n = (ngrp - v0 + stride - 1) / stride;
-    const size_t rb = fz_row_bytes(TYPE, K);
-    const uint8_t *W = (const uint8_t *)sg.W;
-    fz_stream_seq<TYPE, NR>(
-        n, K / fz_fmt<TYPE>::QK, x, lane, sm,
-        [&](int g, int r) {
-            const int row = (v0 + g * stride) * NR + r;
-            return W + (size_t)(row < sg.nrows ? row : sg.nrows - 1) * rb;   /* past the end: read again, not stored */
-        },
-        [&](int g, const float *a) {
-            if (lane == 0)
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    const int row = (v0 + g * stride) * NR + r;
-                    if (row >= sg.nrows) break;
-                    if (accumulate) sg.y[row] += a[r];
-                    else sg.y[row] = a[r];
-                }
-        });
-}
-
 template <int TYPE, int NR>
 __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
                                               int accumulate, uint8_t *sm)
@@ -1858,23 +1768,12 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * FZ_WARPS * NR * FZ_STAGES * chunk_max. */
 template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max, int seq)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * NR * FZ_STAGES * chunk_max;
-    if (seq && segs.n == 1) {   /* TG_GPU_SEQ=1, one segment: the warp's row groups as one stream */
-        const gk_mv_seg sg = segs.s[0];
-        const int v0 = blockIdx.x * FZ_WARPS + wid, stride = gridDim.x * FZ_WARPS;
-        switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream_all<TG_TYPE_Q4_K, NR>(sg, v0, stride, K, x, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream_all<TG_TYPE_Q6_K, NR>(sg, v0, stride, K, x, lane, accumulate, sm); break;
-        default: fz_seg_stream_all<TG_TYPE_Q8_0, NR>(sg, v0, stride, K, x, lane, accumulate, sm); break;
-        }
-        pdl_wait();   /* a warp without rows also completes after the previous kernel */
-        return;
-    }
     const int n0 = (segs.s[0].nrows + NR - 1) / NR;
     const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
     const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
@@ -1959,12 +1858,11 @@ int gk_pdl_on(void)
 }
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
- * rows at a time (8 warps, 4 pairs each; with seq, TG_GPU_SEQ=1, the 4
- * pairs streamed back to back as one sequence of chunks). */
+ * rows at a time (8 warps, 4 pairs each). */
 template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out, int seq)
+                   gk_q8 out)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
@@ -1974,20 +1872,12 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    if (seq) {   /* the warp's 4 gate/up row pairs as one stream */
-        fz_stream_seq<TYPE, 2>(
-            4, nb, x, lane, sm, [&](int j, int r) { return (r ? Wu : Wg) + (size_t)(r0 + wid * 4 + j) * rb; },
-            [&](int j, const float *gu) {
-                if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-            });
-    } else {
-        for (int j = 0; j < 4; j++) {
-            const int r = r0 + wid * 4 + j;
-            const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
-            float gu[2];
-            fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
-            if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-        }
+    for (int j = 0; j < 4; j++) {
+        const int r = r0 + wid * 4 + j;
+        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
+        float gu[2];
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
+        if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
     if (wid == 0) {
@@ -2001,15 +1891,6 @@ static int fz_stream_on(void)
 {
     static int on = -1;
     return env_switch(&on, "TG_GPU_STREAM", 1);
-}
-
-/* TG_GPU_SEQ=1: a warp streams all its row groups of a one-segment mat-vec
- * (and its 4 gate/up pairs) as one continuous sequence of chunks; off by
- * default (it measured slower on the H200 at the 8b shape, run 3). */
-static int fz_seq_on(void)
-{
-    static int on = -1;
-    return env_switch(&on, "TG_GPU_SEQ", 0);
 }
 
 static int fz_chunk_bytes(uint32_t type)
@@ -2180,7 +2061,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const int blocks_needed = (rows / nr + FZ_WARPS) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
         GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP, sm, s, fs, K,
-                               x, accumulate, chunk_max, fz_seq_on()));
+                               x, accumulate, chunk_max));
         return 0;
     }
     /* the direct kernel: two rows per warp share their activation loads */
@@ -2204,7 +2085,7 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
         GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
                                : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
                                                       : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, fz_seq_on()));
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
         return 0;
     }
     GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
