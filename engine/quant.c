@@ -388,6 +388,25 @@ static inline void fit_stats(int n, const float *x, const float *w, float *lo, f
     *swxx = c;
 }
 
+/* The refinement of the asymmetric fit: re-rounds against the fitted line
+ * (*a, *b; error err), refits, and keeps the result while the error falls
+ * (at most 4 times); L (when not NULL) receives the kept grid. */
+static void refine_asym(int n, int nmax, const float *x, const float *w, double sw, double swx, double swxx,
+                        double err, float *a, float *b, uint8_t *L)
+{
+    uint8_t cand[32];
+    for (int iter = 0; iter < 4 && err < INFINITY; iter++) {
+        const grid_sums g = grid_asym(n, nmax, x, w, *b, 1 / *a, cand);
+        float na, nb;
+        double ne;
+        if (grid_fit(g, sw, swx, swxx, &na, &nb, &ne) != 0 || !(ne < err)) break;
+        err = ne;
+        *a = na;
+        *b = nb;
+        if (L) memcpy(L, cand, (size_t)n);
+    }
+}
+
 /* Fits x[i] ~ a * L[i] + b, L[i] in [0, nmax], b <= 0, minimizing the
  * weighted squared error sum w[i] (a L[i] + b - x[i])^2 over n (even,
  * <= 32) values. Candidate grids: L = round((x - min) * t / (max - min))
@@ -425,17 +444,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w,
             memcpy(L, cand, (size_t)n);
         }
     }
-    /* refinement: re-round against the fitted line, refit, keep if better */
-    for (int iter = 0; iter < 4 && best_err < INFINITY; iter++) {
-        const grid_sums g = grid_asym(n, nmax, x, w, best_b, 1 / best_a, cand);
-        float a, b;
-        double err;
-        if (grid_fit(g, sw, swx, swxx, &a, &b, &err) != 0 || !(err < best_err)) break;
-        best_err = err;
-        best_a = a;
-        best_b = b;
-        memcpy(L, cand, (size_t)n);
-    }
+    refine_asym(n, nmax, x, w, sw, swx, swxx, best_err, &best_a, &best_b, L);
     *mn = -best_b;
     return best_a;
 }
@@ -771,17 +780,7 @@ static float fit_scale_min_fast(int n, int nmax, const float *x, const float *w,
             best_b = fb[c];
         }
     }
-    /* refinement (one grid at a time): as the reference */
-    uint8_t cand[32];
-    for (int iter = 0; iter < 4 && best_err < INFINITY; iter++) {
-        const grid_sums g = grid_asym(n, nmax, x, w, best_b, 1 / best_a, cand);
-        float a, b;
-        double e;
-        if (grid_fit(g, sw, swx, swxx, &a, &b, &e) != 0 || !(e < best_err)) break;
-        best_err = e;
-        best_a = a;
-        best_b = b;
-    }
+    refine_asym(n, nmax, x, w, sw, swx, swxx, best_err, &best_a, &best_b, NULL);   /* as the reference */
     *mn = -best_b;
     return best_a;
 }
