@@ -661,32 +661,40 @@ static void test_options(void **state)
     assert_int_equal(tg_tier_parse("fast"), -1);
 }
 
-/* Dumps of one eval, recorded. */
-typedef struct dumps {
+/* Dumps of one eval as (layer, stage, n, first value, digest of the
+ * floats); n counts every dump, the first DUMPLOG_MAX are kept. */
+#define DUMPLOG_MAX 128
+typedef struct dumplog {
     int n;
-    int layer[128], stage[128];
-    int64_t len[128];
-    float first[128];
-    float *resid3;     /* copy of layer 3's residual */
-} dumps;
+    int layer[DUMPLOG_MAX], stage[DUMPLOG_MAX];
+    int64_t len[DUMPLOG_MAX];
+    float first[DUMPLOG_MAX];
+    char dig[DUMPLOG_MAX][17];
+} dumplog;
 
-static int record_dump(void *ud, int layer, int stage, const float *x, int64_t n, tg_err *e)
+static int log_dump(void *ud, int layer, int stage, const float *x, int64_t n, tg_err *e)
 {
     (void)e;
-    dumps *d = ud;
-    if (d->n < 128) {
+    dumplog *d = ud;
+    if (d->n < DUMPLOG_MAX) {
         d->layer[d->n] = layer;
         d->stage[d->n] = stage;
         d->len[d->n] = n;
         d->first[d->n] = x[0];
-        d->n++;
+        tg_digest_logits(x, (size_t)n, d->dig[d->n]);
     }
-    if (layer == 3 && stage == TG_STAGE_RESIDUAL) {
-        free(d->resid3);
-        d->resid3 = malloc((size_t)n * sizeof(float));
-        memcpy(d->resid3, x, (size_t)n * sizeof(float));
-    }
+    d->n++;
     return 0;
+}
+
+/* The index of (layer, stage) in d, or fails. */
+static int dump_index(const dumplog *d, int layer, int stage)
+{
+    for (int i = 0; i < d->n && i < DUMPLOG_MAX; i++)
+        if (d->layer[i] == layer && d->stage[i] == stage)
+            return i;
+    fail_msg("no dump of layer %d %s", layer, tg_stage_name(stage));
+    return -1;
 }
 
 static void test_dumps_perturb_counters(void **state)
@@ -704,8 +712,8 @@ static void test_dumps_perturb_counters(void **state)
         o.threads = 2;
         tg_session *s, *sp;
         assert_int_equal(tg_session_new(&s, m, &o, &e), 0);
-        dumps d = {0};
-        tg_session_set_dump(s, record_dump, &d);
+        dumplog d = {0};
+        tg_session_set_dump(s, log_dump, &d);
         assert_int_equal(tg_session_eval(s, toks, 5, &e), 0);
         // 8 stages x 8 layers + logits, in forward order, last token only
         assert_int_equal(d.n, 8 * 8 + 1);
@@ -736,20 +744,19 @@ static void test_dumps_perturb_counters(void **state)
         tg_opts op = o;
         assert_int_equal(tg_opts_parse_perturb(&op, "bf16:ffn_out:3", &e), 0);
         assert_int_equal(tg_session_new(&sp, m, &op, &e), 0);
-        dumps dp = {0};
-        tg_session_set_dump(sp, record_dump, &dp);
+        dumplog dp = {0};
+        tg_session_set_dump(sp, log_dump, &dp);
         assert_int_equal(tg_session_eval(sp, toks, 5, &e), 0);
         assert_int_equal(dp.n, d.n);
         for (int i = 0; i < d.n; i++) {
             if (d.layer[i] >= 0 && d.layer[i] < 3)
-                assert_true(d.first[i] == dp.first[i]);
+                assert_string_equal(d.dig[i], dp.dig[i]);
         }
-        assert_non_null(d.resid3);
-        assert_non_null(dp.resid3);
-        assert_true(memcmp(d.resid3, dp.resid3, 256 * sizeof(float)) != 0);
+        const int r3 = dump_index(&d, 3, TG_STAGE_RESIDUAL);
+        assert_int_equal(dump_index(&dp, 3, TG_STAGE_RESIDUAL), r3);
+        assert_int_equal(d.len[r3], 256);
+        assert_string_not_equal(d.dig[r3], dp.dig[r3]);
         assert_true(tg_session_ops(sp)->n[TG_OP_PERTURB][0][tier] > 0);
-        free(d.resid3);
-        free(dp.resid3);
         tg_session_free(s);
         tg_session_free(sp);
     }
@@ -1062,33 +1069,12 @@ static void test_kquant_to_float(void **state)
     free(b6);
 }
 
-/* Dumps of one eval as (layer, stage, n, digest of the floats). */
-typedef struct dumplog {
-    int n;
-    int layer[80], stage[80];
-    int64_t len[80];
-    char dig[80][17];
-} dumplog;
-
-static int log_dump(void *ud, int layer, int stage, const float *x, int64_t n, tg_err *e)
-{
-    (void)e;
-    dumplog *d = ud;
-    if (d->n < 80) {
-        d->layer[d->n] = layer;
-        d->stage[d->n] = stage;
-        d->len[d->n] = n;
-        tg_digest_logits(x, (size_t)n, d->dig[d->n]);
-    }
-    d->n++;
-    return 0;
-}
 
 static void assert_dumps_equal(const dumplog *a, const dumplog *b, const char *what)
 {
     if (a->n != b->n)
         fail_msg("%s: %d dumps against %d", what, a->n, b->n);
-    for (int i = 0; i < a->n && i < 80; i++)
+    for (int i = 0; i < a->n && i < DUMPLOG_MAX; i++)
         if (a->layer[i] != b->layer[i] || a->stage[i] != b->stage[i] || a->len[i] != b->len[i] ||
             strcmp(a->dig[i], b->dig[i]) != 0)
             fail_msg("%s: dump %d differs (layer %d %s: %s against layer %d %s: %s)", what, i, a->layer[i],
