@@ -77,7 +77,6 @@ double tg_ref_dot(const float *w, const double *x, int64_t n);
  * threads), each output rounded to f32 unless the f64 option is set. */
 void tg_ref_matmul(tg_session *s, double *out, const tg_weight *w, const double *x, int n);
 
-
 /* Rounds n floats to bfloat16 in place (the perturbation). */
 void tg_round_bf16(float *x, int64_t n);
 
