@@ -1,5 +1,5 @@
 /*
- * gguf.c: the GGUF v3 reader and writer (FORMATS.md "GGUF v3").
+ * gguf.c: the GGUF v3 reader and writer (docs/formats.md, "GGUF v3").
  *
  * The reader treats the file as hostile. It walks the header, the metadata
  * and the tensor infos once with a bounds-checked cursor, checks every count,

@@ -12,7 +12,7 @@
  * buffers, the thread pool (cpu tier) and the op counters. Tokens go in with
  * tg_session_eval() (a prompt in batches of n_batch, or one token at a time);
  * the logits of the last token evaluated stay in the session until the next
- * call. The forward pass is the one of FORMATS.md ("Qwen3 forward pass").
+ * call. The forward pass is docs/formats.md's ("The Qwen3 forward pass").
  *
  * Tiers (opts.tier):
  *   ref  plain C: weights dequantized row by row, f32 activations with f64

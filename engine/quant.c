@@ -8,7 +8,7 @@
  * the GPU kernels: they favour plain code over speed. Two families:
  *
  * - Activation quantizers (Q8_0, Q8_1, Q8_K) reproduce ggml's reference
- *   bytes exactly (FORMATS.md), because llama.cpp's CPU backend quantizes
+ *   bytes exactly (docs/formats.md), because llama.cpp's CPU backend quantizes
  *   every activation row with them before an integer dot product.
  * - Weight quantizers (Q4_K, Q5_K, Q6_K) search per sub-block scales and
  *   mins by weighted least squares; they write test models, so they need to
@@ -268,7 +268,7 @@ static void q8_1_to_float(const void *vx, float *y, int64_t k)
 
 /* ------------------------------------------------------------------ Q8_K */
 
-/* FORMATS.md: max = the first element of largest magnitude (signed),
+/* ggml's reference: max = the first element of largest magnitude (signed),
  * iscale = -127/max, q = min(127, nearest-even(iscale * x)), d = 1/iscale,
  * bsums = sums of each 16 quants; an all-zero block gets d = 0. */
 static void q8_K_from_float(const float *x, void *vy, int64_t k)

@@ -3,7 +3,7 @@
  * table. One header for the CPU code (C) and the GPU code (CUDA/HIP C++):
  * keep it free of anything either side cannot compile.
  *
- * Layouts follow ggml exactly (FORMATS.md "Block formats"); every struct's
+ * Layouts follow ggml exactly (docs/formats.md, "Block formats"); every struct's
  * size is checked at compile time. `tg_half` is IEEE binary16 stored as its
  * bits, `tg_bf16` bfloat16 likewise.
  */

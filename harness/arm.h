@@ -1,6 +1,6 @@
 /*
  * arm.h: one arm process and the client side of arm protocol v1
- * (DESIGN.md "The arm protocol", docs/protocol.md).
+ * (docs/protocol.md; docs/architecture.md, "Processes").
  *
  * arm_start() spawns the worker with posix_spawnp from an argv (never a
  * shell) in its own process group, with pipes on stdin, stdout and stderr.

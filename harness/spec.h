@@ -90,7 +90,7 @@ typedef struct tg_spec {
     char **dump_stages;      /* stage names (SPEC_DUMP_STAGES) */
 } tg_spec;
 
-/* The stage names a dump line may carry (DESIGN.md "Dumps"), space-separated. */
+/* The stage names a dump line may carry (docs/protocol.md, "decode"), space-separated. */
 #define SPEC_DUMP_STAGES "attn_norm q k v attn_out ffn_norm ffn_out residual logits"
 
 /* 1 when spec s asks for dumps of prompt index p (dumps given, and the prompt

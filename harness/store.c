@@ -30,7 +30,7 @@
 /* ------------------------------------------------------------------ */
 /* Schema                                                              */
 
-/* Version 1 of the schema: the tables of DESIGN.md plus the compare table
+/* Version 1 of the schema: the run and leg tables plus the compare table
  * and verdict sets that the scoring pass (verdict.c) writes. */
 static const char SCHEMA_V1[] =
     "CREATE TABLE spec(\n"

@@ -12,7 +12,7 @@
  *  - the real arm's legs finish clean, with all their steps;
  *  - the store passes PRAGMA integrity_check;
  *  - the arm's TOKEN_GATE is NOT_MEASURABLE (fewer than two clean legs,
- *    DESIGN.md "Gate verdict") or FAIL, never PASS; the run is not PASS and
+ *    docs/verdicts.md) or FAIL, never PASS; the run is not PASS and
  *    tokgate exits 1;
  *  - no process of a mode is left behind (the child that ignores SIGTERM
  *    included).

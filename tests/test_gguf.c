@@ -183,7 +183,7 @@ static void base_file_opens(void **state)
 }
 
 /* The writer lays out exactly the bytes the builder (written from
- * FORMATS.md) does. */
+ * docs/formats.md) does. */
 static void writer_matches_layout(void **state)
 {
     bld b;

@@ -4,7 +4,7 @@
  * Generates tiny Qwen3 files of every type into a temporary folder, checks
  * that the same seed gives the same bytes (and another seed other bytes),
  * reopens them with our reader to check hyperparameters, vocabulary and the
- * per-tensor types (the Q4_K_M mixture against FORMATS.md's recipe and
+ * per-tensor types (the Q4_K_M mixture against docs/formats.md's recipe and
  * against the llama.cpp-quantized model the project ships), checks that
  * every type encodes the same seeded weights at the intended scales, and
  * loads the Q4_K_M file in the prebuilt libllama: hyperparameters, vocab
@@ -252,7 +252,7 @@ static void same_seed_same_bytes(void **state)
     if (!strcmp(h1, h3)) fail_msg("seeds 1 and 2 gave the same bytes");
 }
 
-/* Hyperparameters and vocabulary as the presets and FORMATS.md say. */
+/* Hyperparameters and vocabulary as the presets and docs/formats.md say. */
 static void hparams_and_vocab(void **state)
 {
     need_tool();
@@ -304,7 +304,7 @@ static void hparams_and_vocab(void **state)
     gguf_close(g);
 }
 
-/* The expected type of a tensor under FORMATS.md's recipe. */
+/* The expected type of a tensor under docs/formats.md's recipe (Q4_K_M). */
 static uint32_t recipe_type(const char *type, const char *name, int64_t n_layer, int tied)
 {
     int is_norm = strstr(name, "norm") != NULL;

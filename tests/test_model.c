@@ -1001,7 +1001,7 @@ static tg_half rng_half(void)
     return (tg_half)((rng_next() & 0x8000) | rng_next() % 0x7C00);
 }
 
-/* The plain formula of one value of a Q4_K or Q6_K block (FORMATS.md), one
+/* The plain formula of one value of a Q4_K or Q6_K block (docs/formats.md), one
  * element at a time. */
 static float kquant_value(uint32_t type, const void *blocks, int idx)
 {

@@ -2,7 +2,7 @@
  * test_quant.c: the scalar reference of every tensor type (engine/quant.c):
  * half / bfloat16 conversions against known bit patterns (and the
  * compiler's own _Float16 where it has one), struct sizes, hand-built blocks
- * that must dequantize to what FORMATS.md implies, the activation
+ * that must dequantize to what docs/formats.md implies, the activation
  * quantizers' exact rules, round-trip error bounds on fresh random data, and
  * the reference dot products against f64 math on dequantized values; the
  * fast Q4_K / Q5_K / Q6_K quantizers byte for byte against their scalar
@@ -271,7 +271,7 @@ static void test_struct_sizes(void **state)
 static const uint8_t hb_sc[8] = {1, 2, 3, 4, 17, 33, 50, 63};
 static const uint8_t hb_m[8] = {5, 6, 7, 8, 20, 40, 60, 63};
 
-/* Writes scales[12] as FORMATS.md describes the unpacking, inverted. */
+/* Writes scales[12] as docs/formats.md describes the unpacking, inverted. */
 static void hb_pack_scales(uint8_t *q)
 {
     memset(q, 0, 12);

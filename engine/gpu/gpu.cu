@@ -1,6 +1,6 @@
 /*
  * gpu.cu: the GPU arm's model and forward pass (gpu.h). Weights are copied
- * once into one device arena; a step runs FORMATS.md's Qwen3 forward pass
+ * once into one device arena; a step runs the Qwen3 forward pass (docs/formats.md)
  * with the kernels of kernels.cu, then selects the top-k and digests the
  * logits on the device, and brings only those back. Single-token steps are
  * captured once into a CUDA graph and replayed: the token and position live

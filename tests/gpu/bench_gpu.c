@@ -6,7 +6,7 @@
  * Usage: bench_gpu MODEL.gguf | --synthetic 8b|0.6b  [--prefill N] [--decode N]
  *
  * --synthetic builds the Qwen3 shape in memory with the Q4_K_M type mix of
- * FORMATS.md (attn_v / ffn_down Q6_K on the recipe's layers, output Q6_K,
+ * docs/formats.md (attn_v / ffn_down Q6_K on the recipe's layers, output Q6_K,
  * the rest Q4_K) and random blocks with small finite scales: the bytes a
  * step reads are a real file's, the tokens are meaningless. Prints
  *   prefill_tok_s=  decode_tok_s=  weight_bytes=  copy_bw_GBs=
