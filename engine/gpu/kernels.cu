@@ -332,8 +332,7 @@ static void launch_get_rows(cudaStream_t s, const void *W, int K, const int32_t 
  * the dot products on 4 bytes at a time (dp4a) over the raw 4- and 6-bit
  * weight codes; scales and mins are applied per sub-block in f32. Each warp
  * serves rpw consecutive rows. TG_GPU_MMVQ=0 in the environment keeps the
- * f32 kernel (the ref-tier yardstick figures of docs/gpu.md were measured
- * both ways). */
+ * f32 kernel (scripts/gpu-test.sh runs test_gpu_ops both ways). */
 
 #define MV_WARPS 8
 #define MV_MAX_K 32768   /* shared memory: K bytes + K/32 * 8 */
