@@ -1044,6 +1044,7 @@ typedef struct leg_plan {
     int n;
 } leg_plan;
 
+/* Frees what plan_leg allocated and resets *p; a zeroed plan is a no-op. */
 static void plan_free(leg_plan *p)
 {
     for (int i = 0; p->order && i < p->n; i++) free(p->order[i]);
