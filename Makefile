@@ -186,7 +186,7 @@ valgrind: all
 # FUZZ_SECONDS each from the kept corpus (scripts/fuzz.sh). The kept corpus
 # is also replayed under gcc by tests/test_fuzz_replay in make test.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := gguf tokenizer spec proto
+FUZZ_TARGETS := gguf tokenizer spec proto store
 FUZZ_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 fuzz:
 	$(MAKE) BUILD=build/fuzz CC=clang OPT=-O1 SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" NO_SETUP=1 fuzz-bins

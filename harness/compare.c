@@ -243,7 +243,7 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
     lp->n_steps = n;
     if (rc != SQLITE_DONE) return db_fail(db, e, "reading steps");
     if (n == 0) return 0;
-    /* the top-k of every step, from the leg's chunk */
+    /* the top-k of every step, from its step_top rows */
     store_tops t;
     if (store_tops_read(db, leg_id, prompt_id, &t, e) < 0) return -1;
     for (int i = 0; i < n; i++) {

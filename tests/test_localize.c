@@ -222,7 +222,7 @@ static void test_migration(void **st_)
     tg_err e;
     assert_int_equal(store_open(&st, db, &e), 0);
     /* make it a version-2 store: the version-3 step table, without the version-3 tables */
-    assert_int_equal(sqlite3_exec(store_db(st), V4_TO_V3_SQL, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(store_db(st), STORE_TO_V3_SQL, NULL, NULL, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_exec(store_db(st),
                                   "DROP TABLE localize_row; DROP TABLE localize_dump;"
                                   " DROP TABLE localize_arm; DROP TABLE localize; DROP TABLE noise_band;"
