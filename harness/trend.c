@@ -249,8 +249,8 @@ static int load_fp(sqlite3 *db, history *h, run_pt *rp, tg_err *e)
 {
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, "SELECT a.name, a.role, a.config, b.sha256, b.path, l.hello, l.device"
-                               " FROM arm a LEFT JOIN leg l ON l.id = (SELECT min(id) FROM leg"
-                               "   WHERE arm_id = a.id AND leg = (SELECT min(leg) FROM leg WHERE arm_id = a.id))"
+                               " FROM arm a LEFT JOIN leg l ON l.id = (SELECT id FROM leg"
+                               "   WHERE run_id = a.run_id AND arm_id = a.id ORDER BY leg LIMIT 1)"
                                " LEFT JOIN binary b ON b.id = l.binary_id WHERE a.run_id = ?1 ORDER BY a.id",
                            -1, &s, NULL) != SQLITE_OK)
         return sql_err(db, e, "reading the arms of a run");
@@ -946,7 +946,8 @@ int trend_spec(tg_store *st, const char *spec_name, int md, int window, FILE *ou
     const char *pre = md ? "    " : "  ", *li = md ? "- " : "  ";
     if (md) fprintf(out, "## %s\n\n", spec_name);
     else fprintf(out, "trend of %s\n", spec_name);
-    fprintf(out, "%s%d scored runs%s", md ? "" : "  ", r->n_runs, r->n_runs < 2 ? " (nothing to compare yet)" : "");
+    fprintf(out, "%s%d scored run%s%s", md ? "" : "  ", r->n_runs, r->n_runs == 1 ? "" : "s",
+            r->n_runs < 2 ? " (nothing to compare yet)" : "");
     if (r->n_excluded) fprintf(out, ", %d excluded", r->n_excluded);
     fprintf(out, "; a run is a baseline when it passed without a regression, or was accepted\n");
     if (md) fprintf(out, "\n");
