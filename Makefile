@@ -209,7 +209,7 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(BUILD)/lib/libtg_f
 gate: setup
 	$(MAKE) all
 	$(MAKE) aarch64
-	$(BUILD)/bin/tokgate gate specs/default.yaml --evidence evidence
+	$(BUILD)/bin/tokgate gate specs/default.yaml --evidence $(BUILD)/evidence
 
 # The synthetic spec's model: tg-mkmodel tiny Q4_K_M, seed 1, real Qwen3
 # tokenizer (same seed, same bytes: specs/synthetic-qwen3.yaml pins them).

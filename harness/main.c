@@ -48,9 +48,11 @@ static const char USAGE[] =
     "                           latest gate of SPEC passed on the same binaries and model\n"
     "  sweep SWEEP.yaml [--db FILE] [--jobs N] [--only SPEC]\n"
     "                           run every spec of a sweep file, one run each; a summary table\n"
-    "  trend [SPEC] [--db FILE] [--format text|md] [--out FILE] [--svg DIR]\n"
-    "                           latest run of each spec against its history; exit 1 on a regression\n"
-    "  plan SWEEP.yaml --shards N [--out PLAN]\n"
+    "  trend [SPEC...] [--db FILE] [--window N] [--plan PLAN] [--format text|md] [--out FILE] [--svg DIR]\n"
+    "                           latest run of each spec against its last N good runs; exit 1 on a regression\n"
+    "  baseline accept|exclude|clear RUN --reason TEXT [--db FILE] | baseline list [SPEC] [--db FILE]\n"
+    "                           a team's decisions about runs for the trend, kept in the store\n"
+    "  plan SWEEP.yaml --shards N [--out PLAN] [--cpus-per-task C]\n"
     "                           split a sweep into N shards (a plan file, default tokgate-plan.json)\n"
     "  run --shard I/N [PLAN] [--db FILE] [--jobs N]\n"
     "                           run shard I of N into its own store (default tokgate-shard-I-of-N.db)\n"
@@ -498,6 +500,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "bench")) return cmd_bench(argc, argv);
     if (!strcmp(c, "sweep")) return sweep_main(argc, argv);
     if (!strcmp(c, "trend")) return trend_main(argc, argv);
+    if (!strcmp(c, "baseline")) return trend_baseline_main(argc, argv);
     if (!strcmp(c, "plan")) return sweep_plan_main(argc, argv);
     if (!strcmp(c, "run")) return sweep_run_main(argc, argv);
     if (!strcmp(c, "merge")) return merge_main(argc, argv);

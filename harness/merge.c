@@ -19,11 +19,13 @@
 
 #include <openssl/evp.h>
 
+#include "trend.h"
+
 /* Tables this file copies, in dependency order; any other non-empty table
  * of the source is reported as skipped. */
 static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg",
                                     "leg_prompt", "step", "step_top", "dump", "verdict_set", "verdict",
-                                    "compare", "contested", "noise_band", NULL};
+                                    "compare", "contested", "noise_band", "trend_mark", NULL};
 
 static int sql_err(sqlite3 *db, tg_err *e, const char *what)
 {
@@ -410,6 +412,8 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
     }
     sqlite3_finalize(runs);
     runs = NULL;
+    /* the team's baseline decisions, keyed by run uid (trend.c owns the table) */
+    if (trend_copy_marks(db, e) < 0) goto done;
     if (exec2(db, "COMMIT", 0, 0, e) < 0) goto done;
     began = 0;
     rc = 0;
