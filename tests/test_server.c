@@ -7,6 +7,8 @@
  *   scripts/build-llama-server.sh against the same prebuilt libllama as
  *   tg-llama), started by the arm on a free port of 127.0.0.1, must be
  *   EXACT on every step of the default prompts and PASS;
+ * - free mode over the same server (a prompt in one request) and over the
+ *   double answering 2 tokens at a time (asked again where it stopped);
  * - the same server through its OpenAI-compatible /v1/completions (top
  *   log-probabilities limited to 20, shorter than the spec's top_k, several
  *   requests a prompt): PASS, and the KL over the shorter lists stays at
@@ -313,6 +315,48 @@ static void test_llama_server_gate(void **unused)
     spec_free(s);
 }
 
+/* Free mode over llama-server: each arm decodes alone, the server a whole
+ * prompt in one request; the same tokens as tg-llama. */
+static void test_llama_server_free(void **unused)
+{
+    (void)unused;
+    char srv[PATH_MAX * 2];
+    need_server(srv, sizeof srv);
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: server-free\n"
+                         "model: {path: %s/models/tiny-trained-qwen3-Q4_K_M.gguf, "
+                         "sha256: 9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657}\n"
+                         "prompts: %s/specs/prompts/manpy6.txt\n"
+                         "steps: 24\ntop_k: 8\nlegs: 2\nmode: free\nreference: llama-cpu\npolicy: {kind: exact}\n"
+                         "arms:\n"
+                         "  - {name: llama-cpu, llama: {lib: %s/npm/linux-x64/bins/linux-x64/libllama.so, "
+                         "options: {threads: 1}}}\n"
+                         "  - name: srv\n"
+                         "    http:\n"
+                         "      url: \"http://127.0.0.1:{port}\"\n"
+                         "      start: {argv: [%s, -m, \"{model}\", --host, 127.0.0.1, --port, \"{port}\", "
+                         "-t, \"1\", -np, \"1\", --no-warmup, --no-ui], wait: 60}\n",
+                         g_root, g_root, g_cache, srv) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    int faulted;
+    verdict_result vr;
+    int64_t run = run_gate(st, s, &faulted, &vr);
+    if (faulted) print_causes(st, run);
+    assert_int_equal(faulted, 0);
+    assert_string_equal(vr.verdict, "PASS");
+    char v[128];
+    arm_key(st, run, "srv", "GENERATION_DIVERGENCES", v, sizeof v);
+    assert_string_equal(v, "0/144");
+    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
+               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "srv", v, sizeof v);
+    assert_string_equal(v, "6");
+    store_close(st);
+    spec_free(s);
+}
+
 /* The same server's OpenAI-compatible endpoint: 20 log-probabilities a
  * step (the spec asks for 32), 4 tokens a request. */
 static void test_openai_gate(void **unused)
@@ -434,7 +478,7 @@ static void test_faults(void **unused)
                             "  - {name: refused, http: {url: \"http://127.0.0.1:%d\", connect_timeout: 2}}\n",
                             m, sha, fa, fa, rport);
     for (size_t i = 0; i < sizeof arms / sizeof arms[0]; i++) {
-        char a[4096];
+        char a[3 * PATH_MAX];
         double_arm(a, sizeof a, arms[i].name, arms[i].mode, arms[i].extra);
         len += (size_t)snprintf(t + len, cap - len, "%s", a);
     }
@@ -490,6 +534,44 @@ static void test_faults(void **unused)
     spec_free(s);
 }
 
+/* Free mode: a server that answers fewer tokens than asked for (stopped at
+ * an end-of-generation token) is asked again from where it stopped, with
+ * its own tokens appended: 5 steps in 2 tokens an answer are 3 requests. */
+static void test_free_continuation(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX], a[3 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
+    need_file(fa, "the test double arm: build tests/helpers");
+    double_arm(a, sizeof a, "short", "short", NULL);
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: http-free\nmodel: {path: %s, sha256: %s}\n"
+                         "prompts: [{id: p1, text: ab}, {id: p2, text: cde}]\n"
+                         "steps: 5\ntop_k: 4\nlegs: 2\nmode: free\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok], role: oracle}\n%s",
+                         m, sha, fa, a) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    int faulted;
+    verdict_result vr;
+    int64_t run = run_gate(st, s, &faulted, &vr);
+    if (faulted) print_causes(st, run);
+    assert_int_equal(faulted, 0);
+    char v[256];
+    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
+               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "short", v, sizeof v);
+    assert_string_equal(v, "6");
+    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
+               "WHERE l.run_id = ?1 AND a.name = ?2 AND s.forced IS NULL", run, "short", v, sizeof v);
+    assert_string_equal(v, "20");
+    store_close(st);
+    spec_free(s);
+}
+
 /* ---- secrets ---- */
 
 /* The leg's stderr, decompressed, into a malloc'ed string. */
@@ -514,7 +596,7 @@ static char *leg_stderr(tg_store *st, int64_t run, const char *arm)
 static void test_api_key_not_stored(void **unused)
 {
     (void)unused;
-    char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX], a[4096], b[4096];
+    char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX], a[3 * PATH_MAX], b[3 * PATH_MAX];
     make_model(sha);
     path_in(m, sizeof m, "m.bin");
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
@@ -572,8 +654,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_spec_http_arm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faults, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_free_continuation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_api_key_not_stored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_llama_server_gate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_llama_server_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_openai_gate, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

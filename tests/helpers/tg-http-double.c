@@ -29,6 +29,8 @@
  *   auth         like ok, but every request needs "Authorization: Bearer
  *                $TG_DOUBLE_KEY" (else HTTP 401 with a JSON error)
  *   legacy-text  /v1/completions names tokens by text only (no ids)
+ *   short        completion answers at most 2 tokens however many are asked
+ *                for (as a server that stopped at an end-of-generation token)
  * Legacy answers with "token_id:N" keys are given in every other mode.
  */
 #include <arpa/inet.h>
@@ -226,6 +228,7 @@ static void serve(int fd)
             respond_json(fd, 400, json_pack("{s:{s:s}}", "error", "message", "test double: bad n_predict or n_probs"));
             goto out;
         }
+        if (!strcmp(g_mode, "short") && want > 2) want = 2;
         if (!strcmp(g_mode, "die") && g_completions == 3) raise(SIGKILL);
         if (!strcmp(g_mode, "slow")) sleep(5);
         if (!strcmp(g_mode, "http500")) {
