@@ -21,8 +21,9 @@
  *   other arm's legs stay clean, and the store stays intact;
  * - an API key named by an environment variable is sent, and its value is
  *   stored nowhere (config, hello, answers, causes, stderr).
- * The llama-server tests skip, saying why, when build/bin/llama-server has
- * not been built (scripts/build-llama-server.sh).
+ * The llama-server tests skip, saying why, when build/bin/llama-server of
+ * the repository has not been built (scripts/build-llama-server.sh; .ci/run
+ * builds it).
  */
 #include <limits.h>
 #include <netinet/in.h>
@@ -267,9 +268,11 @@ static void test_spec_http_arm(void **unused)
 
 /* ---- llama-server ---- */
 
+/* build/bin/llama-server of the repository (specs/server.yaml names it
+ * there, also for the sanitizer build's tests), tg-http and libllama. */
 static void need_server(char *srv, size_t n)
 {
-    snprintf(srv, n, "%s/llama-server", g_bin);
+    snprintf(srv, n, "%s/build/bin/llama-server", g_root);
     need_file(srv, "build it with scripts/build-llama-server.sh");
     char p[PATH_MAX * 2];
     snprintf(p, sizeof p, "%s/tg-http", g_bin);
