@@ -276,4 +276,5 @@ bench-gpu:
 clean:
 	rm -rf build
 
--include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d)
+-include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d) \
+         $(BUILD)/obj/oracles/http/tg-http.d
