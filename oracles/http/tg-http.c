@@ -263,13 +263,15 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
     return n;
 }
 
-/* A printable excerpt of text (at most max bytes, control bytes as '?'). */
+/* A printable excerpt of text (at most max bytes): ASCII only, control and
+ * non-ASCII bytes as '?', so that a cut never splits a UTF-8 sequence (an
+ * error answer must be valid UTF-8 to be written at all). */
 static void excerpt(const char *text, size_t len, char *out, size_t max)
 {
     size_t n = len < max - 4 ? len : max - 4, k = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)text[i];
-        out[k++] = ch < 0x20 || ch == 0x7f ? '?' : (char)ch;
+        out[k++] = ch < 0x20 || ch >= 0x7f ? '?' : (char)ch;
     }
     if (n < len) out[k++] = '.', out[k++] = '.', out[k++] = '.';
     out[k] = 0;
@@ -592,9 +594,11 @@ static int parse_legacy(json_t *lp, int k, gen_tok **out, int *m, tg_err *e)
             json_decref(ks);
             double l = json_logprob(v);
             if (tid < 0 || tid > INT32_MAX || isnan(l)) {
+                char shown[48];
+                excerpt(key, strlen(key), shown, sizeof shown);
                 gen_free(g, (int)j + 1);
-                return tg_errf(e, "logprobs.top_logprobs[%zu]: key '%.40s': expected \"token_id:N\" with a "
-                                  "logprob (names by text do not identify a token)", j, key);
+                return tg_errf(e, "logprobs.top_logprobs[%zu]: key '%s': expected \"token_id:N\" with a "
+                                  "logprob (names by text do not identify a token)", j, shown);
             }
             g[j].top[g[j].n++] = (tg_top){(int32_t)tid, (float)l};
         }
@@ -675,7 +679,7 @@ static int cb_hello(void *ud, json_t *arm, tg_err *e)
     return 0;
 }
 
-static int cb_load(void *ud, const char *model, const json_t *options, json_t *out, tg_err *e)
+static int cb_load_do(void *ud, const char *model, const json_t *options, json_t *out, tg_err *e)
 {
     worker *w = ud;
     static const char *const known[] = {NULL};
@@ -744,7 +748,7 @@ static json_t *ids_json(const int32_t *ids, int n)
     return a;
 }
 
-static int cb_tokenize(void *ud, const char *text, size_t len, bool special, int32_t **ids, int *n,
+static int cb_tokenize_do(void *ud, const char *text, size_t len, bool special, int32_t **ids, int *n,
                        tg_err *e)
 {
     worker *w = ud;
@@ -812,7 +816,7 @@ static int server_detokenize(worker *w, const int32_t *ids, int n, char **text, 
     return 0;
 }
 
-static int cb_detokenize(void *ud, const int32_t *ids, int n, bool special, char **text, size_t *len,
+static int cb_detokenize_do(void *ud, const int32_t *ids, int n, bool special, char **text, size_t *len,
                          tg_err *e)
 {
     worker *w = ud;
@@ -857,7 +861,7 @@ static json_t *completion_request(worker *w, const int32_t *seq, int n, int want
     return req;
 }
 
-static int cb_decode(void *ud, const proto_decode_req *r, proto_conn *c, proto_done *done, tg_err *e)
+static int cb_decode_do(void *ud, const proto_decode_req *r, proto_conn *c, proto_done *done, tg_err *e)
 {
     worker *w = ud;
     if (need_load(w, e)) return -1;
@@ -938,6 +942,40 @@ static int cb_decode(void *ud, const proto_decode_req *r, proto_conn *c, proto_d
 out:
     free(seq);
     return rc;
+}
+
+/* ---- the callbacks proto_serve calls ---- */
+
+/* Error answers must be valid UTF-8 to be written at all: bytes of a
+ * server's answer quoted in a message (a JSON parser's "near '...'", a cut
+ * message) become '?' when they are not ASCII. Returns -1. */
+static int fail_ascii(tg_err *e)
+{
+    for (char *p = e->msg; *p; p++)
+        if ((unsigned char)*p >= 0x80) *p = '?';
+    return -1;
+}
+
+static int cb_load(void *ud, const char *model, const json_t *options, json_t *out, tg_err *e)
+{
+    return cb_load_do(ud, model, options, out, e) < 0 ? fail_ascii(e) : 0;
+}
+
+static int cb_tokenize(void *ud, const char *text, size_t len, bool special, int32_t **ids, int *n,
+                       tg_err *e)
+{
+    return cb_tokenize_do(ud, text, len, special, ids, n, e) < 0 ? fail_ascii(e) : 0;
+}
+
+static int cb_detokenize(void *ud, const int32_t *ids, int n, bool special, char **text, size_t *len,
+                         tg_err *e)
+{
+    return cb_detokenize_do(ud, ids, n, special, text, len, e) < 0 ? fail_ascii(e) : 0;
+}
+
+static int cb_decode(void *ud, const proto_decode_req *r, proto_conn *c, proto_done *done, tg_err *e)
+{
+    return cb_decode_do(ud, r, c, done, e) < 0 ? fail_ascii(e) : 0;
 }
 
 /* ---- command line ---- */

@@ -24,7 +24,8 @@
  *   slow         completion answers come after 5 s (the client's timeout)
  *   http500      completion answers HTTP 500 with a JSON error message
  *   http404      /tokenize answers HTTP 404 with a plain-text body
- *   badjson      completion answers 200 with a truncated JSON body
+ *   badjson      completion answers 200 with a JSON body cut inside a UTF-8
+ *                sequence
  *   position     completion answers for a prompt one token longer than sent
  *   auth         like ok, but every request needs "Authorization: Bearer
  *                $TG_DOUBLE_KEY" (else HTTP 401 with a JSON error)
@@ -235,7 +236,8 @@ static void serve(int fd)
             respond_json(fd, 500, json_pack("{s:{s:i,s:s,s:s}}", "error", "code", 500, "message",
                                             "test double: the model fell over", "type", "server_error"));
         } else if (!strcmp(g_mode, "badjson")) {
-            respond(fd, 200, "application/json", "{\"completion_probabilities\": [{\"id\": 5, \"logprob\": -0.");
+            /* cut inside a UTF-8 sequence: the parser's message quotes a broken byte */
+            respond(fd, 200, "application/json", "{\"completion_probabilities\": [{\"id\": 5, \"token\": \"caf\xc3");
         } else {
             respond_json(fd, 200, llama ? completion_llama(n, want, k) : completion_legacy(n, want, k));
         }
