@@ -32,6 +32,10 @@ LLAMA_CPP_DIR ?= $(CACHE)/llama.cpp
 PKGS     := sqlite3 libzstd libpcre2-8 jansson libfyaml libcrypto libxxhash
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# libcurl (Debian libcurl4-openssl-dev) for tg-http alone, apart from PKGS
+# so that a machine without it still builds everything else.
+CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
+CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null)
 
 CPPFLAGS += -D_GNU_SOURCE -I$(TOP)/engine -I$(TOP)/harness -I$(TOP)/oracles
 CFLAGS   += -std=gnu11 -g $(OPT) $(SAN) -Wall -Wextra -Wno-unused-parameter \
@@ -72,6 +76,9 @@ ifneq ($(wildcard oracles/llama/tg-llama.c),)
 endif
 ifneq ($(wildcard harness/main.c),)
   BINS += $(BUILD)/bin/tokgate
+endif
+ifneq ($(wildcard oracles/http/tg-http.c),)
+  BINS += $(BUILD)/bin/tg-http
 endif
 
 .PHONY: synthetic-gate all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
@@ -150,6 +157,13 @@ $(BUILD)/obj/tests/%.o: | $(CACHE)/npm/.fetched
 $(BUILD)/bin/tg-llama: $(BUILD)/obj/oracles/llama/tg-llama.o $(LIB_ORACLE) $(LIB_ENGINE)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# tg-http: the arm worker over an inference server's HTTP API (libcurl).
+$(BUILD)/obj/oracles/http/%.o: CPPFLAGS += $(CURL_CFLAGS)
+$(BUILD)/bin/tg-http: $(BUILD)/obj/oracles/http/tg-http.o $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	@[ -n "$(CURL_LIBS)" ] || { echo "tg-http needs libcurl: apt-get install libcurl4-openssl-dev (scripts/setup-deps.sh)" >&2; exit 1; }
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
 
 # Set-up on a fresh machine: Debian packages (only those missing, so this is
 # cheap once done) and the pinned npm packages. Skipped with NO_SETUP=1.
@@ -262,4 +276,5 @@ bench-gpu:
 clean:
 	rm -rf build
 
--include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d)
+-include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d) \
+         $(BUILD)/obj/oracles/http/tg-http.d

@@ -320,7 +320,8 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 
 /* ---- answers ---- */
 
-/* Writes one step line from an ordered top list and a digest. */
+/* Writes one step line from an ordered top list and a digest (NULL or "":
+ * no "digest" member, for a worker that never sees the whole logit vector). */
 static void write_step(proto_conn *c, int step, const tg_top *top, int k, const char *dig)
 {
     c->len = 0;
@@ -332,7 +333,8 @@ static void write_step(proto_conn *c, int step, const tg_top *top, int k, const 
         else if (isinf(v)) cbuf_printf(c, "%s[%d,\"%sinf\"]", sep, top[i].id, v < 0 ? "-" : "");
         else cbuf_printf(c, "%s[%d,%.9g]", sep, top[i].id, (double)v);
     }
-    cbuf_printf(c, "],\"digest\":\"%s\"}", dig);
+    if (dig && *dig) cbuf_printf(c, "],\"digest\":\"%s\"}", dig);
+    else cbuf_printf(c, "]}");
     cbuf_flush(c);
 }
 

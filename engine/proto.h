@@ -98,7 +98,8 @@ int32_t proto_step(proto_conn *c, const proto_decode_req *req, int step, const f
 /* proto_step for a worker that selects the top-k itself (the GPU arm, on
  * the device): top[0..k-1] ordered as tg_topk orders them (k at most
  * req->top_k, top[0] the argmax), digest the 16-hex-digit XXH3-64 of all
- * logits. Writes the same step line (k is clamped to req->top_k; k >= 1);
+ * logits, or NULL for a worker that never sees them all (tg-http: the step
+ * line then has no "digest"). Writes the same step line (k is clamped to req->top_k; k >= 1);
  * returns the token to append next (force[step] under teacher forcing,
  * else top[0].id). */
 int32_t proto_step_top(proto_conn *c, const proto_decode_req *req, int step, const tg_top *top, int k,

@@ -496,11 +496,16 @@ static double gap_of(const tg_top *t, int n)
 
 /* KL(P || Q): P = softmax of the reference logits over the reference top-k,
  * Q = softmax of the arm's logits over the same ids, an id missing from the
- * arm's top-k taking the arm's lowest top-k logit. NaN when either list is
- * empty or a logit is not finite. */
+ * arm's top-k taking the arm's lowest top-k logit. An arm whose list is
+ * shorter (a server that answers at most 20 log-probabilities) is compared
+ * over the reference's first na ids: its missing ids would otherwise all
+ * take its floor. Values that are log-probabilities (logits minus a
+ * per-step constant) give the same KL. NaN when either list is empty or a
+ * logit is not finite. */
 static double kl_topk(const tg_top *ref, int nr, const tg_top *arm, int na)
 {
     if (nr < 1 || na < 1) return NAN;
+    if (na < nr) nr = na;
     double floor_l = arm[na - 1].logit, pm = -INFINITY, qm = -INFINITY;
     double q[4096];
     for (int i = 0; i < nr; i++) {

@@ -472,6 +472,190 @@ static int parse_timeout(pctx *c, struct fy_node *n, pos at, const char *field,
     return 0;
 }
 
+typedef struct strv { char **v; int n, cap; } strv;
+static void strv_push(strv *a, const char *s);
+
+/* An http arm's mapping (docs/spec.md "http") into tg-http's arguments
+ * (a->argv) and worker (a->worker). Secrets stay out: api_key_env and
+ * headers_env name environment variables, read by tg-http. */
+static int parse_http(pctx *c, struct fy_node *kv, pos kpos, const char *g, spec_arm *a)
+{
+    pos hp = node_pos(kv, kpos);
+    if (!fy_node_is_mapping(kv))
+        return perr(c, hp, g, "expected a mapping {url: ..., api: llama|openai, ...}");
+    static const char *const hk[] = {"url", "api", "top_k_max", "request_timeout", "connect_timeout",
+                                     "api_key_env", "headers", "headers_env", "model", "body",
+                                     "tokens_per_request", "prompt", "start", "worker", NULL};
+    if (check_keys(c, kv, hp, g, hk) < 0) return -1;
+    strv v = {0};
+    char h[200], num[64], *str = NULL;
+    int rc = -1, iv;
+    double dv;
+    pos p = hp;
+    struct fy_node *x = get(kv, "url", &p);
+    snprintf(h, sizeof h, "%s.url", g);
+    if (!x) { perr(c, hp, h, "missing (expected the server's base URL, e.g. http://127.0.0.1:8080)"); goto out; }
+    if (get_string(c, x, p, h, "a URL", &str) < 0) goto out;
+    if (strncmp(str, "http://", 7) && strncmp(str, "https://", 8)) {
+        perr(c, node_pos(x, p), h, "expected an http:// or https:// URL, got '%s'", str);
+        goto out;
+    }
+    strv_push(&v, "--url");
+    strv_push(&v, str);
+    free(str), str = NULL;
+    static const struct { const char *key, *flag; char type; } simple[] = {
+        {"api", "--api", 'a'}, {"top_k_max", "--top-k-max", 'i'}, {"request_timeout", "--timeout", 'n'},
+        {"connect_timeout", "--connect-timeout", 'n'}, {"api_key_env", "--api-key-env", 'e'},
+        {"model", "--model", 's'}, {"tokens_per_request", "--tokens-per-request", 'i'},
+        {"prompt", "--prompt", 'p'}};
+    for (size_t k = 0; k < sizeof simple / sizeof simple[0]; k++) {
+        p = hp;
+        if (!(x = get(kv, simple[k].key, &p))) continue;
+        snprintf(h, sizeof h, "%s.%s", g, simple[k].key);
+        switch (simple[k].type) {
+        case 'i':
+            if (get_int(c, x, p, h, 1, 100000, &iv) < 0) goto out;
+            snprintf(num, sizeof num, "%d", iv);
+            break;
+        case 'n':
+            if (get_number(c, x, p, h, 0.001, 1e6, &dv) < 0) goto out;
+            snprintf(num, sizeof num, "%.17g", dv);
+            break;
+        default:
+            if (get_string(c, x, p, h, "a string", &str) < 0) goto out;
+            if ((simple[k].type == 'a' && strcmp(str, "llama") && strcmp(str, "openai")) ||
+                (simple[k].type == 'p' && strcmp(str, "ids") && strcmp(str, "text"))) {
+                perr(c, node_pos(x, p), h, "expected %s, got '%s'",
+                     simple[k].type == 'a' ? "llama or openai" : "ids or text", str);
+                goto out;
+            }
+            if (simple[k].type == 'e' && !valid_name(str)) {
+                perr(c, node_pos(x, p), h, "expected the name of an environment variable, got '%s'", str);
+                goto out;
+            }
+            snprintf(num, sizeof num, "%s", "");
+            break;
+        }
+        strv_push(&v, simple[k].flag);
+        strv_push(&v, str ? str : num);
+        free(str), str = NULL;
+    }
+    /* headers (literal values) and headers_env (values from the environment) */
+    for (int env = 0; env < 2; env++) {
+        p = hp;
+        const char *key = env ? "headers_env" : "headers";
+        if (!(x = get(kv, key, &p))) continue;
+        snprintf(h, sizeof h, "%s.%s", g, key);
+        if (!fy_node_is_mapping(x)) {
+            perr(c, node_pos(x, p), h, "expected a mapping {Header-Name: %s}", env ? "ENV_VAR" : "value");
+            goto out;
+        }
+        void *it = NULL;
+        struct fy_node_pair *pr;
+        while ((pr = fy_node_mapping_iterate(x, &it))) {
+            const char *hn = scalar(fy_node_pair_key(pr)), *hv = scalar(fy_node_pair_value(pr));
+            char hf[300];
+            snprintf(hf, sizeof hf, "%s.%s", h, hn ? hn : "?");
+            pos vp = node_pos(fy_node_pair_key(pr), p);
+            if (!hn || !valid_name(hn) || !hv || !*hv || strchr(hv, '\n') || strchr(hv, '\r') ||
+                (env && !valid_name(hv))) {
+                perr(c, vp, hf, "expected %s", env ? "Header-Name: ENV_VAR_NAME" : "Header-Name: one-line value");
+                goto out;
+            }
+            size_t n = strlen(hn) + strlen(hv) + 4;
+            char *line = malloc(n);
+            if (!line) abort();
+            snprintf(line, n, env ? "%s=%s" : "%s: %s", hn, hv);
+            strv_push(&v, env ? "--header-env" : "--header");
+            strv_push(&v, line);
+            free(line);
+        }
+    }
+    p = hp;
+    if ((x = get(kv, "body", &p))) {
+        snprintf(h, sizeof h, "%s.body", g);
+        if (!fy_node_is_mapping(x)) { perr(c, node_pos(x, p), h, "expected a mapping of request fields"); goto out; }
+        json_t *j = node_json(x);
+        char *t = json_text(j);
+        json_decref(j);
+        strv_push(&v, "--body");
+        strv_push(&v, t);
+        free(t);
+    }
+    p = hp;
+    if ((x = get(kv, "worker", &p))) {
+        snprintf(h, sizeof h, "%s.worker", g);
+        if (get_string(c, x, p, h, "a string path to a tg-http executable", &str) < 0) goto out;
+        a->worker = resolve_path(c, str);
+        free(str), str = NULL;
+    }
+    p = hp;
+    if ((x = get(kv, "start", &p))) {
+        /* last: everything after --start is the server's argv */
+        snprintf(h, sizeof h, "%s.start", g);
+        pos sp = node_pos(x, p);
+        if (!fy_node_is_mapping(x)) {
+            perr(c, sp, h, "expected a mapping {argv: [program, args...], health: /health, wait: seconds}");
+            goto out;
+        }
+        static const char *const sk[] = {"argv", "health", "wait", NULL};
+        if (check_keys(c, x, sp, h, sk) < 0) goto out;
+        char hh[240];
+        pos q = sp;
+        struct fy_node *y;
+        if ((y = get(x, "health", &q))) {
+            snprintf(hh, sizeof hh, "%s.health", h);
+            if (get_string(c, y, q, hh, "a path such as /health", &str) < 0) goto out;
+            if (str[0] != '/') { perr(c, node_pos(y, q), hh, "expected a path starting with '/', got '%s'", str); goto out; }
+            strv_push(&v, "--health");
+            strv_push(&v, str);
+            free(str), str = NULL;
+        }
+        q = sp;
+        if ((y = get(x, "wait", &q))) {
+            snprintf(hh, sizeof hh, "%s.wait", h);
+            if (get_number(c, y, q, hh, 0.001, 1e6, &dv) < 0) goto out;
+            snprintf(num, sizeof num, "%.17g", dv);
+            strv_push(&v, "--start-wait");
+            strv_push(&v, num);
+        }
+        q = sp;
+        snprintf(hh, sizeof hh, "%s.argv", h);
+        if (!(y = get(x, "argv", &q))) { perr(c, sp, hh, "missing (expected [program, args...])"); goto out; }
+        char **sv = NULL;
+        int sn = 0;
+        if (get_strings(c, y, q, hh, "argv words", &sv, &sn) < 0) goto out;
+        if (sn == 0) {
+            free(sv);
+            perr(c, node_pos(y, q), hh, "expected at least the program name");
+            goto out;
+        }
+        strv_push(&v, "--start");
+        for (int k = 0; k < sn; k++) {
+            /* a program named with a folder is a path: resolved as the spec's paths are */
+            if (k == 0 && strchr(sv[0], '/')) {
+                char *r = resolve_path(c, sv[0]);
+                strv_push(&v, r);
+                free(r);
+            } else {
+                strv_push(&v, sv[k]);
+            }
+            free(sv[k]);
+        }
+        free(sv);
+    }
+    a->argv = v.v;
+    a->n_argv = v.n;
+    v.v = NULL;
+    rc = 0;
+out:
+    free(str);
+    if (v.v)
+        for (int k = 0; k < v.n; k++) free(v.v[k]);
+    free(v.v);
+    return rc;
+}
+
 static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
 {
     spec_arm *a = &s->arms[i];
@@ -482,8 +666,8 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
     a->timeout_request = -1;
     a->timeout_leg = -1;
     if (!fy_node_is_mapping(n))
-        return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec: ...}");
-    static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "options",
+        return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec|http: ...}");
+    static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "http", "options",
                                        "role", "variant_of", "timeout", "strip", NULL};
     if (check_keys(c, n, ap, f, keys) < 0) return -1;
     pos kp = ap;
@@ -498,17 +682,17 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
             return perr(c, node_pos(v, kp), g, "expected a unique name, '%s' is also arms[%d]", a->name, j);
 
     /* exactly one kind */
-    static const char *const kinds[] = {"engine", "llama", "command", "exec"};
+    static const char *const kinds[] = {"engine", "llama", "command", "exec", "http"};
     int nk = 0, kind = -1;
     pos kpos = ap;
     struct fy_node *kv = NULL;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         pos p = ap;
         struct fy_node *x = get(n, kinds[k], &p);
         if (x) { nk++; kind = k; kv = x; kpos = p; }
     }
     if (nk != 1)
-        return perr(c, ap, f, "expected exactly one of engine, llama, command, exec (found %d)", nk);
+        return perr(c, ap, f, "expected exactly one of engine, llama, command, exec, http (found %d)", nk);
     a->kind = (spec_arm_kind)kind;
     a->kind_name = kinds[kind];
     snprintf(g, sizeof g, "%s.%s", f, kinds[kind]);
@@ -563,6 +747,11 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
         a->role = xstrdup("oracle");
         break;
     }
+    case SPEC_ARM_HTTP:
+        if (opts) return perr(c, op, fo, "expected no options for an http arm (its settings go inside http:)");
+        if (parse_http(c, kv, kpos, g, a) < 0) return -1;
+        a->role = xstrdup("test");
+        break;
     case SPEC_ARM_COMMAND:
     case SPEC_ARM_EXEC:
         if (get_strings(c, kv, kpos, g, "argv words", &a->argv, &a->n_argv) < 0) return -1;
@@ -1068,8 +1257,6 @@ static int is_aarch64_elf(const char *path)
     return m == 183;
 }
 
-typedef struct strv { char **v; int n, cap; } strv;
-
 static void strv_push(strv *a, const char *s)
 {
     if (a->n + 2 > a->cap) {
@@ -1105,6 +1292,12 @@ char **spec_arm_argv(const tg_spec *s, int i, const char *bin_dir, tg_err *e)
         strv_push(&v, a->lib);
         break;
     case SPEC_ARM_EXEC:
+        for (int k = 0; k < a->n_argv; k++) strv_push(&v, a->argv[k]);
+        break;
+    case SPEC_ARM_HTTP:
+        if (a->worker) snprintf(path, sizeof path, "%s", a->worker);
+        else snprintf(path, sizeof path, "%s/tg-http", bin_dir);
+        strv_push(&v, path);
         for (int k = 0; k < a->n_argv; k++) strv_push(&v, a->argv[k]);
         break;
     case SPEC_ARM_COMMAND:
