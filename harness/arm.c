@@ -14,6 +14,8 @@
  */
 #include "arm.h"
 
+#include "common.h"
+
 #include <assert.h>
 #include <ctype.h>
 #include <dirent.h>
@@ -71,20 +73,6 @@ struct tg_arm {
     json_t *hello_arm;
     pid_t pgid;              /* the worker's process group until it is killed, else -1 */
 };
-
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s ? s : "");
-    if (!d) abort();
-    return d;
-}
-
-static void *xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q) abort();
-    return q;
-}
 
 static const char *signame(int sig)
 {
@@ -389,7 +377,7 @@ static int send_bytes(tg_arm *a, const char *op, const char *p, size_t n, double
 static int send_json(tg_arm *a, const char *op, json_t *req, double deadline)
 {
     char *s = json_dumps(req, JSON_COMPACT);
-    if (!s) abort();
+    if (!s) common_out_of_memory(0);   /* a packed request fails to dump only without memory */
     size_t n = strlen(s);
     s = xrealloc(s, n + 2);
     s[n] = '\n';
@@ -502,8 +490,7 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
 {
     *out = NULL;
     assert(cfg && cfg->argv && cfg->argv[0]);
-    tg_arm *a = calloc(1, sizeof *a);
-    if (!a) abort();
+    tg_arm *a = xcalloc(1, sizeof *a);
     a->name = xstrdup(cfg->name ? cfg->name : cfg->argv[0]);
     a->pid = -1;
     a->fd_in = a->fd_out = a->fd_err = -1;
@@ -515,8 +502,7 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
     a->max_stderr = cfg->max_stderr ? cfg->max_stderr : DEFAULT_MAX_STDERR;
     a->eline = xrealloc(NULL, SCAN_LINE_MAX + 1);
     a->n_patterns = cfg->n_fault_patterns;
-    a->patterns = calloc((size_t)a->n_patterns + 1, sizeof *a->patterns);
-    if (!a->patterns) abort();
+    a->patterns = xcalloc((size_t)a->n_patterns + 1, sizeof *a->patterns);
     for (int i = 0; i < a->n_patterns; i++) a->patterns[i] = xstrdup(cfg->fault_patterns[i]);
     a->ebuf = xrealloc(NULL, 1);
     a->ebuf[0] = 0;

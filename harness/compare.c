@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "noise.h"
 
 static const char *const CLASS_NAMES[CMP_N_CLASSES] = {
@@ -39,12 +40,7 @@ int compare_class_ok(cmp_class c, const char *policy)
 static char *dup_col(sqlite3_stmt *s, int i)
 {
     const unsigned char *t = sqlite3_column_text(s, i);
-    return t ? strdup((const char *)t) : NULL;
-}
-
-static int db_fail(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "store: %s: %s", what, sqlite3_errmsg(db));
+    return t ? xstrdup((const char *)t) : NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -99,7 +95,7 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
                            " FROM run JOIN spec ON spec.id = run.spec_id"
                            " JOIN artifact ON artifact.id = run.artifact_id WHERE run.id = ?1",
                            -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading the run");
+        return common_sql_err(db, e, "reading the run");
     sqlite3_bind_int64(s, 1, r->run_id);
     int st = sqlite3_step(s);
     if (st == SQLITE_ROW) {
@@ -115,7 +111,7 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
     } else if (st == SQLITE_DONE) {
         tg_errf(e, "store: no run %lld", (long long)r->run_id);
     } else {
-        db_fail(db, e, "reading the run");
+        common_sql_err(db, e, "reading the run");
     }
     sqlite3_finalize(s);
     return rc;
@@ -126,18 +122,13 @@ static int load_prompts(sqlite3 *db, cmp_run *r, tg_err *e)
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT id, name, text FROM prompt WHERE run_id=?1 ORDER BY no",
                            -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading prompts");
+        return common_sql_err(db, e, "reading prompts");
     sqlite3_bind_int64(s, 1, r->run_id);
     int cap = 0, rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (r->n_prompts == cap) {
             cap = cap ? 2 * cap : 8;
-            cmp_prompt *p = realloc(r->prompts, sizeof *p * (size_t)cap);
-            if (!p) {
-                sqlite3_finalize(s);
-                return tg_errf(e, "out of memory");
-            }
-            r->prompts = p;
+            r->prompts = xrealloc(r->prompts, sizeof *r->prompts * (size_t)cap);
         }
         cmp_prompt *p = &r->prompts[r->n_prompts++];
         p->id = sqlite3_column_int64(s, 0);
@@ -145,7 +136,7 @@ static int load_prompts(sqlite3 *db, cmp_run *r, tg_err *e)
         p->text = dup_col(s, 2);
     }
     sqlite3_finalize(s);
-    if (rc != SQLITE_DONE) return db_fail(db, e, "reading prompts");
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, "reading prompts");
     return 0;
 }
 
@@ -168,19 +159,14 @@ static int load_arms(sqlite3 *db, cmp_run *r, tg_err *e)
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT id, name, kind, role, config FROM arm WHERE run_id=?1 ORDER BY id",
                            -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading arms");
+        return common_sql_err(db, e, "reading arms");
     sqlite3_bind_int64(s, 1, r->run_id);
     int cap = 0, rc;
     r->ref = -1;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (r->n_arms == cap) {
             cap = cap ? 2 * cap : 8;
-            cmp_arm *a = realloc(r->arms, sizeof *a * (size_t)cap);
-            if (!a) {
-                sqlite3_finalize(s);
-                return tg_errf(e, "out of memory");
-            }
-            r->arms = a;
+            r->arms = xrealloc(r->arms, sizeof *r->arms * (size_t)cap);
         }
         cmp_arm *a = &r->arms[r->n_arms++];
         memset(a, 0, sizeof *a);
@@ -203,7 +189,7 @@ static int load_arms(sqlite3 *db, cmp_run *r, tg_err *e)
         json_str(a->config, NULL, "engine", a->tier, sizeof a->tier);
     }
     sqlite3_finalize(s);
-    if (rc != SQLITE_DONE) return db_fail(db, e, "reading arms");
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, "reading arms");
     if (r->ref < 0)
         return tg_errf(e, "run %lld: the reference \"%s\" is not one of its arms",
                        (long long)r->run_id, r->reference ? r->reference : "");
@@ -220,12 +206,7 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (n == cap) {
             cap = cap ? 2 * cap : 64;
-#define GROW(f)                                                  \
-    do {                                                         \
-        void *q_ = realloc(lp->f, sizeof *lp->f * (size_t)cap);  \
-        if (!q_) return tg_errf(e, "out of memory");             \
-        lp->f = q_;                                              \
-    } while (0)
+#define GROW(f) lp->f = xrealloc(lp->f, sizeof *lp->f * (size_t)cap)
             GROW(token); GROW(forced); GROW(step_no); GROW(has_digest); GROW(digest);
             GROW(n_top); GROW(top);
 #undef GROW
@@ -241,7 +222,7 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
         n++;
     }
     lp->n_steps = n;
-    if (rc != SQLITE_DONE) return db_fail(db, e, "reading steps");
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, "reading steps");
     if (n == 0) return 0;
     /* the top-k of every step, from the leg's chunk */
     store_tops t;
@@ -249,11 +230,7 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
     for (int i = 0; i < n; i++) {
         int k = store_tops_find(&t, lp->step_no[i]);
         if (k < 0) continue;
-        lp->top[i] = malloc(sizeof(tg_top) * (size_t)(t.n_top[k] ? t.n_top[k] : 1));
-        if (!lp->top[i]) {
-            store_tops_free(&t);
-            return tg_errf(e, "out of memory");
-        }
+        lp->top[i] = xcalloc((size_t)t.n_top[k], sizeof(tg_top));
         memcpy(lp->top[i], t.top + t.off[k], sizeof(tg_top) * (size_t)t.n_top[k]);
         lp->n_top[i] = t.n_top[k];
     }
@@ -280,7 +257,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
                            "SELECT step, token, forced, digest FROM step"
                            " WHERE leg_id=?1 AND prompt_id=?2 ORDER BY step",
                            -1, &ss, NULL) != SQLITE_OK) {
-        db_fail(db, e, "preparing leg queries");
+        common_sql_err(db, e, "preparing leg queries");
         goto out;
     }
     for (int a = 0; a < r->n_arms; a++) {
@@ -291,12 +268,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
         while ((st = sqlite3_step(sl)) == SQLITE_ROW) {
             if (arm->n_legs == cap) {
                 cap = cap ? 2 * cap : 8;
-                cmp_leg *g = realloc(arm->legs, sizeof *g * (size_t)cap);
-                if (!g) {
-                    tg_errf(e, "out of memory");
-                    goto out;
-                }
-                arm->legs = g;
+                arm->legs = xrealloc(arm->legs, sizeof *arm->legs * (size_t)cap);
             }
             cmp_leg *g = &arm->legs[arm->n_legs++];
             memset(g, 0, sizeof *g);
@@ -312,11 +284,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
             g->host_ops = sqlite3_column_int64(sl, 9);
             g->binary_sha256 = dup_col(sl, 10);
             g->binary_path = dup_col(sl, 11);
-            g->lp = calloc((size_t)(r->n_prompts ? r->n_prompts : 1), sizeof *g->lp);
-            if (!g->lp) {
-                tg_errf(e, "out of memory");
-                goto out;
-            }
+            g->lp = xcalloc((size_t)r->n_prompts, sizeof *g->lp);
             if (!arm->tier[0]) json_str(g->hello, "arm", "tier", arm->tier, sizeof arm->tier);
             for (int p = 0; p < r->n_prompts; p++) {
                 cmp_lp *lp = &g->lp[p];
@@ -326,7 +294,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
                 int s2 = sqlite3_step(sp);
                 if (s2 == SQLITE_DONE) continue;
                 if (s2 != SQLITE_ROW) {
-                    db_fail(db, e, "reading leg prompts");
+                    common_sql_err(db, e, "reading leg prompts");
                     goto out;
                 }
                 lp->present = 1;
@@ -342,7 +310,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
             }
         }
         if (st != SQLITE_DONE) {
-            db_fail(db, e, "reading legs");
+            common_sql_err(db, e, "reading legs");
             goto out;
         }
     }
@@ -543,8 +511,7 @@ static int compare_leg(cmp_run *r, cmp_arm *arm, cmp_leg *g, tg_err *e)
     if (!rl || rl == g) return 0;
     int total = 0;
     for (int p = 0; p < r->n_prompts; p++) total += g->lp[p].n_steps;
-    g->rows = calloc((size_t)(total ? total : 1), sizeof *g->rows);
-    if (!g->rows) return tg_errf(e, "out of memory");
+    g->rows = xcalloc((size_t)total, sizeof *g->rows);
     for (int p = 0; p < r->n_prompts; p++) {
         cmp_lp *x = &g->lp[p], *y = &rl->lp[p];
         int prefix_ok = x->present && y->present && x->decoded_from && y->decoded_from &&
@@ -738,9 +705,7 @@ static int contest(cmp_run *r, tg_err *e)
                     }
             if (r->n_contested == cap) {
                 cap = cap ? 2 * cap : 16;
-                cmp_contested *c = realloc(r->contested, sizeof *c * (size_t)cap);
-                if (!c) return tg_errf(e, "out of memory");
-                r->contested = c;
+                r->contested = xrealloc(r->contested, sizeof *r->contested * (size_t)cap);
             }
             cmp_contested *c = &r->contested[r->n_contested++];
             c->prompt = p;
@@ -752,9 +717,8 @@ static int contest(cmp_run *r, tg_err *e)
             for (int j = 0; j < n && k < sizeof tokens; j++)
                 k += (size_t)snprintf(tokens + k, sizeof tokens - k, "%s%s=%d", j ? " " : "",
                                       names[j], tok[j]);
-            c->sentence = strdup(sentence);
-            c->tokens = strdup(tokens);
-            if (!c->sentence || !c->tokens) return tg_errf(e, "out of memory");
+            c->sentence = xstrdup(sentence);
+            c->tokens = xstrdup(tokens);
         }
     }
     return 0;
@@ -825,9 +789,7 @@ static int noise_pass(cmp_run *r, tg_err *e)
             noise_band(v, n, &ns);
             if (r->n_bands == cap) {
                 cap = cap ? 2 * cap : 64;
-                struct cmp_band *b = realloc(r->bands, sizeof *b * (size_t)cap);
-                if (!b) return tg_errf(e, "out of memory");
-                r->bands = b;
+                r->bands = xrealloc(r->bands, sizeof *r->bands * (size_t)cap);
             }
             struct cmp_band *b = &r->bands[r->n_bands++];
             b->prompt = p, b->step = step, b->n_views = ns.n_views;
@@ -889,8 +851,7 @@ static int arm_prompts(cmp_run *r, tg_err *e)
     cmp_leg *rl = ref->n_legs && ref->legs[0].leg == 1 ? &ref->legs[0] : NULL;
     for (int a = 0; a < r->n_arms; a++) {
         cmp_arm *arm = &r->arms[a];
-        arm->ap = calloc((size_t)(r->n_prompts ? r->n_prompts : 1), sizeof *arm->ap);
-        if (!arm->ap) return tg_errf(e, "out of memory");
+        arm->ap = xcalloc((size_t)r->n_prompts, sizeof *arm->ap);
         for (int p = 0; p < r->n_prompts; p++) {
             cmp_arm_prompt *ap = &arm->ap[p];
             ap->first_diff = ap->first_bad = -1;
@@ -951,7 +912,7 @@ static int oracle_repro(sqlite3 *db, cmp_run *r, tg_err *e)
                            " WHERE step.leg_id = ?1 AND prompt.name = ?2 AND prompt.text = ?3"
                            " ORDER BY step.step",
                            -1, &t, NULL) != SQLITE_OK) {
-        db_fail(db, e, "preparing ORACLE_REPRO queries");
+        common_sql_err(db, e, "preparing ORACLE_REPRO queries");
         goto out;
     }
     for (int a = 0; a < r->n_arms; a++) {
@@ -978,7 +939,7 @@ static int oracle_repro(sqlite3 *db, cmp_run *r, tg_err *e)
             continue;
         }
         if (st != SQLITE_ROW) {
-            db_fail(db, e, "ORACLE_REPRO lookup");
+            common_sql_err(db, e, "ORACLE_REPRO lookup");
             goto out;
         }
         arm->repro_run = sqlite3_column_int64(s, 0);
@@ -1006,7 +967,7 @@ static int oracle_repro(sqlite3 *db, cmp_run *r, tg_err *e)
                 i++, compared++;
             }
             if (st2 != SQLITE_ROW && st2 != SQLITE_DONE) {
-                db_fail(db, e, "ORACLE_REPRO steps");
+                common_sql_err(db, e, "ORACLE_REPRO steps");
                 goto out;
             }
             if (same && i > 0 && i != x->n_steps) {
@@ -1042,8 +1003,7 @@ int compare_run(tg_store *st, int64_t run_id, const char *policy, double band, c
 {
     *out = NULL;
     sqlite3 *db = store_db(st);
-    cmp_run *r = calloc(1, sizeof *r);
-    if (!r) return tg_errf(e, "out of memory");
+    cmp_run *r = xcalloc(1, sizeof *r);
     r->run_id = run_id;
     snprintf(r->policy, sizeof r->policy, "%s", policy);
     r->band = band;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "common.h"
 
 /* The reference's leg-1 answer for one prompt (teacher forcing). */
 typedef struct ref_prompt {
@@ -50,20 +51,6 @@ typedef struct gate_ctx {
     tg_err store_err;
     double t0;
 } gate_ctx;
-
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s ? s : "");
-    if (!d) abort();
-    return d;
-}
-
-static void *xcalloc(size_t n, size_t sz)
-{
-    void *p = calloc(n ? n : 1, sz ? sz : 1);
-    if (!p) abort();
-    return p;
-}
 
 void gate_host(char *buf, size_t n)
 {
@@ -454,8 +441,7 @@ static void run_command_leg(gate_ctx *c, int ai, int legno, leg_buf *b, arm_exit
         size_t need = len + x.stderr_len + 64;
         if (need + 1 > cap) {
             cap = need * 2;
-            err = realloc(err, cap);
-            if (!err) abort();
+            err = xrealloc(err, cap);
         }
         len += (size_t)snprintf(err + len, cap - len, "== %s\n", s->prompts[p].id);
         memcpy(err + len, x.stderr_text, x.stderr_len);
@@ -465,8 +451,7 @@ static void run_command_leg(gate_ctx *c, int ai, int legno, leg_buf *b, arm_exit
             size_t fl = strlen(x.fault_lines);
             if (flen + fl + 1 > fcap) {
                 fcap = (flen + fl + 1) * 2;
-                faults = realloc(faults, fcap);
-                if (!faults) abort();
+                faults = xrealloc(faults, fcap);
             }
             memcpy(faults + flen, x.fault_lines, fl + 1);
             flen += fl;
@@ -590,7 +575,7 @@ static int load_ref_from_store(gate_ctx *c, tg_err *e)
     const char *q2 = "SELECT token FROM step WHERE leg_id = ?1 AND prompt_id = ?2 ORDER BY step";
     sqlite3_stmt *a = NULL, *b = NULL;
     if (sqlite3_prepare_v2(db, q1, -1, &a, NULL) != SQLITE_OK || sqlite3_prepare_v2(db, q2, -1, &b, NULL) != SQLITE_OK) {
-        tg_errf(e, "resume: reading the reference's leg 1: %s", sqlite3_errmsg(db));
+        common_sql_err(db, e, "resume: reading the reference's leg 1");
         sqlite3_finalize(a);
         sqlite3_finalize(b);
         return -1;
@@ -637,7 +622,7 @@ static int run_spec_sha(tg_store *st, int64_t run, char out[65], tg_err *e)
     sqlite3_stmt *q = NULL;
     if (sqlite3_prepare_v2(db, "SELECT s.sha256 FROM run r JOIN spec s ON s.id = r.spec_id WHERE r.id = ?1", -1, &q,
                            NULL) != SQLITE_OK)
-        return tg_errf(e, "resume: %s", sqlite3_errmsg(db));
+        return common_sql_err(db, e, "resume: reading the run's spec");
     sqlite3_bind_int64(q, 1, run);
     int rc = 0;
     if (sqlite3_step(q) == SQLITE_ROW) {

@@ -10,6 +10,8 @@
  */
 #include "spec.h"
 
+#include "common.h"
+
 #include <assert.h>
 #include <ctype.h>
 #include <errno.h>
@@ -65,13 +67,6 @@ static int perr(pctx *c, pos p, const char *field, const char *fmt, ...)
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     return tg_errf(c->e, "%s:%d:%d: %s: %s", c->file, p.line, p.col, field, what);
-}
-
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s ? s : "");
-    if (!d) abort();   /* out of memory is not an input error */
-    return d;
 }
 
 /* The scalar text of n (NUL-terminated, owned by the document) or NULL. */
@@ -136,8 +131,7 @@ static int get_strings(pctx *c, struct fy_node *n, pos at, const char *field,
     if (!n || !fy_node_is_sequence(n))
         return perr(c, node_pos(n, at), field, "expected a list of %s", what);
     int k = fy_node_sequence_item_count(n), i = 0;
-    char **v = calloc((size_t)k + 1, sizeof *v);
-    if (!v) abort();
+    char **v = xcalloc((size_t)k + 1, sizeof *v);
     void *it = NULL;
     struct fy_node *item;
     while ((item = fy_node_sequence_iterate(n, &it))) {
@@ -195,7 +189,7 @@ static json_t *node_json(struct fy_node *n)
 static char *json_text(json_t *j)
 {
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-    if (!s) abort();
+    if (!s) common_out_of_memory(0);
     return s;
 }
 
@@ -272,40 +266,8 @@ static int valid_name(const char *s)
     return 1;
 }
 
-/* Reads a whole file into a NUL-terminated buffer. */
-static int read_file(const char *path, char **out, size_t *len, tg_err *e)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return tg_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    if (!b) abort();
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            if (cap > ((size_t)256 << 20)) {
-                fclose(f);
-                free(b);
-                return tg_errf(e, "%s: larger than 256 MiB, expected a small text file", path);
-            }
-            cap *= 2;
-            b = realloc(b, cap);
-            if (!b) abort();
-        }
-        size_t r = fread(b + n, 1, 4096, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return tg_errf(e, "%s: read error", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
-    return 0;
-}
+/* Specs and prompt files are small text files. */
+#define SPEC_MAX_FILE ((size_t)256 << 20)
 
 /* A prompt file: one prompt a line, ids p1..pN; a final newline and a
  * trailing '\r' are dropped; empty lines are errors (ids must not shift). */
@@ -314,15 +276,14 @@ static int read_prompts(pctx *c, const char *path, pos at, tg_spec *s)
     char *text;
     size_t len;
     tg_err fe;
-    if (read_file(path, &text, &len, &fe) < 0)
+    if (common_read_file(path, SPEC_MAX_FILE, &text, &len, &fe) < 0)
         return perr(c, at, "prompts", "expected a readable prompt file (%s)", fe.msg);
     if (memchr(text, 0, len)) {
         free(text);
         return perr(c, at, "prompts", "%s: expected text, found a NUL byte", path);
     }
     int cap = 16, n = 0, line = 0;
-    spec_prompt *v = calloc((size_t)cap, sizeof *v);
-    if (!v) abort();
+    spec_prompt *v = xcalloc((size_t)cap, sizeof *v);
     char *p = text, *end = text + len;
     while (p < end) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -338,8 +299,7 @@ static int read_prompts(pctx *c, const char *path, pos at, tg_spec *s)
         }
         if (n == cap) {
             cap *= 2;
-            v = realloc(v, (size_t)cap * sizeof *v);
-            if (!v) abort();
+            v = xrealloc(v, (size_t)cap * sizeof *v);
         }
         char id[32];
         snprintf(id, sizeof id, "p%d", n + 1);
@@ -362,8 +322,7 @@ static int parse_inline_prompts(pctx *c, struct fy_node *n, pos at, tg_spec *s)
 {
     int k = fy_node_sequence_item_count(n);
     if (k == 0) return perr(c, at, "prompts", "expected at least one prompt");
-    s->prompts = calloc((size_t)k, sizeof *s->prompts);
-    if (!s->prompts) abort();
+    s->prompts = xcalloc((size_t)k, sizeof *s->prompts);
     void *it = NULL;
     struct fy_node *item;
     int i = 0;
@@ -651,8 +610,7 @@ static int parse_dumps(pctx *c, struct fy_node *n, pos at, tg_spec *s)
         return perr(c, node_pos(x, q), "dumps.steps", "expected a non-empty list of step numbers 0..%d",
                     s->steps - 1);
     int k = fy_node_sequence_item_count(x);
-    s->dump_steps = calloc((size_t)k, sizeof *s->dump_steps);
-    if (!s->dump_steps) abort();
+    s->dump_steps = xcalloc((size_t)k, sizeof *s->dump_steps);
     void *it = NULL;
     struct fy_node *item;
     while ((item = fy_node_sequence_iterate(x, &it))) {
@@ -836,8 +794,7 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
     if (!fy_node_is_sequence(v) || fy_node_sequence_item_count(v) == 0)
         return perr(c, node_pos(v, kp), "arms", "expected a non-empty list of arms");
     s->n_arms = fy_node_sequence_item_count(v);
-    s->arms = calloc((size_t)s->n_arms, sizeof *s->arms);
-    if (!s->arms) abort();
+    s->arms = xcalloc((size_t)s->n_arms, sizeof *s->arms);
     {
         void *it = NULL;
         struct fy_node *item;
@@ -925,11 +882,9 @@ static int check_utf8(const char *path, const char *text, size_t len, tg_err *e)
 int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg_err *e)
 {
     *out = NULL;
-    tg_spec *s = calloc(1, sizeof *s);
-    if (!s) abort();
+    tg_spec *s = xcalloc(1, sizeof *s);
     s->path = xstrdup(path);
-    s->text = malloc(len + 1);
-    if (!s->text) abort();
+    s->text = xmalloc(len + 1);
     memcpy(s->text, text, len);
     s->text[len] = 0;
     s->text_len = len;
@@ -953,7 +908,7 @@ int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg
     dcfg.output_fn = NULL;
     dcfg.colorize = false;
     struct fy_diag *diag = fy_diag_create(&dcfg);
-    if (!diag) abort();
+    if (!diag) common_out_of_memory(sizeof dcfg);
     fy_diag_set_collect_errors(diag, true);
     struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET | FYPCF_RESOLVE_DOCUMENT, .diag = diag};
     struct fy_document *doc = NULL;
@@ -991,7 +946,7 @@ int spec_load(tg_spec **out, const char *path, tg_err *e)
     *out = NULL;
     char *text;
     size_t len;
-    if (read_file(path, &text, &len, e) < 0) return -1;
+    if (common_read_file(path, SPEC_MAX_FILE, &text, &len, e) < 0) return -1;
     int rc = spec_parse(out, path, text, len, e);
     free(text);
     return rc;
@@ -1074,8 +1029,7 @@ static void strv_push(strv *a, const char *s)
 {
     if (a->n + 2 > a->cap) {
         a->cap = a->cap ? a->cap * 2 : 8;
-        a->v = realloc(a->v, (size_t)a->cap * sizeof *a->v);
-        if (!a->v) abort();
+        a->v = xrealloc(a->v, (size_t)a->cap * sizeof *a->v);
     }
     a->v[a->n++] = xstrdup(s);
     a->v[a->n] = NULL;
@@ -1118,8 +1072,7 @@ char **spec_arm_argv(const tg_spec *s, int i, const char *bin_dir, tg_err *e)
 static char *substitute(const char *s, const char *const *keys, const char *const *vals, int n)
 {
     size_t cap = strlen(s) + 1, len = 0;
-    char *o = malloc(cap);
-    if (!o) abort();
+    char *o = xmalloc(cap);
     while (*s) {
         int hit = -1;
         for (int k = 0; k < n && hit < 0; k++)
@@ -1128,8 +1081,7 @@ static char *substitute(const char *s, const char *const *keys, const char *cons
         size_t an = hit >= 0 ? strlen(vals[hit]) : 1;
         if (len + an + 1 > cap) {
             cap = (len + an + 1) * 2;
-            o = realloc(o, cap);
-            if (!o) abort();
+            o = xrealloc(o, cap);
         }
         memcpy(o + len, add, an);
         len += an;

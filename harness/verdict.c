@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common.h"
 #include "compare.h"
 #include "noise.h"
 
@@ -38,11 +39,6 @@ void verdict_wilson(int k, int n, double *lo, double *hi)
     double half = z * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n)) / den;
     *lo = mid - half < 0 ? 0 : mid - half;
     *hi = mid + half > 1 ? 1 : mid + half;
-}
-
-static int db_fail(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
 /* ------------------------------------------------------------------ */
@@ -522,7 +518,7 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     double band = 0;
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT policy, band FROM run WHERE id=?1", -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading the run");
+        return common_sql_err(db, e, "reading the run");
     sqlite3_bind_int64(s, 1, run_id);
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
@@ -531,7 +527,7 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     }
     sqlite3_finalize(s);
     if (rc == SQLITE_DONE) return tg_errf(e, "store: no run %lld", (long long)run_id);
-    if (rc != SQLITE_ROW) return db_fail(db, e, "reading the run");
+    if (rc != SQLITE_ROW) return common_sql_err(db, e, "reading the run");
     if (o.policy_kind) snprintf(policy, sizeof policy, "%s", o.policy_kind);
     if (o.band >= 0 && isfinite(o.band)) band = o.band;
     if (strcmp(policy, "exact") && strcmp(policy, "near-tie") && strcmp(policy, "noise"))
@@ -545,23 +541,15 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     writer w = {db, NULL, NULL, NULL, run_id, 0, policy, band};
     if (compare_run(st, run_id, policy, band, &r, e) < 0) return -1;
     int ret = -1;
-    arm_verdict *avs = calloc((size_t)r->n_arms, sizeof *avs);
-    if (!avs) {
-        tg_errf(e, "out of memory");
-        goto out;
-    }
+    arm_verdict *avs = xcalloc((size_t)r->n_arms, sizeof *avs);
     for (int a = 0; a < r->n_arms; a++) {
-        avs[a].pv = calloc((size_t)(r->n_prompts + 1), sizeof *avs[a].pv);
-        avs[a].preason = calloc((size_t)(r->n_prompts + 1), sizeof *avs[a].preason);
-        if (!avs[a].pv || !avs[a].preason) {
-            tg_errf(e, "out of memory");
-            goto out;
-        }
+        avs[a].pv = xcalloc((size_t)(r->n_prompts + 1), sizeof *avs[a].pv);
+        avs[a].preason = xcalloc((size_t)(r->n_prompts + 1), sizeof *avs[a].preason);
         if (!r->arms[a].is_ref && !r->arms[a].is_custody) decide_arm(r, &r->arms[a], &avs[a]);
     }
 
     if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
-        db_fail(db, e, "starting the verdict transaction");
+        common_sql_err(db, e, "starting the verdict transaction");
         goto out;
     }
     if (sqlite3_prepare_v2(db, "SELECT coalesce(max(set_no), 0) + 1 FROM verdict_set WHERE run_id=?1",
@@ -623,7 +611,7 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     ret = 0;
     goto out;
 sqlfail:
-    db_fail(db, e, "writing the verdict set");
+    common_sql_err(db, e, "writing the verdict set");
     sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
 out:
     sqlite3_finalize(w.v);
@@ -642,12 +630,12 @@ int verdict_latest_set(tg_store *st, int64_t run_id, int *set, tg_err *e)
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT coalesce(max(set_no), 0) FROM verdict_set WHERE run_id=?1", -1,
                            &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading verdict sets");
+        return common_sql_err(db, e, "reading verdict sets");
     sqlite3_bind_int64(s, 1, run_id);
     int rc = sqlite3_step(s);
     *set = rc == SQLITE_ROW ? sqlite3_column_int(s, 0) : 0;
     sqlite3_finalize(s);
-    if (rc != SQLITE_ROW) return db_fail(db, e, "reading verdict sets");
+    if (rc != SQLITE_ROW) return common_sql_err(db, e, "reading verdict sets");
     return 0;
 }
 
@@ -658,7 +646,7 @@ int verdict_get_overall(tg_store *st, int64_t run_id, int set, char word[16], tg
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT overall FROM verdict_set WHERE run_id=?1 AND set_no=?2", -1,
                            &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading a verdict set");
+        return common_sql_err(db, e, "reading a verdict set");
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_int(s, 2, set);
     int rc = sqlite3_step(s);
@@ -667,7 +655,7 @@ int verdict_get_overall(tg_store *st, int64_t run_id, int set, char word[16], tg
     if (rc == SQLITE_DONE)
         return tg_errf(e, "run %lld has no verdict set %d: run `tokgate rescore %lld`",
                        (long long)run_id, set, (long long)run_id);
-    if (rc != SQLITE_ROW) return db_fail(db, e, "reading a verdict set");
+    if (rc != SQLITE_ROW) return common_sql_err(db, e, "reading a verdict set");
     return 0;
 }
 
@@ -688,7 +676,7 @@ int verdict_gate_passed(tg_store *st, const char *spec_name, const char *artifac
                            "SELECT 1 FROM leg JOIN binary ON binary.id = leg.binary_id"
                            " WHERE leg.run_id=?1 AND binary.sha256=?2 LIMIT 1",
                            -1, &b, NULL) != SQLITE_OK) {
-        db_fail(db, e, "looking up gate runs");
+        common_sql_err(db, e, "looking up gate runs");
         goto out;
     }
     sqlite3_bind_text(s, 1, spec_name, -1, SQLITE_STATIC);
@@ -725,7 +713,7 @@ int verdict_gate_passed(tg_store *st, const char *spec_name, const char *artifac
         goto out;
     }
     if (rc != SQLITE_DONE) {
-        db_fail(db, e, "looking up gate runs");
+        common_sql_err(db, e, "looking up gate runs");
         goto out;
     }
     tg_errf(e, "no gate run of %s on artifact %.16s... with these binaries: run `tokgate gate` first",
