@@ -558,10 +558,10 @@ static void svg_plot(FILE *out, const loc_table *t, const char *title)
 static int write_evidence(const loc_request *q, loc_arm *arms, int n_arms, const loc_table *t,
                           int64_t id, char *path, size_t cap, tg_err *e)
 {
-    mkdir(q->evidence_dir, 0777);
     snprintf(path, cap, "%s/localize-%lld-%s-%d.md", q->evidence_dir, (long long)id, q->prompt_id, q->step);
-    FILE *f = fopen(path, "w");
-    if (!f) return tg_errf(e, "--evidence %s: %s", path, strerror(errno));
+    common_out o;
+    if (common_out_open(&o, path, q->db_path, "--evidence", e) < 0) return -1;
+    FILE *f = o.f;
     fprintf(f, "# Localisation %lld: %s/%d, %s vs %s", (long long)id, q->prompt_id, q->step, q->arm_b, q->arm_a);
     if (q->third) fprintf(f, " (noise floor: %s vs %s)", q->third, q->arm_a);
     fprintf(f, "\n\n- spec: %s\n- model: `%s` (sha256 `%s`)\n", q->spec->name, q->spec->model_path,
@@ -583,8 +583,7 @@ static int write_evidence(const loc_request *q, loc_arm *arms, int n_arms, const
     snprintf(title, sizeof title, "%s vs %s at %s/%d: relative L2 error per stage", q->arm_b, q->arm_a,
              q->prompt_id, q->step);
     svg_plot(f, t, title);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) return tg_errf(e, "--evidence %s: write error", path);
+    if (common_out_close(&o, 1, e) < 0) return tg_err_prefix(e, "--evidence");
     return 0;
 }
 
@@ -811,6 +810,17 @@ int localize_main(int argc, char **argv)
     tg_store *st = NULL;
     tg_spec *spec = NULL;
     int rc = 2;
+    struct stat sb;
+    if (!spec_path && stat(db, &sb) != 0) {
+        /* the prefix comes from a stored run: a missing store is a typo, not a new one */
+        fprintf(stderr, "tokgate localize: no such store: %s (%s; give --db FILE or --spec FILE)\n", db,
+                strerror(errno));
+        return 2;
+    }
+    if (evidence && common_mkdirs(evidence, &e) < 0) {
+        fprintf(stderr, "tokgate localize: --evidence %s: %s\n", evidence, e.msg);
+        return 2;
+    }
     if (store_open(&st, db, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
         return 2;
@@ -834,7 +844,7 @@ int localize_main(int argc, char **argv)
     gate_bin_dir(bins, sizeof bins);
     loc_request q = {.spec = spec, .bin_dir = bins, .prompt_id = prompt, .step = step,
                      .arm_a = a_name, .arm_b = b_name, .third = third, .run_id = run,
-                     .evidence_dir = evidence, .show_top = top};
+                     .evidence_dir = evidence, .db_path = db, .show_top = top};
     loc_outcome res;
     if (localize_run(st, &q, stdout, &res, &e) < 0) goto fail;
     if (res.evidence_path[0]) fprintf(stderr, "tokgate: evidence written to %s\n", res.evidence_path);

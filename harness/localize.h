@@ -82,6 +82,7 @@ typedef struct loc_request {
     const char *arm_a, *arm_b, *third; /* third may be NULL */
     int64_t run_id;          /* > 0: the prefix is this run's reference tokens */
     const char *evidence_dir;/* NULL: no markdown evidence */
+    const char *db_path;     /* the store's file, never overwritten by the evidence (may be NULL) */
     int show_top;            /* top-k rows shown per arm (0: 8) */
 } loc_request;
 

@@ -274,9 +274,24 @@ static int usage_error(const char *cmd, const char *fmt, ...)
     return EXIT_USAGE;
 }
 
-static int open_store(const char *db, tg_store **st)
+/* Opens the store db. must_exist: the command reads runs (report, step,
+ * rescore, bench), so a missing file is a typo, not a new store: "no such
+ * store", and nothing is created. Returns 0 or the exit code (message
+ * printed). */
+static int open_store(const char *db, int must_exist, tg_store **st)
 {
     tg_err e;
+    struct stat sb;
+    *st = NULL;
+    if (must_exist && stat(db, &sb) != 0) {
+        fprintf(stderr, "tokgate: no such store: %s (%s; give --db FILE of an existing store)\n", db,
+                strerror(errno));
+        return EXIT_USAGE;
+    }
+    if (must_exist && !S_ISREG(sb.st_mode)) {
+        fprintf(stderr, "tokgate: --db %s: expected a store file, got something else\n", db);
+        return EXIT_USAGE;
+    }
     if (store_open(st, db, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
         return EXIT_USAGE;
@@ -342,13 +357,22 @@ static int cmd_gate(int argc, char **argv)
     tg_err e;
     report_format fmt;
     if (report_parse_format(o.format, &fmt, &e) < 0) return usage_error("gate", "%s", e.msg);
+    /* the outputs are checked before anything runs: never the store, folders made */
+    if (o.out && common_out_check(o.out, o.db, "--out", &e) < 0) {
+        fprintf(stderr, "tokgate: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    if (o.evidence && common_mkdirs(o.evidence, &e) < 0) {
+        fprintf(stderr, "tokgate: --evidence %s: %s\n", o.evidence, e.msg);
+        return EXIT_USAGE;
+    }
     tg_spec *spec;
     if (spec_load(&spec, o.pos[0], &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
         return EXIT_USAGE;
     }
     tg_store *st = NULL;
-    if ((rc = open_store(o.db, &st))) {
+    if ((rc = open_store(o.db, 0, &st))) {
         spec_free(spec);
         return rc;
     }
@@ -423,8 +447,12 @@ static int cmd_report(int argc, char **argv)
     tg_err e;
     report_format fmt;
     if (report_parse_format(o.format, &fmt, &e) < 0) return usage_error("report", "%s", e.msg);
+    if (o.out && common_out_check(o.out, o.db, "--out", &e) < 0) {
+        fprintf(stderr, "tokgate: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
     tg_store *st;
-    if ((rc = open_store(o.db, &st))) return rc;
+    if ((rc = open_store(o.db, 1, &st))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "report", o.n_pos ? o.pos[0] : NULL, &run))) {
         store_close(st);
@@ -467,7 +495,7 @@ static int cmd_step(int argc, char **argv)
     int step;
     if (report_parse_step_ref(o.pos[0], prompt, &step, &e) < 0) return usage_error("step", "%s", e.msg);
     tg_store *st;
-    if ((rc = open_store(o.db, &st))) return rc;
+    if ((rc = open_store(o.db, 1, &st))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "step", o.n_pos > 1 ? o.pos[1] : NULL, &run))) {
         store_close(st);
@@ -489,7 +517,7 @@ static int cmd_rescore(int argc, char **argv)
     int rc = parse_opts(&cli, argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
     tg_store *st;
-    if ((rc = open_store(o.db, &st))) return rc;
+    if ((rc = open_store(o.db, 1, &st))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "rescore", o.n_pos ? o.pos[0] : NULL, &run))) {
         store_close(st);
@@ -577,7 +605,7 @@ static int cmd_bench(int argc, char **argv)
         return EXIT_USAGE;
     }
     tg_store *st;
-    if ((rc = open_store(o.db, &st))) {
+    if ((rc = open_store(o.db, 1, &st))) {
         spec_free(s);
         return rc;
     }
@@ -649,6 +677,25 @@ static const command *find_command(const char *name)
     return NULL;
 }
 
+/* trend parses its options in trend.c, which writes --out itself: refuse
+ * an --out that is the store (--db, default tokgate.db) before it runs.
+ * Returns 0 or -1 (message printed). */
+static int trend_out_guard(int argc, char **argv)
+{
+    const char *db = "tokgate.db", *out = NULL;
+    for (int i = 2; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "--db")) db = argv[++i];
+        else if (!strcmp(argv[i], "--out")) out = argv[++i];
+    }
+    tg_err e;
+    if (out && common_out_check(out, db, "--out", &e) < 0) {
+        fprintf(stderr, "tokgate trend: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
 static int cmd_version(int argc, char **argv)
 {
     if (argc > 2) return usage_error("version", "unexpected argument '%s'", argv[2]);
@@ -695,5 +742,6 @@ int main(int argc, char **argv)
         fputs(c->usage, stdout);
         return 0;
     }
+    if (c->run == trend_main && trend_out_guard(argc, argv) < 0) return EXIT_USAGE;
     return c->run(argc, argv);
 }

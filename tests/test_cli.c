@@ -4,10 +4,13 @@
  * stdout and exits 0 for every command, those whose options are parsed in
  * their own module (sweep, trend, plan, run, merge) included; an unknown
  * option is one line naming the option and the command, exit 2; `tokgate
- * rescore` without a RUN scores the latest run, as report and step do.
+ * rescore` without a RUN scores the latest run, as report and step do;
+ * --out never overwrites the store (report, gate, trend), outputs are
+ * checked before a gate runs, a --db typo is "no such store".
  * The runs use tests/helpers/tg-fault-arm, a TEST DOUBLE worker (not an
  * engine), in its well-behaved mode.
  */
+#include <ftw.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +22,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "arm.h"
 #include "util.h"
@@ -42,16 +46,16 @@ static int setup(void **st)
     return mkdtemp(g_dir) ? 0 : -1;
 }
 
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
+    nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     return 0;
 }
 
@@ -145,12 +149,12 @@ static void unknown_option_is_one_line(void **st)
     free(out);
 }
 
-/* Two runs of a spec over the test double; `rescore` without RUN takes the
- * latest (run 2), as `report` does. */
-static void rescore_defaults_to_latest_run(void **st)
+/* Writes g_dir/s.yaml (a spec over the test double, reference and one
+ * test arm; legs 2) and its stand-in model; returns the spec's path. */
+static const char *write_spec(void)
 {
-    (void)st;
-    char fa[PATH_MAX + 32], m[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
+    static char sp[2 * PATH_MAX];
+    char fa[PATH_MAX + 32], m[2 * PATH_MAX];
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     if (!exists(fa)) {
         print_message("missing %s (the test double)\n", fa);
@@ -158,7 +162,6 @@ static void rescore_defaults_to_latest_run(void **st)
     }
     snprintf(m, sizeof m, "%s/m.bin", g_dir);
     snprintf(sp, sizeof sp, "%s/s.yaml", g_dir);
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
     FILE *f = fopen(m, "w");
     assert_non_null(f);
     fputs("a stand-in artifact for the test double\n", f);
@@ -173,14 +176,32 @@ static void rescore_defaults_to_latest_run(void **st)
                "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
             m, sha, fa, fa);
     fclose(f);
+    return sp;
+}
+
+/* Runs `tokgate gate SPEC --db db` n times; each must pass. */
+static void gate_runs(const char *sp, const char *db, int n)
+{
     char err[8192], *out;
     const char *g[] = {"gate", sp, "--db", db, NULL};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < n; i++) {
         int rc = tokgate(g, &out, err, sizeof err);
         if (rc) print_message("gate: %s\n", err);
         assert_int_equal(rc, 0);
         free(out);
     }
+}
+
+/* Two runs of a spec over the test double; `rescore` without RUN takes the
+ * latest (run 2), as `report` does. */
+static void rescore_defaults_to_latest_run(void **st)
+{
+    (void)st;
+    char db[2 * PATH_MAX];
+    snprintf(db, sizeof db, "%s/t.db", g_dir);
+    const char *sp = write_spec();
+    gate_runs(sp, db, 2);
+    char err[8192], *out;
     const char *r[] = {"rescore", "--db", db, "--band", "0.5", NULL};
     assert_int_equal(tokgate(r, &out, err, sizeof err), 0);
     assert_non_null(strstr(out, "run 2 rescored as verdict set 2 (policy exact, band 0.5)"));
@@ -199,12 +220,123 @@ static void rescore_defaults_to_latest_run(void **st)
     free(out);
 }
 
+/* The store's bytes as a sha256, its run count and its integrity check. */
+static void store_state(const char *db, char sha[65], long long *runs)
+{
+    tg_err e;
+    assert_int_equal(tg_sha256_file(db, sha, &e), 0);
+    sqlite3 *h;
+    assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(q, 0), "ok");
+    sqlite3_finalize(q);
+    assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*) FROM run", -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    *runs = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(h);
+}
+
+/* --out naming the store (or its -wal / -shm) is refused before anything is
+ * written: report truncated the store to 0 bytes, gate --format junit left
+ * a malformed database, trend the same. */
+static void out_naming_the_store_is_refused(void **st)
+{
+    (void)st;
+    char db[2 * PATH_MAX], wal[2 * PATH_MAX + 8], sha0[65], sha1[65];
+    snprintf(db, sizeof db, "%s/t.db", g_dir);
+    snprintf(wal, sizeof wal, "%s-wal", db);
+    const char *sp = write_spec();
+    gate_runs(sp, db, 1);
+    long long runs0, runs1;
+    store_state(db, sha0, &runs0);
+    char err[8192], *out;
+    const char *w1[] = {"report", "1", "--db", db, "--out", db, NULL};
+    assert_int_equal(tokgate(w1, &out, err, sizeof err), 2);
+    assert_non_null(strstr(err, "refusing to overwrite it"));
+    free(out);
+    const char *w2[] = {"gate", sp, "--db", db, "--out", db, "--format", "junit", NULL};
+    assert_int_equal(tokgate(w2, &out, err, sizeof err), 2);
+    assert_non_null(strstr(err, "that is the store"));
+    free(out);
+    const char *w3[] = {"trend", "--db", db, "--out", db, NULL};
+    assert_int_equal(tokgate(w3, &out, err, sizeof err), 2);
+    assert_non_null(strstr(err, "that is the store"));
+    free(out);
+    const char *w4[] = {"report", "--db", db, "--out", wal, NULL};
+    assert_int_equal(tokgate(w4, &out, err, sizeof err), 2);
+    assert_non_null(strstr(err, "-wal"));
+    free(out);
+    store_state(db, sha1, &runs1);
+    assert_string_equal(sha0, sha1);
+    assert_int_equal(runs0, runs1);   /* the gate did not even run */
+    /* the store still reports */
+    const char *w5[] = {"report", "--db", db, NULL};
+    assert_int_equal(tokgate(w5, &out, err, sizeof err), 0);
+    free(out);
+}
+
+/* --out and --evidence are checked (and their folders made) before the
+ * gate runs: a bad one costs no run. */
+static void outputs_checked_before_the_run(void **st)
+{
+    (void)st;
+    char db[2 * PATH_MAX], deep[2 * PATH_MAX + 32], ev[2 * PATH_MAX + 32], sha[65];
+    snprintf(db, sizeof db, "%s/t.db", g_dir);
+    snprintf(deep, sizeof deep, "%s/a/b/r.xml", g_dir);
+    snprintf(ev, sizeof ev, "%s/ev/dence", g_dir);
+    const char *sp = write_spec();
+    gate_runs(sp, db, 1);
+    long long runs0, runs1;
+    store_state(db, sha, &runs0);
+    char err[8192], *out;
+    /* --evidence naming a file, not a folder: refused, no run */
+    const char *w1[] = {"gate", sp, "--db", db, "--evidence", sp, NULL};
+    assert_int_equal(tokgate(w1, &out, err, sizeof err), 2);
+    assert_non_null(strstr(err, "--evidence"));
+    free(out);
+    store_state(db, sha, &runs1);
+    assert_int_equal(runs1, runs0);
+    /* nested folders that do not exist yet are made */
+    const char *w2[] = {"gate", sp, "--db", db, "--out", deep, "--format", "junit", "--evidence", ev, NULL};
+    assert_int_equal(tokgate(w2, &out, err, sizeof err), 0);
+    assert_non_null(strstr(out, "TOKEN_GATE=PASS"));
+    free(out);
+    assert_true(exists(deep));
+    char md[3 * PATH_MAX];
+    snprintf(md, sizeof md, "%s/cli-run%lld.md", ev, runs0 + 1);
+    assert_true(exists(md));
+}
+
+/* report, step and rescore read runs: a --db typo is "no such store", and
+ * no empty store is left behind. */
+static void db_typo_is_no_such_store(void **st)
+{
+    (void)st;
+    char db[2 * PATH_MAX];
+    snprintf(db, sizeof db, "%s/typo.db", g_dir);
+    static const char *const cmds[][3] = {{"report", NULL}, {"step", "p1/0"}, {"rescore", NULL}};
+    for (int i = 0; i < 3; i++) {
+        char err[4096], *out;
+        const char *w[] = {cmds[i][0], "--db", db, cmds[i][1], NULL};
+        assert_int_equal(tokgate(w, &out, err, sizeof err), 2);
+        assert_non_null(strstr(err, "no such store"));
+        free(out);
+        assert_false(exists(db));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(help_of_every_command),
-        cmocka_unit_test(unknown_option_is_one_line),
-        cmocka_unit_test(rescore_defaults_to_latest_run),
+        cmocka_unit_test_setup_teardown(help_of_every_command, setup, teardown),
+        cmocka_unit_test_setup_teardown(unknown_option_is_one_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(rescore_defaults_to_latest_run, setup, teardown),
+        cmocka_unit_test_setup_teardown(out_naming_the_store_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(outputs_checked_before_the_run, setup, teardown),
+        cmocka_unit_test_setup_teardown(db_typo_is_no_such_store, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }
