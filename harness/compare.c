@@ -91,7 +91,7 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
     int rc = -1;
     if (sqlite3_prepare_v2(db,
                            "SELECT spec.name, spec.sha256, artifact.sha256, artifact.path,"
-                           " run.mode, run.reference, run.steps, run.top_k"
+                           " run.mode, run.reference, run.steps, run.top_k, run.legs"
                            " FROM run JOIN spec ON spec.id = run.spec_id"
                            " JOIN artifact ON artifact.id = run.artifact_id WHERE run.id = ?1",
                            -1, &s, NULL) != SQLITE_OK)
@@ -107,6 +107,7 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
         r->reference = dup_col(s, 5);
         r->steps = sqlite3_column_int(s, 6);
         r->top_k = sqlite3_column_int(s, 7);
+        r->legs = sqlite3_column_type(s, 8) == SQLITE_NULL ? 0 : sqlite3_column_int(s, 8);
         rc = 0;
     } else if (st == SQLITE_DONE) {
         tg_errf(e, "store: no run %lld", (long long)r->run_id);
@@ -391,6 +392,23 @@ static void judge_legs(cmp_run *r)
             }
         }
         if (arm->scoring < 0 && arm->n_legs > 0) arm->scoring = 0;
+        /* the denominators come from the run's plan: a leg never stored
+         * (the run was interrupted) counts as not clean, and the run as
+         * unfinished */
+        arm->legs_expected = r->legs > arm->n_legs ? r->legs : arm->n_legs;
+        int stored = 0;
+        for (int k = 1; k <= arm->legs_expected; k++) {
+            int have = 0;
+            for (int l = 0; l < arm->n_legs; l++) have |= arm->legs[l].leg == k;
+            stored += have;
+        }
+        if (stored < arm->legs_expected && !r->unfinished) {
+            r->unfinished = 1;
+            snprintf(r->unfinished_why, sizeof r->unfinished_why,
+                     "run %lld is unfinished: arm %.60s has %d of %d legs stored; resume it with --resume %lld",
+                     (long long)r->run_id, arm->name, stored, arm->legs_expected, (long long)r->run_id);
+        }
+        arm->identical_known = arm->legs_clean >= 2;
         /* identical: every clean leg equals the first clean one */
         arm->legs_identical = 1;
         cmp_leg *base = NULL;

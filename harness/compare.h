@@ -106,8 +106,10 @@ typedef struct cmp_arm {
     char tier[16];            /* from hello/config: gpu | cpu | ref | "" */
     int n_legs;
     cmp_leg *legs;            /* ordered by leg number */
+    int legs_expected;        /* the run's legs (the spec's), or n_legs when unknown */
     int legs_clean;
     int legs_identical;       /* clean legs byte-identical (1 with fewer than 2) */
+    int identical_known;      /* at least 2 clean legs: legs_identical means something */
     char identical_why[256];
     int scoring;              /* index of the scoring leg (first clean, else first), -1 none */
     cmp_arm_prompt *ap;       /* one per run prompt */
@@ -139,6 +141,9 @@ typedef struct cmp_run {
     char policy[16];          /* policy scored with */
     double band;              /* band scored with */
     int steps, top_k;
+    int legs;                 /* legs per arm the run was planned with (0: unknown) */
+    int unfinished;           /* an arm has fewer legs stored than planned */
+    char unfinished_why[320]; /* "run 7 is unfinished: ...; resume it with --resume 7" */
     int n_prompts;
     cmp_prompt *prompts;
     int n_arms;

@@ -102,7 +102,9 @@ static void decide_arm(const cmp_run *r, const cmp_arm *arm, arm_verdict *av)
     const char *why_legs = NULL;
     char buf[512];
     if (!r->ref_ok) {
-        why_legs = r->ref_why;
+        why_legs = r->ref_why;   /* a broken reference: resuming would not help */
+    } else if (r->unfinished) {
+        why_legs = r->unfinished_why;
     } else if (arm->legs_clean < 2) {
         const char *leg_why = "";
         int leg_no = 0;
@@ -113,10 +115,10 @@ static void decide_arm(const cmp_run *r, const cmp_arm *arm, arm_verdict *av)
             }
         if (leg_no)
             snprintf(buf, sizeof buf, "%d/%d legs clean, fewer than 2 (leg %d: %.200s)",
-                     arm->legs_clean, arm->n_legs, leg_no, leg_why);
+                     arm->legs_clean, arm->legs_expected, leg_no, leg_why);
         else
             snprintf(buf, sizeof buf, "%d/%d legs clean, fewer than 2", arm->legs_clean,
-                     arm->n_legs);
+                     arm->legs_expected);
         why_legs = buf;
     } else if (!arm->legs_identical) {
         snprintf(buf, sizeof buf, "clean legs differ: %.300s", arm->identical_why);
@@ -352,8 +354,10 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         const cmp_arm *arm = &r->arms[a];
         const char *name = arm->name;
         if (put_kv(w, name, NULL, "ROLE", "%s", arm->is_ref ? "reference" : arm->role) < 0) return -1;
-        if (put_kv(w, name, NULL, "LEGS_CLEAN", "%d/%d", arm->legs_clean, arm->n_legs) < 0) return -1;
-        if (put_kv(w, name, NULL, "LEGS_IDENTICAL", "%s", arm->legs_identical ? "YES" : "NO") < 0) return -1;
+        if (put_kv(w, name, NULL, "LEGS_CLEAN", "%d/%d", arm->legs_clean, arm->legs_expected) < 0) return -1;
+        if (put_kv(w, name, NULL, "LEGS_IDENTICAL", "%s",
+                   !arm->identical_known ? "UNKNOWN" : arm->legs_identical ? "YES" : "NO") < 0)
+            return -1;
         if (!arm->legs_identical &&
             put_kv(w, name, NULL, "LEGS_IDENTICAL_WHY", "%s", arm->identical_why) < 0) return -1;
         for (int l = 0; l < arm->n_legs; l++)
@@ -451,8 +455,10 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         any_fail |= av->v == V_FAIL;
         any_nm |= av->v == V_NM;
         tk_k += t_k, tk_n += t_n, gen_k += g_k, gen_n += g_n;
-        lc_k += arm->legs_clean, lc_n += arm->n_legs;
-        ident &= arm->legs_identical;
+        lc_k += arm->legs_clean, lc_n += arm->legs_expected;
+        /* YES only when every gate arm had two clean legs to compare */
+        if (!arm->legs_identical) ident = 0;
+        else if (!arm->identical_known && ident == 1) ident = 2;
         rth += arm->reference_tier_hits;
         dops += arm->device_ops;
     }
@@ -466,13 +472,15 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         }
     int overall = n_gate == 0 ? V_NM : any_fail ? V_FAIL : any_nm ? V_NM : V_PASS;
     if (!r->ref_ok && overall != V_FAIL) overall = V_NM;
+    if (r->unfinished) overall = V_NM;   /* whatever the stored legs say */
+    if (n_gate == 0) ident = 2;          /* no arm had legs to compare */
     int n_split = 0;
     for (int c = 0; c < r->n_contested; c++) n_split += r->contested[c].oracle_split;
     if (put_kv(w, NULL, NULL, "TOKEN_GATE", "%s", VWORD[overall]) < 0 ||
         put_kv(w, NULL, NULL, "TOKENIZER_DIVERGENCES", "%d/%d", tk_k, tk_n) < 0 ||
         put_kv(w, NULL, NULL, "GENERATION_DIVERGENCES", "%d/%d", gen_k, gen_n) < 0 ||
         put_kv(w, NULL, NULL, "LEGS_CLEAN", "%d/%d", lc_k, lc_n) < 0 ||
-        put_kv(w, NULL, NULL, "LEGS_IDENTICAL", "%s", ident ? "YES" : "NO") < 0 ||
+        put_kv(w, NULL, NULL, "LEGS_IDENTICAL", "%s", ident == 1 ? "YES" : ident == 2 ? "UNKNOWN" : "NO") < 0 ||
         put_kv(w, NULL, NULL, "ORACLE_REPRO", "%s",
                repro_no ? "NO" : (repro_yes && !repro_first) ? "YES" : "FIRST") < 0 ||
         put_kv(w, NULL, NULL, "REFERENCE_TIER_HITS", "%lld", (long long)rth) < 0 ||
@@ -493,7 +501,10 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
             put_kv(w, NULL, NULL, "NOISE_BANDS_KNOWN", "%d/%d", known, r->n_bands) < 0)
             return -1;
     }
-    if (!r->ref_ok && put_kv(w, NULL, NULL, "REASON", "%s", r->ref_why) < 0) return -1;
+    if (!r->ref_ok) {
+        if (put_kv(w, NULL, NULL, "REASON", "%s", r->ref_why) < 0) return -1;
+    } else if (r->unfinished && put_kv(w, NULL, NULL, "REASON", "%s", r->unfinished_why) < 0)
+        return -1;
     if (custody_worst >= 0) {
         static const char *const CW[] = {"EXACT", "PREFIX", "UNKNOWN", "DIVERGE"};
         if (put_kv(w, NULL, NULL, "CHAIN_OF_CUSTODY", "%s", CW[custody_worst]) < 0) return -1;

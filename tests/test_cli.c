@@ -10,7 +10,10 @@
  * The runs use tests/helpers/tg-fault-arm, a TEST DOUBLE worker (not an
  * engine), in its well-behaved mode.
  */
+#include <fcntl.h>
 #include <ftw.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,8 +27,9 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
-#include "arm.h"
 #include "util.h"
+
+extern char **environ;
 
 static char g_bin[PATH_MAX], g_tokgate[PATH_MAX + 16], g_dir[PATH_MAX];
 
@@ -59,8 +63,21 @@ static int teardown(void **st)
     return 0;
 }
 
-/* Runs tokgate with the words (NULL-terminated) in g_dir's parent; returns
- * its exit status with stdout in *out (caller frees) and stderr in err. */
+/* A file's whole contents (malloc'ed, NUL-terminated). */
+static char *slurp(FILE *f)
+{
+    fflush(f);
+    long n = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    size_t k = fread(b, 1, (size_t)n, f);
+    b[k] = 0;
+    return b;
+}
+
+/* Runs tokgate with the words (NULL-terminated); returns its exit status
+ * (-1 when killed) with stdout in *out (caller frees) and stderr in err. */
 static int tokgate(const char *const *words, char **out, char *err, size_t errn)
 {
     if (!exists(g_tokgate)) {
@@ -72,16 +89,26 @@ static int tokgate(const char *const *words, char **out, char *err, size_t errn)
     argv[n++] = g_tokgate;
     for (int i = 0; words[i] && n < 23; i++) argv[n++] = (char *)words[i];
     argv[n] = NULL;
-    size_t len;
-    arm_exit x;
-    tg_err e;
-    *out = NULL;
-    arm_run_command(argv, 60, 0, 0, NULL, out, &len, &x, &e);
-    snprintf(err, errn, "%s", x.stderr_text ? x.stderr_text : "");
-    int st = x.exit_status;
-    arm_exit_free(&x);
-    if (!*out) *out = strdup("");
-    return st;
+    FILE *fo = tmpfile(), *fe = tmpfile();
+    assert_non_null(fo);
+    assert_non_null(fe);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fileno(fo), 1);
+    posix_spawn_file_actions_adddup2(&fa, fileno(fe), 2);
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, g_tokgate, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    *out = slurp(fo);
+    char *e = slurp(fe);
+    snprintf(err, errn, "%s", e);
+    free(e);
+    fclose(fo);
+    fclose(fe);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 static void help_of_every_command(void **st)
@@ -328,6 +355,71 @@ static void db_typo_is_no_such_store(void **st)
     }
 }
 
+/* Runs SQL on the store file (foreign keys on, so deletes cascade). */
+static void sql(const char *db, const char *q)
+{
+    sqlite3 *h;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    char *err = NULL;
+    if (sqlite3_exec(h, "PRAGMA foreign_keys=ON", NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(h, q, NULL, NULL, &err) != SQLITE_OK) {
+        print_message("sql %s: %s\n", q, err ? err : sqlite3_errmsg(h));
+        fail();
+    }
+    sqlite3_close(h);
+}
+
+/* A run killed during the reference's second leg (legs are stored whole,
+ * so the store holds every leg but that one, and no verdict set) is
+ * NOT_MEASURABLE on rescore and report, names the run to resume, and does
+ * not unlock bench; --resume completes it. Before the fix it was PASS with
+ * LEGS_CLEAN counted over the stored legs only. */
+static void interrupted_run_is_not_measurable(void **st)
+{
+    (void)st;
+    char db[2 * PATH_MAX];
+    snprintf(db, sizeof db, "%s/t.db", g_dir);
+    const char *sp = write_spec();
+    gate_runs(sp, db, 1);
+    char err[8192], *out;
+    const char *b[] = {"bench", sp, "--db", db, NULL};
+    assert_int_equal(tokgate(b, &out, err, sizeof err), 0);   /* a complete PASS unlocks bench */
+    free(out);
+    sql(db, "DELETE FROM leg WHERE run_id = 1 AND leg = 2 AND arm_id = (SELECT id FROM arm WHERE run_id = 1"
+            " AND name = 'ref'); DELETE FROM verdict_set WHERE run_id = 1;"
+            " UPDATE run SET verdict = NULL, finished = NULL WHERE id = 1");
+    const char *r[] = {"rescore", "--db", db, NULL};
+    assert_int_equal(tokgate(r, &out, err, sizeof err), 1);
+    assert_non_null(strstr(out, "\nTOKEN_GATE=NOT_MEASURABLE\n"));
+    assert_non_null(strstr(out, "REASON=run 1 is unfinished: arm ref has 1 of 2 legs stored; resume it with --resume 1\n"));
+    assert_non_null(strstr(out, "ARM.ref.LEGS_CLEAN=1/2\n"));
+    assert_non_null(strstr(out, "ARM.good.TOKEN_GATE=NOT_MEASURABLE\n"));
+    free(out);
+    const char *rp[] = {"report", "--db", db, NULL};
+    assert_int_equal(tokgate(rp, &out, err, sizeof err), 1);
+    assert_non_null(strstr(out, "resume it with --resume 1"));
+    free(out);
+    assert_int_equal(tokgate(b, &out, err, sizeof err), 1);
+    assert_non_null(strstr(err, "bench refused"));
+    assert_non_null(strstr(err, "TOKEN_GATE=NOT_MEASURABLE"));
+    free(out);
+    /* a test arm's missing leg counts against its LEGS_CLEAN */
+    sql(db, "DELETE FROM leg WHERE run_id = 1 AND leg = 2 AND arm_id = (SELECT id FROM arm WHERE run_id = 1"
+            " AND name = 'good')");
+    assert_int_equal(tokgate(r, &out, err, sizeof err), 1);
+    assert_non_null(strstr(out, "ARM.good.LEGS_CLEAN=1/2\n"));
+    assert_non_null(strstr(out, "\nLEGS_CLEAN=1/2\n"));
+    assert_non_null(strstr(out, "\nLEGS_IDENTICAL=UNKNOWN\n"));   /* one clean leg: nothing to compare */
+    free(out);
+    /* the remedy: --resume runs the missing legs, and the run passes */
+    const char *g[] = {"gate", sp, "--db", db, "--resume", "1", NULL};
+    assert_int_equal(tokgate(g, &out, err, sizeof err), 0);
+    assert_non_null(strstr(out, "\nTOKEN_GATE=PASS\n"));
+    assert_non_null(strstr(out, "\nLEGS_CLEAN=2/2\n"));
+    assert_non_null(strstr(out, "\nLEGS_IDENTICAL=YES\n"));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -337,6 +429,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(out_naming_the_store_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(outputs_checked_before_the_run, setup, teardown),
         cmocka_unit_test_setup_teardown(db_typo_is_no_such_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(interrupted_run_is_not_measurable, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
