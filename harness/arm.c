@@ -712,6 +712,32 @@ void arm_decode_res_free(arm_decode_res *r)
     memset(r, 0, sizeof *r);
 }
 
+/* A logit of a "top" pair: a JSON number, or the strings "nan", "inf",
+ * "-inf" the protocol uses for non-finite values. Returns 0 or -1. */
+static int logit_of(json_t *v, float *out)
+{
+    if (json_is_number(v)) {
+        *out = (float)json_number_value(v);
+        return 0;
+    }
+    const char *s = json_string_value(v);
+    if (!s) return -1;
+    if (!strcmp(s, "nan")) *out = NAN;
+    else if (!strcmp(s, "inf")) *out = INFINITY;
+    else if (!strcmp(s, "-inf")) *out = -INFINITY;
+    else return -1;
+    return 0;
+}
+
+/* The protocol's order of a top list: a before b when a's logit is larger,
+ * or equal with the lower id; NaN after every number. */
+static int top_before(tg_top a, tg_top b)
+{
+    if (isnan(a.logit) || isnan(b.logit)) return isnan(a.logit) && isnan(b.logit) ? a.id < b.id : isnan(b.logit);
+    if (a.logit != b.logit) return a.logit > b.logit;
+    return a.id < b.id;
+}
+
 /* Validates a step line into st. Returns NULL, or what was wrong. */
 static const char *parse_step(json_t *j, int expect, int top_k, arm_step *st, char *why, size_t wn)
 {
@@ -741,16 +767,16 @@ static const char *parse_step(json_t *j, int expect, int top_k, arm_step *st, ch
     for (int i = 0; i < st->n_top; i++) {
         json_t *p = json_array_get(top, (size_t)i);
         json_t *id = json_array_get(p, 0), *lg = json_array_get(p, 1);
-        if (!json_is_array(p) || json_array_size(p) != 2 || !json_is_integer(id) || !json_is_number(lg) ||
+        float logit;
+        if (!json_is_array(p) || json_array_size(p) != 2 || !json_is_integer(id) || logit_of(lg, &logit) < 0 ||
             json_integer_value(id) < 0 || json_integer_value(id) > INT32_MAX) {
-            snprintf(why, wn, "expected \"top\"[%d]: [id, logit]", i);
+            snprintf(why, wn, "expected \"top\"[%d]: [id, logit] (a number, or \"nan\", \"inf\", \"-inf\")", i);
             return why;
         }
         st->top[i].id = (int32_t)json_integer_value(id);
-        st->top[i].logit = (float)json_number_value(lg);
-        if (i > 0 && (st->top[i].logit > st->top[i - 1].logit ||
-                      (st->top[i].logit == st->top[i - 1].logit && st->top[i].id <= st->top[i - 1].id))) {
-            snprintf(why, wn, "expected \"top\" ordered by logit descending, ties by lower id (entry %d)", i);
+        st->top[i].logit = logit;
+        if (i > 0 && !top_before(st->top[i - 1], st->top[i])) {
+            snprintf(why, wn, "expected \"top\" ordered by logit descending, ties by lower id, NaN last (entry %d)", i);
             return why;
         }
     }

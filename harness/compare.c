@@ -21,7 +21,7 @@
 #include "noise.h"
 
 static const char *const CLASS_NAMES[CMP_N_CLASSES] = {
-    "EXACT", "NEAR_TIE", "RANK2", "TOPK", "OUTSIDE", "WITHIN_NOISE", "UNCOMPARABLE"};
+    "EXACT", "NEAR_TIE", "RANK2", "TOPK", "OUTSIDE", "WITHIN_NOISE", "DEGENERATE", "UNCOMPARABLE"};
 
 const char *compare_class_name(cmp_class c)
 {
@@ -32,7 +32,7 @@ const char *compare_class_name(cmp_class c)
 int compare_class_ok(cmp_class c, const char *policy)
 {
     if (c == CMP_EXACT || c == CMP_UNCOMPARABLE) return 1;
-    if (!strcmp(policy, "exact")) return 0;
+    if (c == CMP_DEGENERATE || !strcmp(policy, "exact")) return 0;
     if (!strcmp(policy, "noise")) return c == CMP_WITHIN_NOISE;
     return c == CMP_NEAR_TIE;
 }
@@ -353,6 +353,23 @@ static int64_t ref_tier_hits(const char *counters)
     return n;
 }
 
+/* A reference top-k no verdict can rest on: a NaN or infinite logit, or
+ * every logit equal (a flat distribution has no argmax to test against). */
+static int ref_degenerate(const tg_top *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!isfinite(t[i].logit)) return 1;
+    return n >= 2 && t[0].logit == t[n - 1].logit;
+}
+
+/* An arm's own top-k with a NaN or infinite logit. */
+static int arm_nonfinite(const tg_top *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!isfinite(t[i].logit)) return 1;
+    return 0;
+}
+
 static void judge_legs(cmp_run *r)
 {
     for (int a = 0; a < r->n_arms; a++) {
@@ -455,6 +472,11 @@ static void judge_legs(cmp_run *r)
         }
     }
     cmp_arm *ref = &r->arms[r->ref];
+    if (ref->n_legs && ref->legs[0].leg == 1)
+        for (int p = 0; p < r->n_prompts; p++) {
+            const cmp_lp *y = &ref->legs[0].lp[p];
+            for (int i = 0; i < y->n_steps; i++) r->n_degenerate += ref_degenerate(y->top[i], y->n_top[i]);
+        }
     r->ref_ok = 0;
     if (ref->n_legs == 0 || ref->legs[0].leg != 1)
         snprintf(r->ref_why, sizeof r->ref_why, "reference %s has no leg 1", ref->name);
@@ -565,7 +587,10 @@ static int compare_leg(cmp_run *r, cmp_arm *arm, cmp_leg *g, tg_err *e)
                     row->rank = k + 1;
                     break;
                 }
-            if (row->token == row->ref_token) {
+            row->degenerate = ref_degenerate(rt, nr) ? 1 : arm_nonfinite(x->top[i], x->n_top[i]) ? 2 : 0;
+            if (row->degenerate) {
+                row->cls = CMP_DEGENERATE;
+            } else if (row->token == row->ref_token) {
                 row->cls = CMP_EXACT;
                 if (!row->rank) row->rank = 1;
             } else if (row->rank >= 2) {
@@ -825,7 +850,9 @@ static int noise_pass(cmp_run *r, tg_err *e)
                 for (int l = 0; l < arm->n_legs; l++) {
                     cmp_leg *g = &arm->legs[l];
                     cmp_row *row = find_row(g, p, step);
-                    if (!row || row->cls == CMP_EXACT || row->cls == CMP_UNCOMPARABLE) continue;
+                    if (!row || row->cls == CMP_EXACT || row->cls == CMP_UNCOMPARABLE ||
+                        row->cls == CMP_DEGENERATE)
+                        continue;
                     int k = lp_index(&g->lp[p], step);
                     if (k < 0) continue;
                     row->noise = (int)noise_judge(w, m, row->token, g->lp[p].top[k], g->lp[p].n_top[k],

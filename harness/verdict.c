@@ -68,10 +68,28 @@ static void decide_prompt(const cmp_run *r, const cmp_arm *arm, int p, int *v, c
         *v = V_FAIL;
         snprintf(why, cap, "tokenization differs from the reference's");
     } else if (ap->first_bad >= 0) {
-        const cmp_row *row = &g->rows[ap->first_bad];
-        *v = V_FAIL;
-        snprintf(why, cap, "step %d: %s (token %d, reference %d, rank %d)", row->step,
-                 compare_class_name(row->cls), row->token, row->ref_token, row->rank);
+        /* the first step the arm fails; a step whose reference logits are
+         * degenerate judges nothing, so it makes the prompt not measurable
+         * unless the arm fails elsewhere */
+        const cmp_row *bad = NULL, *ref_degen = NULL;
+        for (int i = ap->first_bad; i < g->n_rows && !bad; i++) {
+            const cmp_row *row = &g->rows[i];
+            if (row->prompt != p || row->cls == CMP_UNCOMPARABLE || compare_class_ok(row->cls, r->policy)) continue;
+            if (row->degenerate == 1) {
+                if (!ref_degen) ref_degen = row;
+            } else
+                bad = row;
+        }
+        if (bad) {
+            *v = V_FAIL;
+            snprintf(why, cap, "step %d: %s (token %d, reference %d, rank %d)%s", bad->step,
+                     compare_class_name(bad->cls), bad->token, bad->ref_token, bad->rank,
+                     bad->degenerate ? ": the arm's logits have a NaN or infinity" : "");
+        } else {
+            *v = V_NM;
+            snprintf(why, cap, "step %d: the reference's logits are degenerate (NaN, infinite or all equal): "
+                     "no token can be judged", ref_degen->step);
+        }
     } else if (ap->missing_steps > 0) {
         *v = V_FAIL;
         snprintf(why, cap, "%d steps fewer than the reference", ap->missing_steps);
@@ -488,7 +506,8 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         put_kv(w, NULL, NULL, "NEAR_TIES", "%d", n_near) < 0 ||
         put_kv(w, NULL, NULL, "CONTESTED", "%d", r->n_contested) < 0 ||
         put_kv(w, NULL, NULL, "ORACLE_SPLITS", "%d", n_split) < 0 ||
-        put_kv(w, NULL, NULL, "GATE_ARMS", "%d", n_gate) < 0)
+        put_kv(w, NULL, NULL, "GATE_ARMS", "%d", n_gate) < 0 ||
+        (r->n_degenerate && put_kv(w, NULL, NULL, "DEGENERATE_STEPS", "%d", r->n_degenerate) < 0))
         return -1;
     if (r->n_variants > 0) {
         int split = 0, known = 0;

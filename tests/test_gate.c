@@ -10,6 +10,7 @@
  * tg-llama (and optionally tg-engine) are built; it is skipped otherwise.
  */
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <sqlite3.h>
 #include <stdarg.h>
@@ -264,6 +265,91 @@ static void test_faulted_arms(void **unused)
     assert_integrity(st);
     store_close(st);
     spec_free(s);
+}
+
+/* Non-finite and flat logits (docs/protocol.md spells NaN "nan"): a leg
+ * that sends them is accepted and stored (it was a protocol error that
+ * killed the arm), the step is classed DEGENERATE, and no step whose
+ * reference logits are degenerate passes: a flat or NaN reference makes
+ * the arm NOT_MEASURABLE, an arm's own NaN logits make it FAIL. */
+static void test_degenerate_logits(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    static const char *const cases[][4] = {
+        /* reference mode, test arm mode, the arm's verdict, reason fragment */
+        {"flat-logits", "ok", "NOT_MEASURABLE", "reference's logits are degenerate"},
+        {"nan-logits", "ok", "NOT_MEASURABLE", "reference's logits are degenerate"},
+        {"ok", "nan-logits", "FAIL", "the arm's logits have a NaN"},
+    };
+    for (int c = 0; c < 3; c++) {
+        char *t;
+        assert_true(asprintf(&t,
+                             "name: degenerate\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                             "steps: 3\ntop_k: 4\nlegs: 2\nreference: ref\npolicy: {kind: near-tie, band: 0.5}\n"
+                             "arms:\n  - {name: ref, exec: [%s, %s], role: oracle}\n  - {name: arm, exec: [%s, %s]}\n",
+                             m, sha, fa, cases[c][0], fa, cases[c][1]) > 0);
+        tg_spec *s = write_spec(t);
+        free(t);
+        tg_store *st = open_db();
+        gate_options o = opts();
+        gate_result r;
+        tg_err e;
+        if (gate_run(st, s, &o, &r, &e) < 0) {
+            print_message("gate_run: %s\n", e.msg);
+            fail();
+        }
+        /* accepted: no leg has a cause, every step is stored */
+        long long causes = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND cause IS NOT NULL", r.run_id, NULL);
+        if (causes) {
+            sqlite3_stmt *q;
+            sqlite3_prepare_v2(store_db(st), "SELECT cause FROM leg WHERE run_id = ?1 AND cause IS NOT NULL", -1, &q, NULL);
+            sqlite3_bind_int64(q, 1, r.run_id);
+            if (sqlite3_step(q) == SQLITE_ROW) print_message("%s: cause %s\n", cases[c][0], sqlite3_column_text(q, 0));
+            sqlite3_finalize(q);
+        }
+        assert_int_equal(causes, 0);
+        assert_int_equal(q_int(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id WHERE l.run_id = ?1",
+                               r.run_id, NULL), 4 * 3);
+        verdict_options vo = verdict_options_default();
+        verdict_result vr;
+        assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+        assert_string_equal(vr.verdict, cases[c][2]);
+        char w[32];
+        arm_verdict(st, r.run_id, "arm", w);
+        assert_string_equal(w, cases[c][2]);
+        assert_int_equal(q_int(st, "SELECT count(*) FROM compare WHERE run_id = ?1 AND class = 'DEGENERATE'",
+                               r.run_id, NULL), 2 * 3);
+        sqlite3_stmt *q;
+        assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                            "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'arm' AND"
+                                            " prompt = 'p1' AND key = 'REASON'", -1, &q, NULL), SQLITE_OK);
+        sqlite3_bind_int64(q, 1, r.run_id);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        const char *why = (const char *)sqlite3_column_text(q, 0);
+        if (!strstr(why, cases[c][3])) print_message("%s/%s: REASON %s\n", cases[c][0], cases[c][1], why);
+        assert_non_null(strstr(why, cases[c][3]));
+        sqlite3_finalize(q);
+        if (c < 2)
+            assert_int_equal(q_int(st, "SELECT CAST(value AS INTEGER) FROM verdict WHERE run_id = ?1 AND arm IS NULL"
+                                       " AND key = 'DEGENERATE_STEPS'", r.run_id, NULL), 3);
+        /* the NaNs came back from the store as NaNs */
+        if (c == 1) {
+            store_tops tt;
+            int64_t leg = q_int(st, "SELECT l.id FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
+                                    " AND a.name = 'ref' AND l.leg = 1", r.run_id, NULL);
+            int64_t pid = q_int(st, "SELECT id FROM prompt WHERE run_id = ?1", r.run_id, NULL);
+            assert_int_equal(store_tops_read(store_db(st), leg, pid, &tt, &e), 0);
+            assert_int_equal(tt.n, 3);
+            assert_true(isnan(tt.top[tt.off[0]].logit));
+            store_tops_free(&tt);
+        }
+        store_close(st);
+        spec_free(s);
+    }
 }
 
 /* A pinned hash that does not match: nothing new is stored. */
@@ -543,6 +629,7 @@ static void test_real_gate_dumps(void **unused)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_degenerate_logits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),

@@ -32,6 +32,10 @@
  *   dump-lie      a decode whose first line is a dump line naming /dev/zero
  *                 with n = 2^31 values (the harness must check n against
  *                 the file before it allocates or reads)
+ *   nan-logits    a good session whose step lines give every logit as "nan"
+ *                 (the protocol's spelling of a NaN logit)
+ *   flat-logits   a good session whose step lines give every logit the same
+ *                 value (a flat distribution: no argmax to judge by)
  */
 #include <jansson.h>
 #include <signal.h>
@@ -94,8 +98,12 @@ static void decode(const char *mode, json_t *req)
         }
         int tok = (int)((last * 7 + 3) % 50);
         json_t *top = json_array();
-        for (int k = 0; k < top_k && k < 4; k++)
-            json_array_append_new(top, json_pack("[i,f]", (tok + k) % 50 + (k ? 50 * k : 0), 10.0 - k * 0.5));
+        for (int k = 0; k < top_k && k < 4; k++) {
+            int id = (tok + k) % 50 + (k ? 50 * k : 0);
+            if (!strcmp(mode, "nan-logits")) json_array_append_new(top, json_pack("[i,s]", id, "nan"));
+            else if (!strcmp(mode, "flat-logits")) json_array_append_new(top, json_pack("[i,f]", id, 10.0));
+            else json_array_append_new(top, json_pack("[i,f]", id, 10.0 - k * 0.5));
+        }
         json_t *line = json_pack("{s:i,s:o,s:o,s:s}", "step", s,
                                  "token", !strcmp(mode, "wrong-step") ? json_string("x") : json_integer(tok),
                                  "top", top, "digest", "0123456789abcdef");
