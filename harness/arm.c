@@ -74,6 +74,49 @@ struct tg_arm {
     pid_t pgid;              /* the worker's process group until it is killed, else -1 */
 };
 
+/* ---- interruption ---- */
+
+/* The process groups of the workers alive now (0: a free slot), for
+ * arm_interrupt to kill from a signal handler. */
+#define MAX_LIVE 1024
+static volatile pid_t live_groups[MAX_LIVE];
+static volatile sig_atomic_t interrupted_by;
+
+void arm_interrupt(int sig)
+{
+    if (!interrupted_by) interrupted_by = sig ? sig : SIGTERM;
+    for (int i = 0; i < MAX_LIVE; i++) {
+        pid_t g = __atomic_load_n(&live_groups[i], __ATOMIC_SEQ_CST);
+        if (g > 0) kill(-g, SIGKILL);
+    }
+}
+
+int arm_interrupted(void)
+{
+    return interrupted_by;
+}
+
+/* Records a worker's process group as alive; kills it at once when an
+ * interruption came first (the handler may have run before the record). */
+static void group_register(pid_t g)
+{
+    for (int i = 0; i < MAX_LIVE; i++) {
+        pid_t zero = 0;
+        if (__atomic_compare_exchange_n(&live_groups[i], &zero, g, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            break;
+    }
+    if (interrupted_by) kill(-g, SIGKILL);
+}
+
+static void group_unregister(pid_t g)
+{
+    for (int i = 0; i < MAX_LIVE; i++) {
+        pid_t want = g;
+        if (__atomic_compare_exchange_n(&live_groups[i], &want, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            break;
+    }
+}
+
 static const char *signame(int sig)
 {
     const char *s = sigabbrev_np(sig);
@@ -195,12 +238,12 @@ static int pump(tg_arm *a, double deadline, int want_in)
     }
     int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
     int r = poll(p, (nfds_t)n, ms);
-    if (r < 0) return errno == EINTR ? 1 : 0;
-    if (r == 0) return tg_now() < deadline;
+    if (r < 0) return errno == EINTR && !interrupted_by ? 1 : 0;
+    if (r == 0) return !interrupted_by && tg_now() < deadline;
     if (oo >= 0 && p[oo].revents) stdout_read(a);
     if (eo >= 0 && p[eo].revents) stderr_read(a);
     (void)io;
-    return 1;
+    return !interrupted_by;   /* tokgate is stopping: no more waiting */
 }
 
 /* ---- process control ---- */
@@ -257,7 +300,10 @@ static void close_in(tg_arm *a)
  * by another group (a pid is not reused while its group has members). */
 static void kill_group(tg_arm *a)
 {
-    if (a->pgid > 0) kill(-a->pgid, SIGKILL);
+    if (a->pgid > 0) {
+        kill(-a->pgid, SIGKILL);
+        group_unregister(a->pgid);
+    }
     a->pgid = -1;
 }
 
@@ -293,6 +339,8 @@ static void fail(tg_arm *a, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    if (interrupted_by)   /* the worker was killed by us, not by its own fault */
+        snprintf(buf, sizeof buf, "interrupted: tokgate got %s", signame(interrupted_by));
     a->failed = 1;
     free(a->cause);
     a->cause = xstrdup(buf);
@@ -490,6 +538,9 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
 {
     *out = NULL;
     assert(cfg && cfg->argv && cfg->argv[0]);
+    if (interrupted_by)
+        return tg_errf(e, "arm %s: not started: tokgate got %s", cfg->name ? cfg->name : cfg->argv[0],
+                       signame(interrupted_by));
     tg_arm *a = xcalloc(1, sizeof *a);
     a->name = xstrdup(cfg->name ? cfg->name : cfg->argv[0]);
     a->pid = -1;
@@ -556,6 +607,7 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
     }
     a->pid = pid;
     a->pgid = pid;
+    group_register(pid);
     a->leg_deadline = cfg->timeout_leg > 0 ? a->t_start + cfg->timeout_leg : INFINITY;
     *out = a;
     return 0;

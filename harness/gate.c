@@ -529,7 +529,8 @@ static int run_leg(gate_ctx *c, int ai, int legno, ref_prompt *ref_out)
     pthread_mutex_lock(&c->mu);
     L->binary_sha256 = c->bin_sha[ai][0] ? c->bin_sha[ai] : NULL;
     tg_err e;
-    int rc = store_put_leg(c->st, L, &e);
+    /* a leg cut short by tokgate's own interruption is not stored: --resume runs it again */
+    int rc = arm_interrupted() ? 0 : store_put_leg(c->st, L, &e);
     if (rc < 0 && !c->store_failed) {
         c->store_failed = 1;
         c->store_err = e;
@@ -556,7 +557,7 @@ static void *job_thread(void *ud)
     gate_ctx *c = ud;
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        int t = c->store_failed ? c->n_tasks : c->next_task++;
+        int t = c->store_failed || arm_interrupted() ? c->n_tasks : c->next_task++;
         pthread_mutex_unlock(&c->mu);
         if (t >= c->n_tasks) return NULL;
         run_leg(c, c->task_arm[t], c->task_leg[t], NULL);
@@ -701,6 +702,7 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
             *e = c.store_err;
             goto done;
         }
+        if (arm_interrupted()) goto interrupted;
     }
     /* then everything else, leg by leg, up to jobs at a time */
     c.task_arm = xcalloc((size_t)res->legs_planned, sizeof *c.task_arm);
@@ -734,6 +736,13 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
         goto done;
     }
     rc = 0;
+interrupted:
+    if (arm_interrupted()) {
+        res->interrupted = arm_interrupted();
+        tg_errf(e, "interrupted by signal %d: run %lld left unfinished; resume it with --resume %lld",
+                res->interrupted, (long long)c.run_id, (long long)c.run_id);
+        rc = -1;
+    }
 done:
     if (opt->progress) {
         fprintf(stderr, "\r\033[K");

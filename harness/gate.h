@@ -40,10 +40,14 @@ typedef struct gate_result {
     int legs_run;            /* run now (faulted ones included) */
     int legs_skipped;        /* already stored (--resume) */
     int legs_faulted;        /* run now and stored with a cause */
+    int interrupted;         /* the signal that stopped the run (arm_interrupt), else 0 */
 } gate_result;
 
 /* Re-hashes the artifact, opens a run (or resumes opt->resume_run, which
  * must be a run of the same spec text), runs every leg and stores it.
+ * After arm_interrupt (tokgate got SIGINT/SIGTERM) no leg is started or
+ * stored any more (a leg cut short by our own signal is not evidence): it
+ * returns -1 with res->interrupted set and e saying how to resume.
  * Returns 0 when every leg was attempted and stored (faulted legs
  * included), or -1 with e: an input error (artifact hash mismatch or
  * missing file, a resume run of another spec; nothing is stored then) or

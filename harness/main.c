@@ -383,10 +383,10 @@ static int cmd_gate(int argc, char **argv)
     double t0 = tg_now();
     if (gate_run(st, spec, &go, &gr, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
-        if (gr.run_id > 0) store_finish_run(st, gr.run_id, "ERROR", NULL);
+        if (gr.run_id > 0) store_finish_run(st, gr.run_id, gr.interrupted ? "INTERRUPTED" : "ERROR", NULL);
         store_close(st);
         spec_free(spec);
-        return EXIT_USAGE;
+        return gr.interrupted ? 128 + gr.interrupted : EXIT_USAGE;
     }
     /* The harness's own share of the wall time: tokgate's CPU time (all its
      * threads: spawning, protocol parsing, the store) against the wall time
@@ -648,18 +648,19 @@ typedef struct command {
     const char *name;
     const char *usage;       /* NULL: the command's own parser prints it */
     int (*run)(int argc, char **argv);
+    int graceful;            /* SIGINT/SIGTERM: end the workers and return (see on_signal) */
 } command;
 
 static int cmd_version(int argc, char **argv);
 static int cmd_help(int argc, char **argv);
 
 static const command COMMANDS[] = {
-    {"gate", NULL, cmd_gate},
+    {"gate", NULL, cmd_gate, 1},
     {"report", NULL, cmd_report},
     {"step", NULL, cmd_step},
-    {"localize", NULL, localize_main},
+    {"localize", NULL, localize_main, 1},
     {"rescore", NULL, cmd_rescore},
-    {"bench", NULL, cmd_bench},
+    {"bench", NULL, cmd_bench, 1},
     {"sweep", USAGE_SWEEP, sweep_main},
     {"trend", USAGE_TREND, trend_main},
     {"plan", USAGE_PLAN, sweep_plan_main},
@@ -722,6 +723,35 @@ static int cmd_help(int argc, char **argv)
     return c->run(3, av);
 }
 
+/* SIGINT / SIGTERM. Workers run in their own process groups (a terminal's
+ * ^C does not reach them), so tokgate ends them itself: arm_interrupt
+ * SIGKILLs every live worker's group. A graceful command (gate, bench,
+ * localize) then returns through its normal path (the gate marks its run
+ * INTERRUPTED and stores no leg cut short); any other command exits at
+ * once (the store is crash-safe). Exit status 128 + the signal (130, 143).
+ * A second signal ends tokgate by the default action. */
+static void on_signal_graceful(int sig)
+{
+    arm_interrupt(sig);
+}
+
+static void on_signal_exit(int sig)
+{
+    arm_interrupt(sig);
+    _exit(128 + sig);
+}
+
+static void install_signals(int graceful)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = graceful ? on_signal_graceful : on_signal_exit;
+    sa.sa_flags = SA_RESETHAND;   /* no SA_RESTART: waits return EINTR */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -743,5 +773,12 @@ int main(int argc, char **argv)
         return 0;
     }
     if (c->run == trend_main && trend_out_guard(argc, argv) < 0) return EXIT_USAGE;
-    return c->run(argc, argv);
+    install_signals(c->graceful);
+    int rc = c->run(argc, argv);
+    int sig = arm_interrupted();
+    if (sig) {
+        fprintf(stderr, "tokgate: interrupted by signal %d; its workers were ended\n", sig);
+        return 128 + sig;
+    }
+    return rc;
 }

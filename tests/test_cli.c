@@ -11,6 +11,8 @@
  * engine), in its well-behaved mode.
  */
 #include <fcntl.h>
+#include <signal.h>
+#include <time.h>
 #include <ftw.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -420,6 +422,99 @@ static void interrupted_run_is_not_measurable(void **st)
     free(out);
 }
 
+/* SIGTERM / SIGINT to a running gate: tokgate ends its workers (one of
+ * them ignores SIGTERM and never answers), marks the run INTERRUPTED, stores
+ * no leg cut short, and exits 143 / 130; no worker is left running. Before,
+ * tokgate died and the workers (in their own process groups) ran on. */
+static void signal_ends_workers(void **st)
+{
+    (void)st;
+    static const int sigs[] = {SIGTERM, SIGINT};
+    for (int k = 0; k < 2; k++) {
+        char fa[PATH_MAX + 32], m[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX], pf[2 * PATH_MAX];
+        snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
+        snprintf(m, sizeof m, "%s/m.bin", g_dir);
+        snprintf(sp, sizeof sp, "%s/sig.yaml", g_dir);
+        snprintf(db, sizeof db, "%s/sig%d.db", g_dir, k);
+        snprintf(pf, sizeof pf, "%s/pids%d", g_dir, k);
+        write_spec();   /* the stand-in model */
+        char sha[65];
+        tg_err e;
+        assert_int_equal(tg_sha256_file(m, sha, &e), 0);
+        FILE *f = fopen(sp, "w");
+        assert_non_null(f);
+        fprintf(f, "name: sig\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
+                   "steps: 3\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\njobs: 2\n"
+                   "timeout: {request: 300, leg: 600}\n"
+                   "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: stuck, exec: [%s, ignore-term]}\n",
+                m, sha, fa, fa);
+        fclose(f);
+        setenv("TG_FAULT_PIDFILE", pf, 1);
+        char *argv[] = {g_tokgate, "gate", sp, "--db", db, NULL};
+        posix_spawn_file_actions_t fa_;
+        posix_spawn_file_actions_init(&fa_);
+        posix_spawn_file_actions_addopen(&fa_, 1, "/dev/null", O_WRONLY, 0);
+        posix_spawn_file_actions_addopen(&fa_, 2, "/dev/null", O_WRONLY, 0);
+        pid_t pid;
+        assert_int_equal(posix_spawn(&pid, g_tokgate, &fa_, NULL, argv, environ), 0);
+        posix_spawn_file_actions_destroy(&fa_);
+        unsetenv("TG_FAULT_PIDFILE");
+        /* wait until both stuck legs run (the reference's leg 1 first, then 3 workers) */
+        int n = 0, pids[16];
+        double t0 = tg_now();
+        while (n < 3 && tg_now() - t0 < 30) {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            n = 0;
+            f = fopen(pf, "r");
+            while (f && n < 16 && fscanf(f, "%d", &pids[n]) == 1) n++;
+            if (f) fclose(f);
+        }
+        assert_true(n >= 3);
+        nanosleep(&(struct timespec){0, 200 * 1000 * 1000}, NULL);
+        double ts = tg_now();
+        kill(pid, sigs[k]);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        double took = tg_now() - ts;
+        print_message("signal %d: tokgate exited in %.2f s, status %d\n", sigs[k], took,
+                      WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 128 + sigs[k]);
+        assert_true(took < 10);
+        /* every worker is gone (reaped by tokgate, or by init right after) */
+        f = fopen(pf, "r");
+        n = 0;
+        while (f && n < 16 && fscanf(f, "%d", &pids[n]) == 1) n++;
+        if (f) fclose(f);
+        for (int i = 0; i < n; i++) {
+            int alive = 1;
+            for (int t = 0; t < 100 && alive; t++) {
+                alive = kill(pids[i], 0) == 0;
+                if (alive) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+            }
+            if (alive) {
+                kill(pids[i], SIGKILL);
+                fail_msg("worker %d outlived tokgate", pids[i]);
+            }
+        }
+        /* the run is marked, the cut legs are not stored */
+        sqlite3 *h;
+        assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+        sqlite3_stmt *q;
+        assert_int_equal(sqlite3_prepare_v2(h, "SELECT verdict FROM run WHERE id = 1", -1, &q, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        assert_string_equal((const char *)sqlite3_column_text(q, 0), "INTERRUPTED");
+        sqlite3_finalize(q);
+        assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id"
+                                               " WHERE a.name = 'stuck'", -1, &q, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        assert_int_equal(sqlite3_column_int(q, 0), 0);
+        sqlite3_finalize(q);
+        sqlite3_close(h);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -430,6 +525,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(outputs_checked_before_the_run, setup, teardown),
         cmocka_unit_test_setup_teardown(db_typo_is_no_such_store, setup, teardown),
         cmocka_unit_test_setup_teardown(interrupted_run_is_not_measurable, setup, teardown),
+        cmocka_unit_test_setup_teardown(signal_ends_workers, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,6 +36,9 @@
  *                 (the protocol's spelling of a NaN logit)
  *   flat-logits   a good session whose step lines give every logit the same
  *                 value (a flat distribution: no argmax to judge by)
+ *
+ * With TG_FAULT_PIDFILE set, every instance appends its pid to that file
+ * first (tests check that no worker outlives tokgate).
  */
 #include <jansson.h>
 #include <signal.h>
@@ -117,6 +120,14 @@ static void decode(const char *mode, json_t *req)
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "ok";
+    const char *pidfile = getenv("TG_FAULT_PIDFILE");
+    if (pidfile) {
+        FILE *f = fopen(pidfile, "a");
+        if (f) {
+            fprintf(f, "%d\n", (int)getpid());
+            fclose(f);
+        }
+    }
     if (!strcmp(mode, "ignore-term")) signal(SIGTERM, SIG_IGN);
     int decodes = 0;
     if (!strcmp(mode, "fault-stderr")) {
