@@ -10,6 +10,7 @@
 #include "gate.h"
 
 #include <assert.h>
+#include <sched.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -43,7 +44,10 @@ typedef struct gate_ctx {
     ref_prompt *ref;         /* (n_prompts), teacher mode */
     char (*bin_sha)[65];     /* per arm */
     char **bin_path;         /* per arm */
-    pthread_mutex_t mu;      /* store, progress, counters */
+    pthread_mutex_t mu;      /* store, progress, counters, the CPU budget */
+    pthread_cond_t cv;       /* a leg gave its threads back */
+    int budget, in_use;      /* CPU budget (0: none) and the threads the running legs hold */
+    int *threads;            /* per arm: gate_arm_threads */
     int next_task, n_tasks;
     int *task_arm, *task_leg;
     gate_result *res;
@@ -558,9 +562,25 @@ static void *job_thread(void *ud)
     for (;;) {
         pthread_mutex_lock(&c->mu);
         int t = c->store_failed || arm_interrupted() ? c->n_tasks : c->next_task++;
+        int need = 0;
+        if (t < c->n_tasks && c->budget > 0) {
+            /* the CPU budget: wait until this arm's threads fit beside the running legs */
+            need = c->threads[c->task_arm[t]];
+            if (need > c->budget) need = c->budget;
+            while (c->in_use + need > c->budget && !arm_interrupted()) pthread_cond_wait(&c->cv, &c->mu);
+            c->in_use += need;
+        } else if (t < c->n_tasks) {
+            need = c->threads[c->task_arm[t]];
+            c->in_use += need;
+        }
+        if (c->in_use > c->res->peak_threads) c->res->peak_threads = c->in_use;
         pthread_mutex_unlock(&c->mu);
         if (t >= c->n_tasks) return NULL;
         run_leg(c, c->task_arm[t], c->task_leg[t], NULL);
+        pthread_mutex_lock(&c->mu);
+        c->in_use -= need;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
     }
 }
 
@@ -655,6 +675,7 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
     gate_arm_binaries(s, opt->bin_dir, c.bin_sha, c.bin_path);
     c.ref = xcalloc((size_t)s->n_prompts, sizeof *c.ref);
     pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
     int rc = -1;
 
     if (opt->resume_run > 0) {
@@ -719,6 +740,11 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
             c.n_tasks++;
         }
     int jobs = opt->jobs > 0 ? opt->jobs : s->jobs;
+    res->jobs = jobs;
+    c.budget = opt->jobs > 0 ? 0 : gate_cpus();
+    res->cpu_budget = c.budget;
+    c.threads = xcalloc((size_t)s->n_arms, sizeof *c.threads);
+    for (int i = 0; i < s->n_arms; i++) c.threads[i] = gate_arm_threads(s, i, gate_cpus());
     if (jobs > c.n_tasks) jobs = c.n_tasks;
     if (jobs <= 1) job_thread(&c);
     else {
@@ -759,8 +785,33 @@ done:
     free(c.bin_sha);
     free(c.task_arm);
     free(c.task_leg);
+    free(c.threads);
+    pthread_cond_destroy(&c.cv);
     pthread_mutex_destroy(&c.mu);
     return rc;
+}
+
+int gate_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int gate_arm_threads(const tg_spec *s, int i, int nc)
+{
+    const spec_arm *a = &s->arms[i];
+    if (a->kind == SPEC_ARM_LLAMA && a->n_wrap > 0) return 1;   /* tg-llama under qemu uses 1 */
+    int t = 1;
+    json_t *o = json_loads(a->options_json ? a->options_json : "{}", 0, NULL);
+    json_t *th = json_object_get(o, "threads");
+    if (json_is_integer(th) && json_integer_value(th) > 0)
+        t = json_integer_value(th) > 1 << 20 ? 1 << 20 : (int)json_integer_value(th);
+    else if (a->kind == SPEC_ARM_ENGINE && a->tier && !strcmp(a->tier, "cpu")) t = nc;
+    else if (a->kind == SPEC_ARM_LLAMA) t = nc < 16 ? nc : 16;
+    json_decref(o);
+    return t;
 }
 
 /* The folder of tokgate's executables (where the worker binaries live):

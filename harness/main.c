@@ -83,7 +83,8 @@ static const char USAGE_GATE[] =
     "Runs the spec's arms (prompts x arms x legs), stores every leg, scores the run and\n"
     "prints the report; the machine keys (TOKEN_GATE=...) always reach stdout.\n"
     "\n"
-    "  --jobs N         legs run side by side (default: the spec's jobs)\n"
+    "  --jobs N         legs run side by side (default: the spec's jobs, while the legs'\n"
+    "                   threads fit in the CPUs)\n"
     "  --resume RUN     continue an interrupted run of the same spec, skipping stored legs\n"
     "  --band X         near-tie band in logits (default: the spec's)\n"
     "  --policy P       exact | near-tie | noise (default: the spec's)\n"
@@ -400,6 +401,10 @@ static int cmd_gate(int argc, char **argv)
             "wall %.1f s, harness cpu %.2f s (%.1f%% of wall)\n",
             (long long)gr.run_id, gr.legs_run, gr.legs_faulted, gr.legs_skipped, wall, cpu,
             wall > 0 ? 100.0 * cpu / wall : 0.0);
+    if (gr.cpu_budget > 0)
+        fprintf(stderr, "tokgate: run %lld: up to %d legs side by side while their threads fit in %d CPU%s "
+                "(at most %d threads at once; --jobs N runs N legs regardless)\n", (long long)gr.run_id,
+                gr.jobs, gr.cpu_budget, gr.cpu_budget == 1 ? "" : "s", gr.peak_threads);
     verdict_options vo = verdict_options_default();
     vo.band = o.band;
     vo.policy_kind = o.policy;

@@ -10,6 +10,7 @@
  * tg-llama (and optionally tg-engine) are built; it is skipped otherwise.
  */
 #include <limits.h>
+#include <sched.h>
 #include <math.h>
 #include <setjmp.h>
 #include <sqlite3.h>
@@ -352,6 +353,67 @@ static void test_degenerate_logits(void **unused)
     }
 }
 
+/* Without --jobs the threads of the running legs stay within the CPUs: on
+ * 2 CPUs, 2-thread arms run one leg at a time (llama.cpp's spinning
+ * threads made --jobs 2 with threads 2 four times slower), 1-thread arms
+ * two at a time, an arm asking for more than all CPUs runs alone; --jobs N
+ * runs N legs at a time regardless. The legs are made slow (200 ms a step)
+ * so that they would overlap without the budget. */
+static void test_cpu_budget(void **unused)
+{
+    (void)unused;
+    cpu_set_t old, two;
+    assert_int_equal(sched_getaffinity(0, sizeof old, &old), 0);
+    if (CPU_COUNT(&old) < 2) {
+        print_message("skip: fewer than 2 CPUs\n");
+        skip();
+    }
+    CPU_ZERO(&two);
+    for (int i = 0, k = 0; i < CPU_SETSIZE && k < 2; i++)
+        if (CPU_ISSET(i, &old)) CPU_SET(i, &two), k++;
+    assert_int_equal(sched_setaffinity(0, sizeof two, &two), 0);
+    assert_int_equal(gate_cpus(), 2);
+    setenv("TG_FAULT_DELAY_MS", "200", 1);
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    static const int threads[] = {2, 1, 8};
+    static const int peak[] = {2, 2, 2};
+    for (int c = 0; c < 3; c++) {
+        char *t;
+        assert_true(asprintf(&t,
+                             "name: jobs\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                             "steps: 2\ntop_k: 2\nlegs: 2\njobs: 4\nreference: ref\npolicy: {kind: exact}\n"
+                             "arms:\n  - {name: ref, exec: [%s, ok], options: {threads: %d}}\n"
+                             "  - {name: a, exec: [%s, ok], options: {threads: %d}}\n"
+                             "  - {name: b, exec: [%s, ok], options: {threads: %d}}\n",
+                             m, sha, fa, threads[c], fa, threads[c], fa, threads[c]) > 0);
+        tg_spec *s = write_spec(t);
+        free(t);
+        for (int i = 0; i < 3; i++) assert_int_equal(gate_arm_threads(s, i, 2), threads[c]);
+        tg_store *st = open_db();
+        gate_options o = opts();
+        o.jobs = 0;
+        gate_result r;
+        tg_err e;
+        assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+        print_message("threads %d: peak %d threads at once\n", threads[c], r.peak_threads);
+        assert_int_equal(r.cpu_budget, 2);
+        assert_int_equal(r.jobs, 4);
+        assert_true(r.peak_threads <= peak[c]);
+        if (threads[c] == 1) assert_int_equal(r.peak_threads, 2);   /* 1-thread legs did run side by side */
+        o.jobs = 3;   /* an explicit --jobs: no budget */
+        assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+        assert_int_equal(r.cpu_budget, 0);
+        assert_int_equal(r.jobs, 3);
+        store_close(st);
+        spec_free(s);
+    }
+    unsetenv("TG_FAULT_DELAY_MS");
+    sched_setaffinity(0, sizeof old, &old);
+}
+
 /* A pinned hash that does not match: nothing new is stored. */
 static void test_artifact_mismatch_stores_nothing(void **unused)
 {
@@ -630,6 +692,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_degenerate_logits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cpu_budget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),

@@ -38,7 +38,8 @@
  *                 value (a flat distribution: no argmax to judge by)
  *
  * With TG_FAULT_PIDFILE set, every instance appends its pid to that file
- * first (tests check that no worker outlives tokgate).
+ * first (tests check that no worker outlives tokgate); TG_FAULT_DELAY_MS
+ * makes every step line that many milliseconds late (so legs overlap).
  */
 #include <jansson.h>
 #include <signal.h>
@@ -92,7 +93,9 @@ static void decode(const char *mode, json_t *req)
     if (!strcmp(mode, "dump-lie"))
         answer(json_pack("{s:{s:i,s:i,s:s,s:I,s:s}}", "dump", "step", 0, "layer", 0, "stage", "q", "n",
                          (json_int_t)1 << 31, "file", "/dev/zero"));
+    const char *delay = getenv("TG_FAULT_DELAY_MS");
     for (int s = 0; s < steps; s++) {
+        if (delay) msleep(atol(delay));
         if (!strcmp(mode, "segv-decode") && s == 2) crash();
         if (!strcmp(mode, "eof-decode") && s == 1) {
             fclose(stdout);
