@@ -516,6 +516,7 @@ static void md_cell(FILE *out, const char *s)
         if (*s == '|') fputs("\\|", out);
         else if (*s == '\n') fputc(' ', out);
         else if (*s == '<') fputs("&lt;", out);
+        else if ((unsigned char)*s < 0x20 || *s == 0x7f) fprintf(out, "\\x%02x", (unsigned char)*s);
         else fputc(*s, out);
     }
 }
