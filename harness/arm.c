@@ -17,6 +17,7 @@
 #include "common.h"
 
 #include <assert.h>
+#include <limits.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -861,9 +862,14 @@ int arm_parse_step_line(const char *line, size_t len, int expect, int top_k, arm
     return 0;
 }
 
-/* Reads a dump line's file into du. Returns NULL or what was wrong. */
+/* Reads a dump line's file into du. Only a decode that asked for dumps
+ * may send dump lines, and a dump file must lie directly in the folder the
+ * harness gave it (its real path's folder is the folder's real path): a
+ * worker cannot make the harness read any other file. Returns NULL or what
+ * was wrong. */
 static const char *parse_dump(json_t *j, const char *dir, arm_dump *du, char *why, size_t wn)
 {
+    if (!dir) return "a dump line, but this decode asked for no dumps";
     json_t *o = json_object_get(j, "dump");
     json_t *s = json_object_get(o, "step"), *l = json_object_get(o, "layer"), *g = json_object_get(o, "stage"),
            *n = json_object_get(o, "n"), *f = json_object_get(o, "file");
@@ -875,11 +881,24 @@ static const char *parse_dump(json_t *j, const char *dir, arm_dump *du, char *wh
     du->layer = (int)json_integer_value(l);
     snprintf(du->stage, sizeof du->stage, "%s", json_string_value(g));
     du->n = json_integer_value(n);
-    char path[4096];
+    char path[4096], real[PATH_MAX], real_dir[PATH_MAX];
     const char *fn = json_string_value(f);
     if (fn[0] == '/') snprintf(path, sizeof path, "%s", fn);
-    else snprintf(path, sizeof path, "%s/%s", dir ? dir : ".", fn);
-    FILE *fp = fopen(path, "rb");
+    else snprintf(path, sizeof path, "%s/%s", dir, fn);
+    if (!realpath(dir, real_dir)) {
+        snprintf(why, wn, "the dump folder %.160s is gone: %s", dir, strerror(errno));
+        return why;
+    }
+    if (!realpath(path, real)) {
+        snprintf(why, wn, "dump file %.160s cannot be opened: %s", path, strerror(errno));
+        return why;
+    }
+    char *slash = strrchr(real, '/');
+    if (!slash || (size_t)(slash - real) != strlen(real_dir) || strncmp(real, real_dir, strlen(real_dir))) {
+        snprintf(why, wn, "dump file %.100s is outside the dump folder %.100s", path, dir);
+        return why;
+    }
+    FILE *fp = fopen(real, "rb");
     if (!fp) {
         snprintf(why, wn, "dump file %.160s cannot be opened: %s", path, strerror(errno));
         return why;
@@ -960,7 +979,7 @@ int arm_decode(tg_arm *a, const arm_decode_req *q, arm_decode_res *res,
             res->dumps = xrealloc(res->dumps, (size_t)(res->n_dumps + 1) * sizeof *res->dumps);
             arm_dump *du = &res->dumps[res->n_dumps];
             memset(du, 0, sizeof *du);
-            const char *bad = parse_dump(j, q->dump_path, du, why, sizeof why);
+            const char *bad = parse_dump(j, q->n_dump_steps > 0 ? q->dump_path : NULL, du, why, sizeof why);
             json_decref(j);
             res->n_dumps++;
             if (bad) {

@@ -29,9 +29,12 @@
  *                 without answering (so stdout never reaches EOF: only a
  *                 kill of the whole process group ends the leg)
  *   segv-prompt2  a good first decode, SIGSEGV in the second one
- *   dump-lie      a decode whose first line is a dump line naming /dev/zero
- *                 with n = 2^31 values (the harness must check n against
- *                 the file before it allocates or reads)
+ *   dump-lie      a decode whose first line is a dump line naming an 8-byte
+ *                 file in the dump folder with n = 2^31 values (the harness
+ *                 must check n against the file before it allocates or reads)
+ *   dump-abs      a decode whose first line is a dump line naming /dev/zero
+ *                 (outside the dump folder; sent whether dumps were asked
+ *                 for or not)
  *   nan-logits    a good session whose step lines give every logit as "nan"
  *                 (the protocol's spelling of a NaN logit)
  *   flat-logits   a good session whose step lines give every logit the same
@@ -90,9 +93,21 @@ static void decode(const char *mode, json_t *req)
     }
     long last = 0;
     for (size_t i = 0; i < json_array_size(prompt); i++) last = json_integer_value(json_array_get(prompt, i));
-    if (!strcmp(mode, "dump-lie"))
+    if (!strcmp(mode, "dump-lie")) {
+        const char *dir = json_string_value(json_object_get(json_object_get(req, "dump"), "path"));
+        char file[4096];
+        snprintf(file, sizeof file, "%s/s0-l0-q.f32", dir ? dir : ".");
+        FILE *f = fopen(file, "wb");
+        if (f) {
+            fwrite("12345678", 1, 8, f);
+            fclose(f);
+        }
         answer(json_pack("{s:{s:i,s:i,s:s,s:I,s:s}}", "dump", "step", 0, "layer", 0, "stage", "q", "n",
-                         (json_int_t)1 << 31, "file", "/dev/zero"));
+                         (json_int_t)1 << 31, "file", file));
+    }
+    if (!strcmp(mode, "dump-abs"))
+        answer(json_pack("{s:{s:i,s:i,s:s,s:I,s:s}}", "dump", "step", 0, "layer", 0, "stage", "q", "n",
+                         (json_int_t)4, "file", "/dev/zero"));
     const char *delay = getenv("TG_FAULT_DELAY_MS");
     for (int s = 0; s < steps; s++) {
         if (delay) msleep(atol(delay));
