@@ -506,7 +506,12 @@ static int answer_ok(tg_arm *a, const char *op, json_t *j, tg_err *e)
         fail(a, "protocol: %s: an error answer without an \"error\" string", op);
         return -1;
     }
-    tg_errf(e, "arm %s: %s: %s", a->name, op, msg);
+    /* the worker names the op itself ("load: ..."): said once; and its
+     * text never reaches a terminal with escapes in it */
+    size_t k = strlen(op);
+    while (!strncmp(msg, op, k) && !strncmp(msg + k, ": ", 2)) msg += k + 2;
+    char safe[900];
+    tg_errf(e, "arm %s: %s: %s", a->name, op, common_text_safe(msg, safe, sizeof safe));
     return 0;
 }
 

@@ -347,7 +347,7 @@ static int64_t ref_tier_hits(const char *counters)
     {
         size_t len = strlen(k);
         if (len >= 4 && !strcmp(k + len - 4, "/ref") && json_is_integer(v))
-            n += json_integer_value(v);
+            n = common_add_sat(n, json_integer_value(v));
     }
     json_decref(root);
     return n;
@@ -379,19 +379,26 @@ static void judge_legs(cmp_run *r)
             if (arm->legs[l].device_ops > 0) arm->is_device = 1;
         for (int l = 0; l < arm->n_legs; l++) {
             cmp_leg *g = &arm->legs[l];
-            arm->device_ops += g->device_ops;
-            arm->host_ops += g->host_ops;
-            if (strcmp(arm->tier, "ref")) arm->reference_tier_hits += ref_tier_hits(g->counters);
+            /* a worker's counters are its word: sums saturate, never wrap */
+            arm->device_ops = common_add_sat(arm->device_ops, g->device_ops);
+            arm->host_ops = common_add_sat(arm->host_ops, g->host_ops);
+            if (strcmp(arm->tier, "ref"))
+                arm->reference_tier_hits = common_add_sat(arm->reference_tier_hits, ref_tier_hits(g->counters));
             g->clean = 1;
-            if (g->term_signal)
+            /* the stored cause first: "killed by signal 15" is usually the
+             * harness ending a worker that timed out, the cause says so */
+            if (!empty(g->cause))
+                snprintf(g->why, sizeof g->why, "%s", g->cause), g->clean = 0;
+            else if (g->term_signal)
                 snprintf(g->why, sizeof g->why, "killed by signal %d", g->term_signal), g->clean = 0;
             else if (g->exit_status != 0)
                 snprintf(g->why, sizeof g->why, "exit status %d", g->exit_status), g->clean = 0;
-            if (g->clean && !empty(g->cause))
-                snprintf(g->why, sizeof g->why, "%s", g->cause), g->clean = 0;
-            if (g->clean && !empty(g->fault_lines))
-                snprintf(g->why, sizeof g->why, "fault lines in stderr: %.200s", g->fault_lines),
-                    g->clean = 0;
+            if (g->clean && !empty(g->fault_lines)) {
+                char safe[220];
+                snprintf(g->why, sizeof g->why, "fault lines in stderr: %s",
+                         common_text_safe(g->fault_lines, safe, sizeof safe));
+                g->clean = 0;
+            }
             if (g->clean && arm->is_device && g->host_ops > 0)
                 snprintf(g->why, sizeof g->why, "device arm fell back to the host for %lld ops",
                          (long long)g->host_ops), g->clean = 0;

@@ -144,7 +144,8 @@ static void counters_add(json_t *dst, json_t *src)
         json_t *d = json_object_get(dst, k);
         if (json_is_integer(v)) {
             json_int_t base = json_is_integer(d) ? json_integer_value(d) : 0;
-            json_object_set_new(dst, k, json_integer(base + json_integer_value(v)));
+            /* a worker's counters near INT64_MAX must not wrap: saturate */
+            json_object_set_new(dst, k, json_integer(common_add_sat(base, json_integer_value(v))));
         } else if (json_is_real(v)) {
             double base = json_is_number(d) ? json_number_value(d) : 0;
             json_object_set_new(dst, k, json_real(base + json_real_value(v)));
@@ -169,6 +170,16 @@ static void set_cause(leg_buf *b, const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     b->cause = xstrdup(buf);
+}
+
+/* msg without its leading "arm NAME: " (an arm layer message): the leg's
+ * cause is stored with the leg of that arm already ("load: arm cpu: load:
+ * load: ..." became "load: ..."). */
+static const char *leg_msg(const char *msg, const char *arm)
+{
+    size_t n = strlen(arm);
+    if (!strncmp(msg, "arm ", 4) && !strncmp(msg + 4, arm, n) && !strncmp(msg + 4 + n, ": ", 2)) return msg + 6 + n;
+    return msg;
 }
 
 /* Progress on stderr (terminal only), throttled. */
@@ -277,7 +288,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
                       .n_fault_patterns = s->n_fault_patterns, .fault_patterns = s->fault_patterns};
     tg_arm *a = NULL;
     if (arm_start(&a, &cfg, &e) < 0) {
-        set_cause(b, "start: %s", e.msg);
+        set_cause(b, "start: %s", leg_msg(e.msg, sa->name));
         b->leg.exit_status = -1;
         for (int p = 0; p < s->n_prompts; p++) b->p[p].error = xstrdup(b->cause);
         spec_argv_free(argv);
@@ -286,7 +297,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
     spec_argv_free(argv);
     *arm_out = a;
     int up = arm_hello(a, &b->hello, &e) == 0;
-    if (!up) set_cause(b, "hello: %s", e.msg);
+    if (!up) set_cause(b, "%s", leg_msg(e.msg, sa->name));
     if (up) {
         const char *d = arm_hello_field(a, "device"), *v = arm_hello_field(a, "version");
         b->device = d ? xstrdup(d) : NULL;
@@ -299,7 +310,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         }
         pthread_mutex_unlock(&c->mu);
         up = arm_load(a, s->model_path, sa->options_json, &b->model, &e) == 0;
-        if (!up) set_cause(b, "load: %s", e.msg);
+        if (!up) set_cause(b, "%s", leg_msg(e.msg, sa->name));
     }
     double nan_ms = NAN;
     b->ms_load = b->ms_prefill = b->ms_decode = nan_ms;
@@ -313,8 +324,8 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         int32_t *own = NULL;
         int n_own = 0;
         if (arm_tokenize(a, sp->text, 0, &own, &n_own, &e) < 0) {
-            q->error = xstrdup(e.msg);
-            set_cause(b, "%s: %s", sp->id, e.msg);
+            q->error = xstrdup(leg_msg(e.msg, sa->name));
+            set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
             continue;
         }
         q->ids = own;
@@ -343,8 +354,8 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         char ddir[600] = "";
         if (spec_dumps_prompt(s, p)) {
             if (arm_dump_dir_make(ddir, sizeof ddir, "gate", &e) < 0) {
-                q->error = xstrdup(e.msg);
-                set_cause(b, "%s: %s", sp->id, e.msg);
+                q->error = xstrdup(leg_msg(e.msg, sa->name));
+                set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
                 continue;
             }
             req.dump_steps = s->dump_steps;
@@ -357,8 +368,8 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         arm_dump_dir_remove(ddir);
         take_steps(q, &r, force, s);
         if (rc < 0) {
-            q->error = xstrdup(e.msg);
-            set_cause(b, "%s: %s", sp->id, e.msg);
+            q->error = xstrdup(leg_msg(e.msg, sa->name));
+            set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
         } else {
             if (r.counters_json) {
                 json_t *j = json_loads(r.counters_json, 0, NULL);
@@ -376,7 +387,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
                 char *text;
                 size_t tl;
                 if (arm_detokenize(a, toks, r.n_steps, 0, &text, &tl, &e) == 0) q->text = text;
-                else set_cause(b, "%s: %s", sp->id, e.msg);
+                else set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
                 if (ref_out && !arm_failed(a)) {
                     ref_prompt *rp = &ref_out[p];
                     rp->ok = 1;
@@ -433,7 +444,7 @@ static void run_command_leg(gate_ctx *c, int ai, int legno, leg_buf *b, arm_exit
         }
         if (rc == 0) q->text = out;
         else {
-            q->error = xstrdup(e.msg);
+            q->error = xstrdup(leg_msg(e.msg, sa->name));
             set_cause(b, "%s: %s", s->prompts[p].id, x.cause ? x.cause : e.msg);
             if (acc->exit_status == 0 && acc->term_signal == 0) {
                 acc->exit_status = x.exit_status;

@@ -88,7 +88,8 @@ static int kv(rctx *c, const char *arm, const char *prompt, const char *key, cha
     if (prompt) sqlite3_bind_text(s, 4, prompt, -1, SQLITE_STATIC); else sqlite3_bind_null(s, 4);
     sqlite3_bind_text(s, 5, key, -1, SQLITE_STATIC);
     int found = sqlite3_step(s) == SQLITE_ROW;
-    cpy(out, cap, found ? sqlite3_column_text(s, 0) : NULL);
+    /* stored text may hold a worker's control bytes (older stores): never raw */
+    common_text_safe(found ? (const char *)sqlite3_column_text(s, 0) : "", out, cap);
     sqlite3_reset(s);
     return found;
 }

@@ -477,8 +477,8 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         /* YES only when every gate arm had two clean legs to compare */
         if (!arm->legs_identical) ident = 0;
         else if (!arm->identical_known && ident == 1) ident = 2;
-        rth += arm->reference_tier_hits;
-        dops += arm->device_ops;
+        rth = common_add_sat(rth, arm->reference_tier_hits);
+        dops = common_add_sat(dops, arm->device_ops);
     }
     if (ref->n_legs && ref->legs[0].leg == 1)
         for (int p = 0; p < r->n_prompts; p++) {

@@ -263,6 +263,23 @@ static void test_faulted_arms(void **unused)
     }
     arm_verdict(st, r.run_id, "good", w);
     assert_string_equal(w, "PASS");
+    /* the hung arm's REASON is the stored cause, not the harness's own kill */
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                        "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'hang' AND"
+                                        " prompt IS NULL AND key = ?2", -1, &q, NULL), SQLITE_OK);
+    static const char *const keys[] = {"LEG1_NOT_CLEAN", "REASON"};
+    for (int k = 0; k < 2; k++) {
+        sqlite3_reset(q);
+        sqlite3_bind_int64(q, 1, r.run_id);
+        sqlite3_bind_text(q, 2, keys[k], -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        const char *v = (const char *)sqlite3_column_text(q, 0);
+        if (!strstr(v, "timeout: hello: no complete answer within 0.5 s")) print_message("%s=%s\n", keys[k], v);
+        assert_non_null(strstr(v, "timeout: hello: no complete answer within 0.5 s"));
+        assert_null(strstr(v, "killed by signal"));
+    }
+    sqlite3_finalize(q);
     assert_integrity(st);
     store_close(st);
     spec_free(s);
@@ -412,6 +429,102 @@ static void test_cpu_budget(void **unused)
     }
     unsetenv("TG_FAULT_DELAY_MS");
     sched_setaffinity(0, sizeof old, &old);
+}
+
+/* Counters near INT64_MAX (a worker's word): two decodes a leg and two
+ * legs sum past it; the sums saturate at INT64_MAX instead of wrapping to
+ * negative numbers (signed overflow). */
+static void test_counters_saturate(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: counters\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}, {id: p2, text: cd}]\n"
+                         "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: big, exec: [%s, huge-counters]}\n",
+                         m, sha, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    assert_true(q_int(st, "SELECT min(device_ops) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
+                          " AND a.name = 'big'", r.run_id, NULL) == INT64_MAX);
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    static const char *const keys[] = {"DEVICE_OPS", "REFERENCE_TIER_HITS"};
+    for (int i = 0; i < 2; i++) {
+        sqlite3_stmt *q;
+        assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                            "SELECT value FROM verdict WHERE run_id = ?1 AND arm IS ?2 AND"
+                                            " prompt IS NULL AND key = ?3", -1, &q, NULL), SQLITE_OK);
+        for (int lvl = 0; lvl < 2; lvl++) {
+            sqlite3_reset(q);
+            sqlite3_bind_int64(q, 1, r.run_id);
+            if (lvl) sqlite3_bind_text(q, 2, "big", -1, SQLITE_STATIC);
+            else sqlite3_bind_null(q, 2);
+            sqlite3_bind_text(q, 3, keys[i], -1, SQLITE_STATIC);
+            assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+            assert_string_equal((const char *)sqlite3_column_text(q, 0), "9223372036854775807");
+        }
+        sqlite3_finalize(q);
+    }
+    store_close(st);
+    spec_free(s);
+}
+
+/* A worker's refusal is stored once ("load: no such model", not "load:
+ * arm x: load: load: load: ...") and its ANSI escapes never reach a
+ * terminal: the cause and every report show them as \x1b. */
+static void test_worker_error_text(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: errtext\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                         "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: x, exec: [%s, error-load]}\n",
+                         m, sha, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                        "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE"
+                                        " l.run_id = ?1 AND a.name = 'x'", -1, &q, NULL), SQLITE_OK);
+    sqlite3_bind_int64(q, 1, r.run_id);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(q, 0), "load: \\x1b[31mno such model\\x1b[0m");
+    sqlite3_finalize(q);
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    report_options ro = {REPORT_TEXT, 0};
+    assert_int_equal(report_write(st, r.run_id, &ro, f, &e), 0);
+    fclose(f);
+    assert_null(strchr(buf, 0x1b));
+    assert_non_null(strstr(buf, "load: \\x1b[31mno such model"));
+    free(buf);
+    store_close(st);
+    spec_free(s);
 }
 
 /* A pinned hash that does not match: nothing new is stored. */
@@ -693,6 +806,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_degenerate_logits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cpu_budget, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_counters_saturate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_error_text, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),

@@ -35,6 +35,11 @@
  *   dump-abs      a decode whose first line is a dump line naming /dev/zero
  *                 (outside the dump folder; sent whether dumps were asked
  *                 for or not)
+ *   error-load    answers load with {"ok":false} and an error that repeats
+ *                 the op's name and carries ANSI escapes ("load: load:
+ *                 \033[31mno such model\033[0m"), and stays up
+ *   huge-counters a good session whose done lines report device_ops,
+ *                 host_ops and an "ops" counter "matmul/ref" of 2^63 - 2 each
  *   nan-logits    a good session whose step lines give every logit as "nan"
  *                 (the protocol's spelling of a NaN logit)
  *   flat-logits   a good session whose step lines give every logit the same
@@ -46,6 +51,7 @@
  */
 #include <jansson.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +137,13 @@ static void decode(const char *mode, json_t *req)
         answer(line);
         last = force && s < (int)json_array_size(force) ? json_integer_value(json_array_get(force, (size_t)s)) : tok;
     }
+    if (!strcmp(mode, "huge-counters")) {
+        json_int_t big = INT64_MAX - 1;
+        answer(json_pack("{s:b,s:b,s:{s:I,s:I,s:{s:I}},s:{s:f,s:f,s:f}}", "ok", 1, "done", 1, "counters",
+                         "device_ops", big, "host_ops", big, "ops", "matmul/ref", big, "ms", "load", 1.0,
+                         "prefill", 2.0, "decode", 3.0));
+        return;
+    }
     answer(json_pack("{s:b,s:b,s:{s:i,s:i},s:{s:f,s:f,s:f}}", "ok", 1, "done", 1, "counters", "device_ops", 0,
                      "host_ops", steps, "ms", "load", 1.0, "prefill", 2.0, "decode", 3.0));
 }
@@ -192,6 +205,8 @@ int main(int argc, char **argv)
             } else
                 answer(json_pack("{s:b,s:{s:s,s:s,s:s}}", "ok", 1, "arm", "kind", "test-double", "version",
                                  "fault-arm 1", "device", "none"));
+        } else if (!strcmp(op, "load") && !strcmp(mode, "error-load")) {
+            answer(json_pack("{s:b,s:s}", "ok", 0, "error", "load: load: \033[31mno such model\033[0m"));
         } else if (!strcmp(op, "load")) {
             answer(json_pack("{s:b,s:{s:s,s:i}}", "ok", 1, "model", "arch", "none", "n_vocab", 200));
         } else if (!strcmp(op, "tokenize")) {
