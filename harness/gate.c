@@ -25,6 +25,7 @@
 
 #include "arm.h"
 #include "common.h"
+#include "gguf.h"
 
 /* The reference's leg-1 answer for one prompt (teacher forcing). */
 typedef struct ref_prompt {
@@ -665,13 +666,42 @@ static int run_spec_sha(tg_store *st, int64_t run, char out[65], tg_err *e)
     return rc;
 }
 
+/* Checks, before anything runs, what would only fail later: engine and
+ * llama arms need a model that is a whole GGUF file (a text file or a
+ * truncated download made every leg fail, a run NOT_MEASURABLE instead of
+ * an input error), and scoring holds every step's top-k of every leg in
+ * memory, which steps x top_k can put far beyond the machine. Returns 0 or
+ * -1 with e. */
+static int gate_precheck(const tg_spec *s, tg_err *e)
+{
+    for (int i = 0; i < s->n_arms; i++) {
+        if (s->arms[i].kind != SPEC_ARM_ENGINE && s->arms[i].kind != SPEC_ARM_LLAMA) continue;
+        gguf *g = NULL;
+        if (gguf_open(&g, s->model_path, e) < 0)
+            return tg_err_prefix(e, "%s: model.path: expected a whole GGUF file for arm %s", s->path, s->arms[i].name);
+        gguf_close(g);
+        break;
+    }
+    /* what compare_run holds: every leg's steps with their top-k (8 bytes
+     * an entry) and about 48 bytes of bookkeeping a step */
+    double need = (double)s->n_arms * s->legs * s->n_prompts * s->steps * ((double)s->top_k * sizeof(tg_top) + 48);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double have = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+    if (have > 0 && need > have)
+        return tg_errf(e, "%s: steps x top_k: scoring this run needs about %.1f GiB of memory (%d arms x %d legs x "
+                          "%d prompts x %d steps x top-%d), more than this machine's %.1f GiB; lower steps, "
+                          "top_k, legs or the prompts", s->path, need / 1073741824.0, s->n_arms, s->legs,
+                       s->n_prompts, s->steps, s->top_k, have / 1073741824.0);
+    return 0;
+}
+
 int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_result *res, tg_err *e)
 {
     memset(res, 0, sizeof *res);
     res->legs_planned = s->n_arms * s->legs;
     char art[65];
     int64_t art_size = 0;
-    if (spec_check_artifact(s, art, &art_size, e) < 0) return -1;
+    if (spec_check_artifact(s, art, &art_size, e) < 0 || gate_precheck(s, e) < 0) return -1;
 
     gate_ctx c;
     memset(&c, 0, sizeof c);

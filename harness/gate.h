@@ -62,7 +62,9 @@ int gate_cpus(void);
  * uses one thread under qemu-user). cpus: gate_cpus(). At least 1. */
 int gate_arm_threads(const tg_spec *spec, int i, int cpus);
 
-/* Re-hashes the artifact, opens a run (or resumes opt->resume_run, which
+/* Re-hashes the artifact, checks that engine and llama arms get a whole
+ * GGUF file and that scoring the run fits in the machine's memory (input
+ * errors: nothing is stored), opens a run (or resumes opt->resume_run, which
  * must be a run of the same spec text), runs every leg and stores it.
  * After arm_interrupt (tokgate got SIGINT/SIGTERM) no leg is started or
  * stored any more (a leg cut short by our own signal is not evidence): it

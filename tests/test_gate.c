@@ -57,7 +57,7 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", NULL};
+    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "cut.gguf", NULL};
     char p[2 * PATH_MAX];
     for (int i = 0; names[i]; i++) {
         snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
@@ -527,6 +527,83 @@ static void test_worker_error_text(void **unused)
     spec_free(s);
 }
 
+/* Input errors found before anything runs (exit 2, nothing stored): a
+ * model that is not a whole GGUF file for an engine arm (every leg failed
+ * and the run was NOT_MEASURABLE, exit 1), and steps x top_k whose scoring
+ * would need far more memory than the machine has. */
+static void test_inputs_checked_first(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX], cut[2 * PATH_MAX], shipped[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    path_in(cut, sizeof cut, "cut.gguf");
+    snprintf(shipped, sizeof shipped, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    const char *fa = fault_arm();
+    /* the shipped model cut after 1 MiB: a truncated download */
+    FILE *in = fopen(shipped, "rb"), *out = fopen(cut, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    static char buf[1 << 20];
+    assert_int_equal(fread(buf, 1, sizeof buf, in), sizeof buf);
+    assert_int_equal(fwrite(buf, 1, sizeof buf, out), sizeof buf);
+    fclose(in);
+    fclose(out);
+    char cut_sha[65];
+    tg_err e;
+    assert_int_equal(tg_sha256_file(cut, cut_sha, &e), 0);
+    const char *paths[] = {m, cut}, *shas[] = {sha, cut_sha};
+    tg_store *st = open_db();
+    long long runs = q_int(st, "SELECT count(*) FROM run", 0, NULL);
+    for (int i = 0; i < 2; i++) {
+        char *t;
+        assert_true(asprintf(&t,
+                             "name: notgguf\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                             "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                             "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: eng, engine: ref}\n",
+                             paths[i], shas[i], fa) > 0);
+        tg_spec *s = write_spec(t);
+        free(t);
+        gate_options o = opts();
+        gate_result r;
+        assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
+        if (!strstr(e.msg, "expected a whole GGUF file for arm eng")) print_message("%s\n", e.msg);
+        assert_non_null(strstr(e.msg, "expected a whole GGUF file for arm eng"));
+        spec_free(s);
+    }
+    /* 3 arms x 1000 legs x 100000 steps x top-1024: terabytes */
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: huge\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                         "steps: 100000\ntop_k: 1024\nlegs: 1000\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: a, exec: [%s, ok]}\n"
+                         "  - {name: b, exec: [%s, ok]}\n", m, sha, fa, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    gate_options o = opts();
+    gate_result r;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
+    if (!strstr(e.msg, "GiB of memory (3 arms x 1000 legs x 1 prompts x 100000 steps x top-1024)"))
+        print_message("%s\n", e.msg);
+    assert_non_null(strstr(e.msg, "GiB of memory (3 arms x 1000 legs x 1 prompts x 100000 steps x top-1024)"));
+    spec_free(s);
+    assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
+    store_close(st);
+    /* the CLI: exit status 2, an input error */
+    char tg[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
+    snprintf(tg, sizeof tg, "%s/tokgate", g_bin);
+    if (!exists(tg)) return;
+    path_in(sp, sizeof sp, "s.yaml");
+    path_in(db, sizeof db, "t.db");
+    char *argv[] = {tg, "gate", sp, "--db", db, NULL};
+    char *outp;
+    size_t n;
+    arm_exit x;
+    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &outp, &n, &x, &e), -1);
+    assert_int_equal(x.exit_status, 2);
+    arm_exit_free(&x);
+}
+
 /* A pinned hash that does not match: nothing new is stored. */
 static void test_artifact_mismatch_stores_nothing(void **unused)
 {
@@ -808,6 +885,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cpu_budget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counters_saturate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_error_text, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inputs_checked_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),
