@@ -87,6 +87,17 @@ typedef struct proto_ops {
  * pipe). Ignores SIGPIPE so that a vanished reader is a write error. */
 int proto_serve(FILE *in, FILE *out, const proto_ops *ops);
 
+/* The protocol's own descriptor, for a worker's main() before
+ * proto_serve(stdin, out, ...): duplicates fd 1 to a private descriptor
+ * (close-on-exec) and points fd 1 at stderr, so that what a library prints
+ * to stdout (ggml's crash handler runs gdb, which prints a backtrace on fd
+ * 1) lands in stderr instead of corrupting the answer stream. The FILE
+ * returned writes to the private descriptor and ends the process (exit
+ * status 1, a line on stderr naming prog) at the first failed write: with
+ * the harness gone nobody reads the answers, and a long decode must not
+ * run on. Returns NULL with e when a descriptor call fails. */
+FILE *proto_private_out(const char *prog, tg_err *e);
+
 /* Records step `step` of a decode: writes the step line (the argmax of
  * logits as "token", the top req->top_k as [[id,logit],...] by logit
  * descending, ties by lower id, and the XXH3-64 digest of all n logits).
