@@ -48,7 +48,7 @@
 
 #include <jansson.h>
 
-#include "forward.h"
+#include "forward_ref.h"
 #include "gguf.h"
 #include "llama/llama_dl.h"
 #include "model.h"
@@ -837,7 +837,7 @@ static void rng_seed(const char *what)
     printf("%s: random seed %llu\n", what, (unsigned long long)g_rng);
 }
 
-/* Sums w x over [0, n) with the kernels of forward.h, the eight sums kept
+/* Sums w x over [0, n) with the kernels of forward_ref.h, the eight sums kept
  * in acc across random blocks of multiples of 8 (one_call: tg_ref_dot). */
 static double dot_blocks(const float *w, const double *wd, const double *x, int64_t n, int f64, int one_call)
 {
