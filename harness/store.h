@@ -131,7 +131,9 @@ int store_latest_run(tg_store *st, const char *spec_name, int64_t *run_id, tg_er
 /* Version 4 moved the top-k out of the step rows into one chunk per leg
  * (leg_top), stores step.gap compactly and replaced the view v_step_top by
  * v_step (docs/store.md). */
-#define STORE_SCHEMA_VERSION 4
+/* Version 5 added run_calibration, calib_set, calib_step, calib_limit and
+ * calib_arm_step (harness/calibrate.h). */
+#define STORE_SCHEMA_VERSION 5
 
 /* The top-k of the steps of one (leg, prompt), decoded: step i has number
  * step[i] (ascending) and n_top[i] entries at top + off[i]. */
