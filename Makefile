@@ -81,7 +81,17 @@ endif
 .SECONDARY:
 
 # Everything for this machine: libraries, workers, the CLI, tests, helpers.
-all: $(BINS) $(TESTS) $(HELPERS)
+all: $(BINS) $(TESTS) $(HELPERS) $(BUILD)/mutant-flags
+
+# The flags of this build for tests/helpers/tg-mutate, which compiles one
+# mutated engine file like this Makefile would and links a mutant tg-engine
+# (the mutation suite: tests/mutants/, docs/verdicts.md).
+$(BUILD)/mutant-flags: Makefile
+	@mkdir -p $(dir $@)
+	@printf '%s\n' "root $(TOP)" "cc $(CC)" "ar $(AR)" "cflags $(CPPFLAGS) $(CFLAGS)" \
+	  "isa_avx2 $(AVX2_FLAGS)" "isa_avx512 $(AVX512_FLAGS)" \
+	  "ldflags $(LDFLAGS)" "ldlibs $(LDLIBS)" "lib $(TOP)/$(LIB_ENGINE)" \
+	  "main $(TOP)/$(BUILD)/obj/engine/worker/main.o" "tg_llama $(TOP)/$(BUILD)/bin/tg-llama" > $@
 
 # Debian packages (only those missing) and the pinned npm packages.
 deps:
@@ -103,8 +113,10 @@ $(BUILD)/obj/%.o: %.c
 # The ref tier's sums keep one order on every machine: no multiply-add
 # contraction (gcc contracts by default where the ISA has FMA, e.g. aarch64).
 $(BUILD)/obj/engine/forward_ref.o: ISA_FLAGS := -ffp-contract=off
-$(BUILD)/obj/%_avx2.o: ISA_FLAGS := -mavx2 -mfma -mf16c
-$(BUILD)/obj/%_avx512.o: ISA_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+$(BUILD)/obj/%_avx2.o: ISA_FLAGS := $(AVX2_FLAGS)
+$(BUILD)/obj/%_avx512.o: ISA_FLAGS := $(AVX512_FLAGS)
 
 $(LIB_ENGINE): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)

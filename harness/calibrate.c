@@ -17,7 +17,7 @@
 
 #include "noise.h"
 
-static const char *const METRIC_NAMES[CAL_N_METRICS] = {"KL_MEAN", "DIVERGENCE_RATE", "EXACT_ERR"};
+static const char *const METRIC_NAMES[CAL_N_METRICS] = {"KL_MEAN", "DIVERGENCE_RATE", "EXACT_ERR", "EXACT_KL"};
 
 const char *calibrate_metric_name(int metric)
 {
@@ -557,79 +557,130 @@ out:
 /* ------------------------------------------------------------------ */
 /* Arms: control limits, budget, sentences                            */
 
-/* The arm's value of a metric on its scoring leg (NaN when unknown); *se
- * receives the standard error of that value from its own steps. */
-static double metric_value(const cmp_run *r, const cal_run *c, int a, int m, double *se)
+/* Per-step values of a mean-type metric (KL_MEAN: the compare row's KL;
+ * EXACT_ERR, EXACT_KL: the step's distance from exact arithmetic) of arm a
+ * over the prompts `mask` selects, into v[c->n_steps] (NaN where none). */
+static void metric_series(const cmp_run *r, const cal_run *c, int a, int m, const int *mask, double *v)
 {
     const cmp_arm *arm = &r->arms[a];
-    *se = NAN;
-    if (arm->scoring < 0) return NAN;
-    if (m == CAL_EXACT) {
+    for (int j = 0; j < c->n_steps; j++) v[j] = NAN;
+    if (m == CAL_EXACT || m == CAL_EXACT_KL) {
         const cal_arm *ca = &c->arms[a];
-        if (ca->n_exact < 1) return NAN;
-        double s2 = 0;
         for (int j = 0; j < c->n_steps; j++)
-            if (ca->st[j].n_shared > 0) s2 += (ca->st[j].ex_med - ca->exact_err) * (ca->st[j].ex_med - ca->exact_err);
-        if (ca->n_exact > 1) *se = sqrt(s2 / (ca->n_exact - 1) / ca->n_exact);
-        return ca->exact_err;
+            if (ca->st[j].n_shared > 0 && mask[c->steps[j].prompt])
+                v[j] = m == CAL_EXACT ? ca->st[j].ex_med : ca->st[j].ex_kl;
+        return;
     }
-    if (a == r->ref) return NAN;
-    double kl = 0;
-    int kl_n = 0, n = 0, k = 0;
-    for (int p = 0; p < r->n_prompts; p++) {
-        kl += arm->ap[p].kl_sum, kl_n += arm->ap[p].kl_n;
-        n += arm->ap[p].n_compared, k += arm->ap[p].n_compared - arm->ap[p].count[CMP_EXACT];
+    if (m != CAL_KL || a == r->ref || arm->scoring < 0) return;
+    const cmp_leg *g = &arm->legs[arm->scoring];
+    for (int i = 0; i < g->n_rows; i++) {
+        const cmp_row *row = &g->rows[i];
+        if (row->cls == CMP_UNCOMPARABLE || !isfinite(row->kl) || !mask[row->prompt]) continue;
+        int j = step_index(c, row->prompt, row->step);
+        if (j >= 0) v[j] = row->kl;
     }
-    if (m == CAL_KL) {
-        if (!kl_n) return NAN;
-        double mean = kl / kl_n, s2 = 0;
-        const cmp_leg *g = &arm->legs[arm->scoring];
-        for (int i = 0; i < g->n_rows; i++)
-            if (g->rows[i].cls != CMP_UNCOMPARABLE && isfinite(g->rows[i].kl))
-                s2 += (g->rows[i].kl - mean) * (g->rows[i].kl - mean);
-        if (kl_n > 1) *se = sqrt(s2 / (kl_n - 1) / kl_n);
-        return mean;
-    }
-    if (!n) return NAN;
-    *se = (double)n; /* the number of steps: the binomial error needs the panel's rate */
-    return (double)k / n;
 }
 
-/* Fills lim with the panel's limit for arm `judged` (-1: the whole panel,
- * stored for later runs) on metric m. */
-static void panel_limit(const cmp_run *r, const cal_run *c, int judged, int m, cal_limit *lim)
+/* The arm's value of a metric on its scoring leg over the prompts `mask`
+ * selects (NaN when unknown); *steps receives the number of steps. buf
+ * holds c->n_steps doubles (scratch). */
+static double metric_value(const cmp_run *r, const cal_run *c, int a, int m, const int *mask, int *steps,
+                           double *buf)
+{
+    const cmp_arm *arm = &r->arms[a];
+    *steps = 0;
+    if (m != CAL_DIV) {
+        metric_series(r, c, a, m, mask, buf);
+        double s = 0;
+        int n = 0;
+        for (int j = 0; j < c->n_steps; j++)
+            if (isfinite(buf[j])) s += buf[j], n++;
+        *steps = n;
+        return n ? s / n : NAN;
+    }
+    if (a == r->ref || arm->scoring < 0) return NAN;
+    int n = 0, k = 0;
+    for (int p = 0; p < r->n_prompts; p++) {
+        if (!mask[p]) continue;
+        n += arm->ap[p].n_compared, k += arm->ap[p].n_compared - arm->ap[p].count[CMP_EXACT];
+    }
+    *steps = n;
+    return n ? (double)k / n : NAN;
+}
+
+/* Fills lim with the panel's statistics for arm `judged` (-1: the whole
+ * panel, stored for later runs) on metric m over the prompts of mask: the
+ * panel members outside the judged arm's family (and the exact arm and the
+ * reference where the metric applies to them) that run every prompt of
+ * mask, byte-identical values counted once. lim->sd is the larger of the
+ * values' standard deviation and, for the mean-type metrics, the paired
+ * one: legitimate builds differ from step to step about as independent
+ * draws, so sqrt(mean over pairs of var(step differences) / 2N) estimates
+ * how far one build's mean strays, from every step of every pair. */
+static void panel_limit(const cmp_run *r, const cal_run *c, int judged, int m, const int *mask, cal_limit *lim)
 {
     double v[64];
-    int n = 0;
+    int who[64], n = 0;
     size_t k = 0;
     lim->basis[0] = 0;
+    lim->mean = lim->sd = lim->upper = NAN;
     if (c->from_run) {
         lim->n = c->stored[m].n;
-        lim->mean = c->stored[m].mean, lim->sd = c->stored[m].sd, lim->upper = NAN;
+        lim->mean = c->stored[m].mean, lim->sd = c->stored[m].sd;
         lim->known = c->stored[m].known;
         snprintf(lim->basis, sizeof lim->basis, "%s", c->stored[m].basis);
         return;
     }
+    size_t ns = (size_t)c->n_steps + 1;
+    double *buf = malloc(ns * sizeof *buf), *sa = malloc(ns * sizeof *sa), *sb = malloc(ns * sizeof *sb);
+    if (!buf || !sa || !sb) goto out; /* out of memory: no limit */
     for (int b = 0; b < r->n_arms && n < 64; b++) {
         if (r->arms[b].is_custody || b == judged) continue;
         if (!c->arms[b].panel && b != c->exact && b != r->ref) continue;
         if (judged >= 0 && c->arms[b].family == c->arms[judged].family) continue;
-        double se, x = metric_value(r, c, b, m, &se);
-        if (!isfinite(x)) continue;
+        int runs_all = 1, steps;
+        for (int p = 0; p < r->n_prompts; p++) runs_all &= !mask[p] || compare_planned(&r->arms[b], p);
+        if (!runs_all) continue;
+        double x = metric_value(r, c, b, m, mask, &steps, buf);
+        if (!isfinite(x) || ((m == CAL_EXACT || m == CAL_EXACT_KL) && b == c->exact)) continue;
+        /* byte-identical builds (threads, batch sizes) give the same value:
+         * one sample, not several */
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= v[i] == x;
+        if (dup) continue;
+        who[n] = b;
         v[n++] = x;
         k += (size_t)snprintf(lim->basis + k, k < sizeof lim->basis ? sizeof lim->basis - k : 0, "%s%s",
                               k ? ", " : "", r->arms[b].name);
         if (k >= sizeof lim->basis) k = sizeof lim->basis - 1;
     }
     lim->n = n;
-    lim->mean = lim->sd = lim->upper = NAN;
-    if (n < 2) return;
+    if (n < 2) goto out;
     double s = 0, s2 = 0;
     for (int i = 0; i < n; i++) s += v[i];
     lim->mean = s / n;
     for (int i = 0; i < n; i++) s2 += (v[i] - lim->mean) * (v[i] - lim->mean);
     lim->sd = sqrt(s2 / (n - 1));
+    if (m != CAL_DIV) {
+        double acc = 0;
+        int pairs = 0;
+        for (int i = 0; i < n; i++)
+            for (int i2 = i + 1; i2 < n; i2++) {
+                metric_series(r, c, who[i], m, mask, sa);
+                metric_series(r, c, who[i2], m, mask, sb);
+                double d1 = 0, d2 = 0;
+                int nd = 0;
+                for (int j = 0; j < c->n_steps; j++)
+                    if (isfinite(sa[j]) && isfinite(sb[j])) d1 += sa[j] - sb[j], d2 += (sa[j] - sb[j]) * (sa[j] - sb[j]), nd++;
+                if (nd < 2) continue;
+                double var = (d2 - d1 * d1 / nd) / (nd - 1);
+                acc += var / (2.0 * nd), pairs++;
+            }
+        if (pairs && sqrt(acc / pairs) > lim->sd) lim->sd = sqrt(acc / pairs);
+    }
     lim->known = 1;
+out:
+    free(buf), free(sa), free(sb);
 }
 
 int calibrate_arms(cmp_run *r, tg_err *e)
@@ -641,29 +692,38 @@ int calibrate_arms(cmp_run *r, tg_err *e)
         cmp_arm *arm = &r->arms[a];
         cal_arm *ca = &c->arms[a];
         if (a == r->ref || arm->is_custody) continue;
+        int *mask = calloc((size_t)r->n_prompts + 1, sizeof *mask);
+        double *buf = calloc((size_t)c->n_steps + 1, sizeof *buf);
+        if (!mask || !buf) {
+            free(mask), free(buf);
+            return tg_errf(e, "out of memory");
+        }
+        for (int p = 0; p < r->n_prompts; p++) mask[p] = compare_planned(arm, p);
         for (int m = 0; m < CAL_N_METRICS; m++) {
             cal_limit *lim = &ca->lim[m];
-            double se;
-            lim->value = metric_value(r, c, a, m, &se);
+            int nsteps;
+            lim->value = metric_value(r, c, a, m, mask, &nsteps, buf);
             lim->ok = 1;
-            panel_limit(r, c, a, m, lim);
+            panel_limit(r, c, a, m, mask, lim);
             if (!lim->known || !isfinite(lim->value)) {
                 lim->known = 0;
                 continue;
             }
             double sd = lim->sd;
             if (m == CAL_DIV) {
-                /* a rate's own binomial error over the arm's steps (p-chart) */
-                double p = lim->mean, nsteps = se;
+                /* a rate's own binomial error over the arm's steps (p-chart),
+                 * the rate taken by Laplace's rule so that a panel with no
+                 * divergence still allows the binomial noise of one */
+                double p = (lim->mean * nsteps + 1) / (nsteps + 2);
                 double sb = nsteps > 0 ? sqrt(p * (1 - p) / nsteps) : 0;
                 if (sb > sd) sd = sb;
-            } else if (isfinite(se) && se > sd) {
-                sd = se; /* the standard error of the arm's own mean */
             }
             lim->sd = sd;
-            lim->upper = lim->mean + c->limit_k * sd;
+            /* a new build against n panel values: the prediction form */
+            lim->upper = lim->mean + c->limit_k * sd * sqrt(1.0 + 1.0 / lim->n);
             lim->ok = lim->value <= lim->upper;
         }
+        free(mask), free(buf);
         if (isfinite(ca->exact_err) && isfinite(ref_err) && ref_err > 0) {
             ca->budget_known = 1;
             ca->budget_ratio = ca->exact_err / ref_err;
@@ -820,7 +880,11 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
                 /* the whole panel, for runs that take this calibration (from:) */
                 if (c->from_run || c->n_panel == 0) continue;
                 memset(&whole, 0, sizeof whole);
-                panel_limit(r, c, -1, m, &whole);
+                int *all = calloc((size_t)r->n_prompts + 1, sizeof *all);
+                if (!all) goto fail;
+                for (int p = 0; p < r->n_prompts; p++) all[p] = 1;
+                panel_limit(r, c, -1, m, all, &whole);
+                free(all);
                 whole.value = NAN;
                 if (!whole.known) continue;
             }

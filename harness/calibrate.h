@@ -42,6 +42,7 @@
 #define TG_CALIBRATE_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "compare.h"
 #include "spec.h"
@@ -50,10 +51,12 @@
 
 struct sqlite3;
 
-/* Metrics with control limits. */
-enum { CAL_KL, CAL_DIV, CAL_EXACT, CAL_N_METRICS };
+/* Metrics with control limits: KL mean against the reference, divergence
+ * rate, and the distance from exact arithmetic as the mean of each step's
+ * median |logit difference| (EXACT_ERR) and of each step's KL (EXACT_KL). */
+enum { CAL_KL, CAL_DIV, CAL_EXACT, CAL_EXACT_KL, CAL_N_METRICS };
 
-/* "KL_MEAN", "DIVERGENCE_RATE", "EXACT_ERR" (static strings). */
+/* "KL_MEAN", "DIVERGENCE_RATE", "EXACT_ERR", "EXACT_KL" (static strings). */
 const char *calibrate_metric_name(int metric);
 
 typedef struct cal_limit {
@@ -143,5 +146,20 @@ int calibrate_store(struct sqlite3 *db, const cmp_run *r, int set, tg_err *e);
 int calibrate_arm_fails(const cmp_run *r, int a, char *why, size_t cap);
 
 void calibrate_free(cal_run *c); /* NULL is a no-op */
+
+/* The calibration section of a report of verdict set `set` of run, from
+ * the store only (calreport.c): the panel, the fragile steps, every arm's
+ * control limits and error budget and the distribution of its distance
+ * from exact arithmetic; markdown adds the plots (gaps on a log scale with
+ * the band and the fragile steps, each arm's distance from exact per
+ * step). Writes nothing for a set without calibration rows. Returns 0, or
+ * -1 on a write error. */
+int calibrate_report(struct sqlite3 *db, int64_t run, int set, int markdown, FILE *out);
+
+/* `tokgate calibrate SPEC [--db FILE] [--jobs N]` (calibrate_cmd.c): runs
+ * the spec, scores it under policy calibrated, stores the calibration and
+ * prints the report. Returns the exit code: 0 when every panel arm passes,
+ * 1 when one fails, 2 on a usage or input error. */
+int calibrate_main(int argc, char **argv);
 
 #endif

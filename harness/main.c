@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "calibrate.h"
 #include "gate.h"
 #include "report.h"
 #include "spec.h"
@@ -42,8 +43,11 @@ static const char USAGE[] =
     "  localize P/S [RUN] --arms A,B [--third C] [--spec FILE] [--db FILE] [--evidence DIR]\n"
     "                           per layer and stage error of B against A over the same\n"
     "                           prefix; names the first stage over the noise floor\n"
-    "  rescore RUN [--db FILE] [--band X] [--policy exact|near-tie|noise]\n"
+    "  rescore RUN [--db FILE] [--band X] [--policy exact|near-tie|noise|calibrated|error-budget]\n"
     "                           verdicts again from the stored rows (a new verdict set)\n"
+    "  calibrate SPEC [--db FILE] [--jobs N]\n"
+    "                           run a spec's panel of legitimate variants and store the\n"
+    "                           calibration (bands, control limits) later runs may use\n"
     "  bench SPEC [--db FILE]   prefill/decode tokens/s per arm; refused unless the\n"
     "                           latest gate of SPEC passed on the same binaries and model\n"
     "  sweep SWEEP.yaml [--db FILE] [--jobs N] [--only SPEC]\n"
@@ -119,8 +123,9 @@ static int parse_opts(int argc, char **argv, int from, const char *allowed, int 
         else if (!strcmp(a, "--out")) o->out = v;
         else if (!strcmp(a, "--evidence")) o->evidence = v;
         else if (!strcmp(a, "--policy")) {
-            if (strcmp(v, "exact") && strcmp(v, "near-tie") && strcmp(v, "noise"))
-                return usage_error("--policy: expected exact, near-tie or noise, got '%s'", v);
+            if (strcmp(v, "exact") && strcmp(v, "near-tie") && strcmp(v, "noise") && strcmp(v, "calibrated") &&
+                strcmp(v, "error-budget"))
+                return usage_error("--policy: expected exact, near-tie, noise, calibrated or error-budget, got '%s'", v);
             o->policy = v;
         } else if (!strcmp(a, "--jobs")) {
             if (parse_long(v, 1, 256, &x) < 0) return usage_error("--jobs: expected an integer 1..256, got '%s'", v);
@@ -502,6 +507,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "run")) return sweep_run_main(argc, argv);
     if (!strcmp(c, "merge")) return merge_main(argc, argv);
     if (!strcmp(c, "localize")) return localize_main(argc, argv);
+    if (!strcmp(c, "calibrate")) return calibrate_main(argc, argv);
     if (!strcmp(c, "version") || !strcmp(c, "--version")) {
         printf("tokgate %s\n", TOKGATE_VERSION);
         return 0;

@@ -922,7 +922,7 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
         if (check_keys(c, v, pp, "policy", pk) < 0) return -1;
         pos q = pp;
         struct fy_node *x = get(v, "kind", &q);
-        if (!x) return perr(c, pp, "policy.kind", "missing (expected exact, near-tie or noise)");
+        if (!x) return perr(c, pp, "policy.kind", "missing (expected exact, near-tie, noise, calibrated or error-budget)");
         if (get_string(c, x, q, "policy.kind", "exact, near-tie, noise, calibrated or error-budget",
                        &s->policy_kind) < 0)
             return -1;
