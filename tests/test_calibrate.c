@@ -466,15 +466,14 @@ static int cpu_has(const char *needs)
     return 0;
 }
 
-/* Runs the gate of spec with the workers of bin_dir into db; returns the
+/* Runs `tokgate CMD spec --db db` with the workers of bin_dir; returns the
  * exit status. */
-static int gate_with(const char *build, const char *bin_dir, const char *spec, const char *db)
+static int tokgate_with(const char *build, const char *bin_dir, const char *cmd, const char *spec, const char *db)
 {
     char tokgate[PATH_MAX + 32];
     snprintf(tokgate, sizeof tokgate, "%s/bin/tokgate", build);
-    unlink(db);
     setenv("TOKGATE_BIN", bin_dir, 1);
-    char *argv[] = {tokgate, "gate", (char *)spec, "--db", (char *)db, NULL};
+    char *argv[] = {tokgate, (char *)cmd, (char *)spec, "--db", (char *)db, NULL};
     int rc = run_argv(argv, NULL);
     unsetenv("TOKGATE_BIN");
     return rc;
@@ -491,27 +490,37 @@ static void test_mutation_suite(void **unused)
     const char *cache = env_or("TG_CACHE", ".cache");
     char spec[PATH_MAX + 64], model[PATH_MAX + 64], lib[PATH_MAX + 96], tool[PATH_MAX + 32], flags[PATH_MAX + 32];
     /* (sizes: a path plus the fixed tails written below) */
-    snprintf(spec, sizeof spec, "%s", env_or("TG_MUTANT_SPEC", ""));
-    if (!spec[0]) snprintf(spec, sizeof spec, "%s/specs/mutants.yaml", root);
+    /* TG_MUTANT_SPEC: every mutant runs that spec (in-run calibration);
+     * else the unmodified build calibrates specs/mutants.yaml and every
+     * mutant runs specs/mutants-gate.yaml against that calibration */
+    const char *own = env_or("TG_MUTANT_SPEC", "");
+    snprintf(spec, sizeof spec, "%s", own[0] ? own : "specs/mutants-gate.yaml");
     snprintf(model, sizeof model, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", root);
     snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", cache);
     snprintf(tool, sizeof tool, "%s/bin/tg-mutate", build);
     snprintf(flags, sizeof flags, "%s/mutant-flags", build);
-    if (!exists(model) || !exists(lib) || !exists(tool) || !exists(flags) || !exists(spec)) skip();
     char llama_hw[PATH_MAX + 64];
     snprintf(llama_hw, sizeof llama_hw, "%s/build/llama-haswell/libllama.so", root);
-    if (!exists(llama_hw)) skip();
+    if (!exists(model) || !exists(lib) || !exists(tool) || !exists(flags) || !exists(llama_hw)) skip();
     /* the specs name paths relative to the repository */
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd)) fail();
     if (chdir(root) != 0) fail();
-    char db[2 * PATH_MAX + 64], bin[PATH_MAX + 32], out[2 * PATH_MAX + 64];
+    if (!exists(spec)) skip();
+    char db[2 * PATH_MAX + 64], cal_db[2 * PATH_MAX + 64], bin[PATH_MAX + 32], out[2 * PATH_MAX + 64];
     snprintf(bin, sizeof bin, "%s/bin", build);
-    /* the unmodified build passes */
-    snprintf(db, sizeof db, "%s/mut-base.db", g_dir);
-    int rc = gate_with(build, bin, spec, db);
-    printf("# %-16s gate exit %d (the unmodified build)\n", "baseline", rc);
-    if (rc != 0) fail_msg("the unmodified build does not pass %s (exit %d, store %s)", spec, rc, db);
+    /* the unmodified build: its panel passes (no legitimate variant fails) */
+    snprintf(cal_db, sizeof cal_db, "%s/mut-base.db", g_dir);
+    unlink(cal_db);
+    int rc = own[0] ? tokgate_with(build, bin, "gate", spec, cal_db)
+                    : tokgate_with(build, bin, "calibrate", "specs/mutants.yaml", cal_db);
+    printf("# %-16s exit %d (the unmodified build: %s)\n", "baseline", rc, own[0] ? spec : "calibrate specs/mutants.yaml");
+    if (rc != 0) fail_msg("the unmodified build does not pass (exit %d, store %s)", rc, cal_db);
+    if (!own[0]) {
+        rc = tokgate_with(build, bin, "gate", spec, cal_db);
+        printf("# %-16s exit %d (the unmodified build: %s)\n", "baseline", rc, spec);
+        if (rc != 0) fail_msg("the unmodified build does not pass %s (exit %d, store %s)", spec, rc, cal_db);
+    }
     const int all = !strcmp(env_or("TG_MUTANTS", ""), "all");
     char names[64][64];
     int n = list_mutants(".", names, 64), failures = 0;
@@ -531,18 +540,26 @@ static void test_mutation_suite(void **unused)
         snprintf(out, sizeof out, "%s/mut-%s", g_dir, names[i]);
         char *argv[] = {tool, mut, "--flags", flags, "--out", out, NULL};
         if (run_argv(argv, NULL) != 0) fail_msg("building mutant %s failed", names[i]);
+        /* with a stored calibration the mutant's runs go into the
+         * calibration's store (the lookup is per store) */
         snprintf(db, sizeof db, "%s/mut-%s.db", g_dir, names[i]);
-        rc = gate_with(build, out, spec, db);
-        /* what the store says: the overall word and the first failing arm's reason */
+        if (!own[0]) snprintf(db, sizeof db, "%s", cal_db);
+        else unlink(db);
+        rc = tokgate_with(build, out, "gate", spec, db);
+        /* what the store says of the latest run: the overall word and the
+         * first failing arm's reason */
         tg_store *st;
         tg_err e;
         if (store_open(&st, db, &e) < 0) fail_msg("%s: %s", db, e.msg);
-        char word[32], why[600];
-        snprintf(word, sizeof word, "%s", q(st, "SELECT overall FROM verdict_set ORDER BY set_no DESC LIMIT 1"));
+        char word[32], why[600], run[32];
+        snprintf(run, sizeof run, "%s", q(st, "SELECT max(id) FROM run"));
+        snprintf(word, sizeof word, "%s",
+                 q(st, "SELECT overall FROM verdict_set WHERE run_id=%s ORDER BY set_no DESC LIMIT 1", run));
         snprintf(why, sizeof why, "%s",
-                 q(st, "SELECT arm || ': ' || value FROM verdict WHERE key='REASON' AND prompt IS NULL AND arm IN"
-                       " (SELECT arm FROM verdict WHERE key='TOKEN_GATE' AND prompt IS NULL AND value='FAIL'"
-                       " AND arm IS NOT NULL) ORDER BY id LIMIT 1"));
+                 q(st, "SELECT arm || ': ' || value FROM verdict WHERE run_id=%s AND key='REASON' AND prompt IS NULL"
+                       " AND arm IN (SELECT arm FROM verdict WHERE run_id=%s AND key='TOKEN_GATE' AND prompt IS NULL"
+                       " AND value='FAIL' AND arm IS NOT NULL) ORDER BY id LIMIT 1",
+                   run, run));
         store_close(st);
         int caught = !strcmp(word, "FAIL");
         int by_limit = caught && strstr(why, "control limit") != NULL;
