@@ -154,9 +154,18 @@ static double margin(const view *v, int32_t r, int32_t t)
     return noise_logit(v->top, v->n_top, r) - noise_logit(v->top, v->n_top, t);
 }
 
+/* 1 when arm b may not vouch for arm `judged`: b is judged itself, or
+ * judged is an arm under test (role test) and b is of its family (they
+ * share the code under test, so a defect of that code would widen its own
+ * band). An oracle (not under test) is judged by every view but its own. */
+static int excluded(const cmp_run *r, const cal_run *c, int judged, int b)
+{
+    return b == judged || (r->arms[judged].is_test && c->arms[b].family == c->arms[judged].family);
+}
+
 /* Spread (max - min) of the margin of r over t across the views vs[0..n-1]
- * that `judged` may use: the reference always, the others when outside the
- * judged arm's family (judged < 0: every view). NaN with fewer than two. */
+ * that `judged` may use: the reference always, the others unless excluded()
+ * (judged < 0: every view). NaN with fewer than two. */
 static double spread_for(const cmp_run *r, const cal_run *c, const view *vs, int n, int judged,
                          int32_t rt, int32_t t)
 {
@@ -164,8 +173,7 @@ static double spread_for(const cmp_run *r, const cal_run *c, const view *vs, int
     int k = 0;
     for (int i = 0; i < n; i++) {
         int a = vs[i].arm;
-        if (judged >= 0 && a != r->ref && (a == judged || c->arms[a].family == c->arms[judged].family))
-            continue;
+        if (judged >= 0 && a != r->ref && excluded(r, c, judged, a)) continue;
         double d = margin(&vs[i], rt, t);
         if (!isfinite(d)) continue;
         lo = d < lo ? d : lo, hi = d > hi ? d : hi, k++;
@@ -610,7 +618,7 @@ static double metric_value(const cmp_run *r, const cal_run *c, int a, int m, con
 
 /* Fills lim with the panel's statistics for arm `judged` (-1: the whole
  * panel, stored for later runs) on metric m over the prompts of mask: the
- * panel members outside the judged arm's family (and the exact arm and the
+ * panel members excluded() does not leave out (and the exact arm and the
  * reference where the metric applies to them) that run every prompt of
  * mask, byte-identical values counted once. lim->sd is the larger of the
  * values' standard deviation and, for the mean-type metrics, the paired
@@ -637,7 +645,7 @@ static void panel_limit(const cmp_run *r, const cal_run *c, int judged, int m, c
     for (int b = 0; b < r->n_arms && n < 64; b++) {
         if (r->arms[b].is_custody || b == judged) continue;
         if (!c->arms[b].panel && b != c->exact && b != r->ref) continue;
-        if (judged >= 0 && c->arms[b].family == c->arms[judged].family) continue;
+        if (judged >= 0 && excluded(r, c, judged, b)) continue;
         int runs_all = 1, steps;
         for (int p = 0; p < r->n_prompts; p++) runs_all &= !mask[p] || compare_planned(&r->arms[b], p);
         if (!runs_all) continue;

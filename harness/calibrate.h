@@ -13,7 +13,8 @@
  *     across the panel's views; a step is *fragile* when some legitimate
  *     view emits another top-1 there. An arm is judged with the band of the
  *     views outside its own family (the arms sharing its variant_of root,
- *     whose code it shares), times `factor`;
+ *     whose code it shares; an oracle, not under test, only without its own
+ *     view), times `factor`;
  *   - per arm, control limits on KL mean, divergence rate and distance
  *     from exact arithmetic: the panel's mean + limit_k x its standard
  *     deviation (again without the arm's own family);

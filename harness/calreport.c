@@ -237,8 +237,8 @@ int calibrate_report(sqlite3 *db, int64_t run, int set, int markdown, FILE *out)
                 (long long)src, factor, k);
     else if (panel[0])
         fprintf(out, "%spanel of legitimate variants (this run): %s\n"
-                     "%san arm's band at a step = %g x the spread of the reference gap over the views outside its\n"
-                     "%sown family; its limits = mean + %g x sd x sqrt(1 + 1/n) of the n other families' values\n",
+                     "%san arm's band at a step = %g x the spread of the reference gap over the other views (a test\n"
+                     "%sarm: outside its own family); its limits = mean + %g x sd x sqrt(1 + 1/n) of those n values\n",
                 pre, panel, pre, factor, pre, k);
     else
         fprintf(out, "%sno panel (no arm has variant_of): the spec band decides the steps\n", pre);
