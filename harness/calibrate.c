@@ -884,6 +884,7 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
         for (int m = 0; m < CAL_N_METRICS; m++) {
             cal_limit whole;
             const cal_limit *l = a >= 0 ? &c->arms[a].lim[m] : &whole;
+            if (a >= 0 && !isfinite(l->value)) continue; /* the metric does not apply (the exact arm's own distance) */
             if (a < 0) {
                 /* the whole panel, for runs that take this calibration (from:) */
                 if (c->from_run || c->n_panel == 0) continue;
