@@ -33,6 +33,7 @@ void calibrate_free(cal_run *c)
 {
     if (!c) return;
     free(c->steps);
+    for (int a = 0; c->arms && a < c->n_arms; a++) free(c->arms[a].st);
     free(c->arms);
     free(c);
 }
@@ -426,6 +427,7 @@ int calibrate_steps(sqlite3 *db, cmp_run *r, tg_err *e)
         tg_errf(e, "out of memory");
         goto out;
     }
+    c->n_arms = r->n_arms;
     for (int a = 0; a < r->n_arms; a++) c->arms[a].family = family_of(r, a);
     for (int a = 0; a < r->n_arms; a++) {
         if (r->arms[a].is_custody) continue;

@@ -115,7 +115,8 @@ typedef struct cal_run {
     char panel[512];         /* panel arm names, comma-separated */
     int n_steps;
     cal_step *steps;
-    cal_arm *arms;           /* (cmp_run.n_arms) */
+    int n_arms;
+    cal_arm *arms;           /* (n_arms = cmp_run.n_arms) */
 } cal_run;
 
 /* Stores the spec's calibration parameters (exact arm, factors, from) for
