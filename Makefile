@@ -232,7 +232,7 @@ gate: setup
 # the best one. Copies, not links (the loader resolves links to the cache).
 LLAMA_X64 := $(CACHE)/npm/linux-x64/bins/linux-x64
 llama-haswell: build/llama-haswell/libllama.so
-build/llama-haswell/libllama.so: $(CACHE)/npm/.fetched
+build/llama-haswell/libllama.so: | $(CACHE)/npm/.fetched
 	@mkdir -p $(dir $@)
 	cp $(LLAMA_X64)/libllama.v0.4.0.so $(LLAMA_X64)/libggml.v0.4.0.so $(LLAMA_X64)/libggml-base.so \
 	  $(LLAMA_X64)/libggml-cpu-haswell.so $(dir $@)
