@@ -201,8 +201,18 @@ static char *apply(const mutation *m, const char *src)
     return cur;
 }
 
+/* Strings flag() returns, freed at exit. */
+static char *g_kept[32];
+static int g_n_kept;
+
+static void free_kept(void)
+{
+    for (int i = 0; i < g_n_kept; i++) free(g_kept[i]);
+    g_n_kept = 0;
+}
+
 /* The flags file: "key value..." lines. Returns the value of key (a
- * pointer into text, NUL-terminated by this call), or NULL. */
+ * malloc'ed copy, freed by free_kept), or NULL. */
 static const char *flag(char *text, const char *key)
 {
     size_t kl = strlen(key);
@@ -216,7 +226,11 @@ static const char *flag(char *text, const char *key)
             if (!copy) abort();
             memcpy(copy, v, n);
             copy[n] = 0;
-            return copy; /* leaked on purpose: a short-lived tool */
+            if (g_n_kept == 32) {
+                free(copy);
+                return NULL;
+            }
+            return g_kept[g_n_kept++] = copy;
         }
         p = nl ? nl + 1 : NULL;
     }
@@ -285,6 +299,15 @@ static void usage(FILE *f)
                "       tg-mutate --check MUTATION.mut --root DIR\n");
 }
 
+static int build(const char *mut, const char *flags_path, const char *out, const char *root, int check);
+static int build_mutant(const mutation *mp, const char *flags_path, const char *out, const char *root, int check);
+
+static void mutation_free(mutation *m)
+{
+    for (int i = 0; i < m->n_hunks; i++) free(m->hunks[i].anchor), free(m->hunks[i].repl);
+    m->n_hunks = 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mut = NULL, *flags_path = NULL, *out = NULL, *root = ".";
@@ -307,30 +330,52 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    int rc = build(mut, flags_path, out, root, check);
+    free_kept();
+    return rc;
+}
+
+/* Applies mutation file mut (and, unless check, builds the mutant into
+ * out). Returns the exit status. */
+static int build(const char *mut, const char *flags_path, const char *out, const char *root, int check)
+{
     mutation m;
-    if (parse_mutation(mut, &m) < 0) return 1;
-    char *flags = NULL;
+    if (parse_mutation(mut, &m) < 0) {
+        mutation_free(&m);
+        return 1;
+    }
+    int rc = build_mutant(&m, flags_path, out, root, check);
+    mutation_free(&m);
+    return rc;
+}
+
+static int build_mutant(const mutation *mp, const char *flags_path, const char *out, const char *root, int check)
+{
+    mutation m = *mp;
+    char *flags = NULL, *src = NULL, *mutated = NULL, *libtext = NULL;
+    int rc = 1;
     if (!check) {
         flags = read_all(flags_path, NULL);
         if (!flags) {
             fprintf(stderr, "tg-mutate: %s: %s (run make first)\n", flags_path, strerror(errno));
-            return 1;
+            goto out;
         }
         const char *r = flag(flags, "root");
         if (r) root = r;
     }
     char src_path[2048];
     snprintf(src_path, sizeof src_path, "%s/%s", root, m.file);
-    char *src = read_all(src_path, NULL);
+    src = read_all(src_path, NULL);
     if (!src) {
         fprintf(stderr, "tg-mutate: mutation %s: %s: %s\n", m.name, src_path, strerror(errno));
-        return 1;
+        goto out;
     }
-    char *mutated = apply(&m, src);
-    if (!mutated) return 1;
+    mutated = apply(&m, src);
+    if (!mutated) goto out;
     if (check) {
         printf("%s: %d hunk(s) apply to %s\n", m.name, m.n_hunks, m.file);
-        return 0;
+        rc = 0;
+        goto out;
     }
     /* DIR/src/<file>, compiled with the Makefile's flags */
     char dir[2048], path[4096], obj[4096], lib[4096];
@@ -341,7 +386,7 @@ int main(int argc, char **argv)
     FILE *f = fopen(path, "w");
     if (!f || fputs(mutated, f) < 0 || fclose(f) != 0) {
         fprintf(stderr, "tg-mutate: %s: cannot write\n", path);
-        return 1;
+        goto out;
     }
     snprintf(obj, sizeof obj, "%s/%.*s.o", out, (int)(strlen(base) - 2), base);
     const char *cc = flag(flags, "cc"), *cflags = flag(flags, "cflags"), *ldflags = flag(flags, "ldflags");
@@ -352,7 +397,7 @@ int main(int argc, char **argv)
                                               : NULL;
     if (!cc || !cflags || !elib || !main_o) {
         fprintf(stderr, "tg-mutate: %s: expected the keys cc, cflags, lib and main\n", flags_path);
-        return 1;
+        goto out;
     }
     args a = {0};
     char inc[2048];
@@ -366,15 +411,15 @@ int main(int argc, char **argv)
     push(&a, path);
     push(&a, "-o");
     push(&a, obj);
-    if (run(&a, "compiling the mutant") < 0) return 1;
+    if (run(&a, "compiling the mutant") < 0) goto out;
     /* a copy of the engine library with the object replaced */
     snprintf(lib, sizeof lib, "%s/libtg_engine.a", out);
     size_t ll;
-    char *libtext = read_all(elib, &ll);
+    libtext = read_all(elib, &ll);
     f = libtext ? fopen(lib, "wb") : NULL;
     if (!f || fwrite(libtext, 1, ll, f) != ll || fclose(f) != 0) {
         fprintf(stderr, "tg-mutate: copying %s to %s failed\n", elib, lib);
-        return 1;
+        goto out;
     }
     char member[512];
     snprintf(member, sizeof member, "%.*s.o", (int)(strlen(base) - 2), base);
@@ -382,12 +427,12 @@ int main(int argc, char **argv)
     push(&a, "d");
     push(&a, lib);
     push(&a, member);
-    if (run(&a, "removing the original object") < 0) return 1;
+    if (run(&a, "removing the original object") < 0) goto out;
     push(&a, ar ? ar : "ar");
     push(&a, "rs");
     push(&a, lib);
     push(&a, obj);
-    if (run(&a, "adding the mutant object") < 0) return 1;
+    if (run(&a, "adding the mutant object") < 0) goto out;
     snprintf(path, sizeof path, "%s/tg-engine", out);
     push(&a, cc);
     push_words(&a, ldflags);
@@ -396,15 +441,18 @@ int main(int argc, char **argv)
     push(&a, main_o);
     push(&a, lib);
     push_words(&a, ldlibs);
-    if (run(&a, "linking the mutant tg-engine") < 0) return 1;
+    if (run(&a, "linking the mutant tg-engine") < 0) goto out;
     /* tg-llama next to it, for TOKGATE_BIN */
     const char *llama = flag(flags, "tg_llama");
     snprintf(path, sizeof path, "%s/tg-llama", out);
     unlink(path);
     if (llama && symlink(llama, path) < 0) {
         fprintf(stderr, "tg-mutate: linking %s: %s\n", path, strerror(errno));
-        return 1;
+        goto out;
     }
     printf("%s: built %s/tg-engine (%s mutated, expect %s)\n", m.name, out, m.file, m.expect);
-    return 0;
+    rc = 0;
+out:
+    free(flags), free(src), free(mutated), free(libtext);
+    return rc;
 }
