@@ -5,6 +5,7 @@
 #   make test       build and run every unit and integration test (cmocka)
 #   make asan       the same tests in an ASan+UBSan build (build/asan/)
 #   make gate       set up, build, run specs/default.yaml, print the verdicts
+#   make mutants    the whole mutation suite (tests/mutants/; make test runs a subset)
 #   make bench      benchmarks (tokenizer, store ingest, cpu tier vs llama.cpp)
 #   make aarch64    cross build of the arm workers for aarch64 (build/aarch64/)
 #   make hip        compile the GPU sources with hipcc for gfx1030 and gfx90a
@@ -86,14 +87,24 @@ ifneq ($(wildcard oracles/http/tg-http.c),)
   BINS += $(BUILD)/bin/tg-http
 endif
 
-.PHONY: synthetic-gate all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
+.PHONY: synthetic-gate all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean llama-haswell mutants \
         bench-cpu bench-gpu fuzz valgrind fuzz-bins
 .DEFAULT_GOAL := all
 # Keep objects of pattern chains, so a rebuild compiles only what changed.
 .SECONDARY:
 
 # Everything for this machine: libraries, workers, the CLI, tests, helpers.
-all: $(BINS) $(TESTS) $(HELPERS)
+all: $(BINS) $(TESTS) $(HELPERS) $(BUILD)/mutant-flags
+
+# The flags of this build for tests/helpers/tg-mutate, which compiles one
+# mutated engine file like this Makefile would and links a mutant tg-engine
+# (the mutation suite: tests/mutants/, docs/verdicts.md).
+$(BUILD)/mutant-flags: Makefile
+	@mkdir -p $(dir $@)
+	@printf '%s\n' "root $(TOP)" "cc $(CC)" "ar $(AR)" "cflags $(CPPFLAGS) $(CFLAGS)" \
+	  "isa_avx2 $(AVX2_FLAGS)" "isa_avx512 $(AVX512_FLAGS)" \
+	  "ldflags $(LDFLAGS)" "ldlibs $(LDLIBS)" "lib $(TOP)/$(LIB_ENGINE)" \
+	  "main $(TOP)/$(BUILD)/obj/engine/worker/main.o" "tg_llama $(TOP)/$(BUILD)/bin/tg-llama" > $@
 
 # Debian packages (only those missing) and the pinned npm packages.
 deps:
@@ -124,8 +135,10 @@ $(FP_STRICT:%=$(BUILD)/obj/engine/%.o): FP_FLAGS := $(NO_FP_CONTRACT)
 
 # SIMD kernels get their ISA flags; everything else stays portable and the
 # engine picks a kernel at run time from what the CPU reports.
-$(BUILD)/obj/%_avx2.o: ISA_FLAGS := -mavx2 -mfma -mf16c
-$(BUILD)/obj/%_avx512.o: ISA_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+$(BUILD)/obj/%_avx2.o: ISA_FLAGS := $(AVX2_FLAGS)
+$(BUILD)/obj/%_avx512.o: ISA_FLAGS := $(AVX512_FLAGS)
 
 $(LIB_ENGINE): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -201,6 +214,7 @@ test: setup
 	$(MAKE) all
 	@if [ "$(ARCH)" = x86_64 ] && command -v aarch64-linux-gnu-gcc >/dev/null; then $(MAKE) aarch64; \
 	 else echo "make test: no aarch64 cross compiler: the qemu tests will skip"; fi
+	@if [ "$(ARCH)" = x86_64 ]; then $(MAKE) llama-haswell; fi
 	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS) $(SHELL_TESTS)
 
 # ASan+UBSan flavour of the unit tests, in its own build folder, then one
@@ -239,11 +253,31 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(BUILD)/lib/libtg_f
 	$(CC) $(CPPFLAGS) $(CFLAGS) -DTG_LIBFUZZER -fsanitize=fuzzer -o $@ $< $(BUILD)/lib/libtg_fuzz.a $(LDLIBS)
 
 # The default gate on the model the project ships (the aarch64 oracle needs
-# the cross-built worker).
+# the cross-built worker, the llama-haswell variant its library folder).
 gate: setup
 	$(MAKE) all
 	$(MAKE) aarch64
+	$(MAKE) llama-haswell
 	$(BUILD)/bin/tokgate gate specs/default.yaml --evidence $(BUILD)/evidence
+
+# llama.cpp limited to its haswell CPU backend (a calibration panel variant
+# of specs/default.yaml): a folder holding libllama and only that backend,
+# since tg-llama loads every backend of its library's folder and ggml picks
+# the best one. Copies, not links (the loader resolves links to the cache).
+LLAMA_X64 := $(CACHE)/npm/linux-x64/bins/linux-x64
+llama-haswell: build/llama-haswell/libllama.so
+build/llama-haswell/libllama.so: | $(CACHE)/npm/.fetched
+	@mkdir -p $(dir $@)
+	cp $(LLAMA_X64)/libllama.v0.4.0.so $(LLAMA_X64)/libggml.v0.4.0.so $(LLAMA_X64)/libggml-base.so \
+	  $(LLAMA_X64)/libggml-cpu-haswell.so $(dir $@)
+	ln -sf libllama.v0.4.0.so $@
+
+# The whole mutation suite (tests/mutants/): every mutant tg-engine against
+# the calibration of specs/mutants.yaml; `make test` runs a subset. With
+# MUTANT_SPEC=specs/default.yaml each mutant runs the default gate itself.
+mutants: all llama-haswell
+	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) TG_MUTANTS=all TG_MUTANT_SPEC=$(MUTANT_SPEC) \
+	  $(BUILD)/tests/test_calibrate
 
 # The synthetic spec's model: tg-mkmodel tiny Q4_K_M, seed 1, real Qwen3
 # tokenizer (same seed, same bytes: specs/synthetic-qwen3.yaml pins them).

@@ -540,6 +540,28 @@ static int request(tg_arm *a, const char *op, json_t *req, json_t **ans, tg_err 
 
 /* ---- public calls ---- */
 
+/* Our environment with the "NAME=VALUE" entries of env set on top (an
+ * entry of ours with the same name left out). Returns a NULL-terminated
+ * array of borrowed strings the caller frees (the array only). */
+static char **env_with(char *const *env, int n_env)
+{
+    size_t n = 0;
+    while (environ && environ[n]) n++;
+    char **v = calloc(n + (size_t)n_env + 1, sizeof *v);
+    if (!v) abort();
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *eq = strchr(environ[i], '=');
+        size_t len = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
+        int over = 0;
+        for (int j = 0; j < n_env && !over; j++)
+            over = !strncmp(env[j], environ[i], len) && env[j][len] == '=';
+        if (!over) v[k++] = environ[i];
+    }
+    for (int j = 0; j < n_env; j++) v[k++] = env[j];
+    return v;
+}
+
 int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
 {
     *out = NULL;
@@ -594,7 +616,9 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
     pid_t pid;
     a->t_start = tg_now();
-    int rc = posix_spawnp(&pid, cfg->argv[0], &fa, &at, cfg->argv, environ);
+    char **envp = cfg->n_env > 0 ? env_with(cfg->env, cfg->n_env) : NULL;
+    int rc = posix_spawnp(&pid, cfg->argv[0], &fa, &at, cfg->argv, envp ? envp : environ);
+    free(envp);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     close(pin[0]);

@@ -53,6 +53,8 @@ typedef struct arm_config {
     size_t max_stderr;           /* stderr bytes kept; 0: 16 MiB */
     int n_fault_patterns;
     char *const *fault_patterns; /* substrings searched in each stderr line */
+    int n_env;
+    char *const *env;            /* "NAME=VALUE" set for the worker on top of ours (or NULL) */
 } arm_config;
 
 /* Spawns the worker. Returns 0 with *out, or -1 with e (the program could

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calibrate.h"
 #include "common.h"
 #include "noise.h"
 
@@ -68,7 +69,7 @@ void compare_free(cmp_run *r)
             free(g->lp), free(g->rows), free(g->cause), free(g->fault_lines);
             free(g->counters), free(g->hello), free(g->binary_sha256), free(g->binary_path);
         }
-        free(arm->legs), free(arm->ap);
+        free(arm->legs), free(arm->ap), free(arm->planned);
         free(arm->name), free(arm->kind), free(arm->role), free(arm->config);
     }
     free(r->arms);
@@ -77,6 +78,7 @@ void compare_free(cmp_run *r)
     for (int c = 0; c < r->n_contested; c++) free(r->contested[c].tokens), free(r->contested[c].sentence);
     free(r->contested);
     free(r->bands);
+    calibrate_free(r->cal);
     free(r->spec_name), free(r->spec_sha256), free(r->artifact_sha256), free(r->artifact_path);
     free(r->mode), free(r->reference);
     free(r);
@@ -155,6 +157,33 @@ static void json_str(const char *text, const char *outer, const char *key, char 
     json_decref(root);
 }
 
+/* a->planned from the "prompts" list of its config (NULL when none).
+ * Returns 0, or -1 out of memory. */
+static int load_planned(const cmp_run *r, cmp_arm *a)
+{
+    json_error_t je;
+    json_t *root = a->config ? json_loads(a->config, 0, &je) : NULL;
+    json_t *list = root ? json_object_get(root, "prompts") : NULL;
+    int rc = 0;
+    if (json_is_array(list)) {
+        a->planned = calloc((size_t)(r->n_prompts ? r->n_prompts : 1), sizeof *a->planned);
+        if (!a->planned) rc = -1;
+        for (int p = 0; !rc && p < r->n_prompts; p++) {
+            size_t i;
+            json_t *v;
+            json_array_foreach(list, i, v)
+            if (json_is_string(v) && !strcmp(json_string_value(v), r->prompts[p].name)) a->planned[p] = 1;
+        }
+    }
+    json_decref(root);
+    return rc;
+}
+
+int compare_planned(const cmp_arm *a, int p)
+{
+    return !a->planned || a->planned[p];
+}
+
 static int load_arms(sqlite3 *db, cmp_run *r, tg_err *e)
 {
     sqlite3_stmt *s = NULL;
@@ -188,6 +217,10 @@ static int load_arms(sqlite3 *db, cmp_run *r, tg_err *e)
         a->is_oracle = a->is_ref || (!a->is_custody && !strcmp(a->role, "oracle"));
         if (a->is_ref) r->ref = r->n_arms - 1;
         json_str(a->config, NULL, "engine", a->tier, sizeof a->tier);
+        if (load_planned(r, a) < 0) {
+            sqlite3_finalize(s);
+            return tg_errf(e, "out of memory");
+        }
     }
     sqlite3_finalize(s);
     if (rc != SQLITE_DONE) return common_sql_err(db, e, "reading arms");
@@ -403,6 +436,7 @@ static void judge_legs(cmp_run *r)
                 snprintf(g->why, sizeof g->why, "device arm fell back to the host for %lld ops",
                          (long long)g->host_ops), g->clean = 0;
             for (int p = 0; g->clean && p < r->n_prompts; p++) {
+                if (!compare_planned(arm, p)) continue;
                 if (!g->lp[p].present)
                     snprintf(g->why, sizeof g->why, "prompt %s missing", r->prompts[p].name),
                         g->clean = 0;
@@ -722,6 +756,16 @@ static cmp_row *scoring_row(cmp_arm *a, int p, int step)
     return row && row->cls != CMP_UNCOMPARABLE ? row : NULL;
 }
 
+cmp_row *compare_leg_row(cmp_leg *g, int p, int step)
+{
+    return find_row(g, p, step);
+}
+
+cmp_row *compare_scoring_row(cmp_arm *a, int p, int step)
+{
+    return scoring_row(a, p, step);
+}
+
 static int contest(cmp_run *r, tg_err *e)
 {
     cmp_arm *ref = &r->arms[r->ref];
@@ -803,6 +847,11 @@ static int lp_index(const cmp_lp *lp, int step)
     for (int i = 0; i < lp->n_steps; i++)
         if (lp->step_no[i] == step) return i;
     return -1;
+}
+
+int compare_lp_index(const cmp_lp *lp, int step)
+{
+    return lp_index(lp, step);
 }
 
 /* Marks the reference's variant family, records every step's band and
@@ -912,7 +961,8 @@ static int arm_prompts(cmp_run *r, tg_err *e)
         for (int p = 0; p < r->n_prompts; p++) {
             cmp_arm_prompt *ap = &arm->ap[p];
             ap->first_diff = ap->first_bad = -1;
-            if (arm->scoring < 0) continue;
+            ap->not_planned = !compare_planned(arm, p);
+            if (arm->scoring < 0 || ap->not_planned) continue;
             cmp_leg *g = &arm->legs[arm->scoring];
             cmp_lp *x = &g->lp[p];
             if (arm->is_custody) {
@@ -1081,8 +1131,8 @@ int compare_run(tg_store *st, int64_t run_id, const char *policy, double band, c
         for (int l = 0; l < arm->n_legs; l++)
             if (compare_leg(r, arm, &arm->legs[l], e) < 0) goto fail;
     }
-    if (noise_pass(r, e) < 0 || contest(r, e) < 0 || arm_prompts(r, e) < 0 ||
-        oracle_repro(db, r, e) < 0)
+    if (noise_pass(r, e) < 0 || calibrate_steps(db, r, e) < 0 || contest(r, e) < 0 ||
+        arm_prompts(r, e) < 0 || calibrate_arms(r, e) < 0 || oracle_repro(db, r, e) < 0)
         goto fail;
     sqlite3_exec(db, "RELEASE compare_read", NULL, NULL, NULL);
     *out = r;

@@ -100,6 +100,7 @@ typedef struct cmp_arm_prompt {
     int kl_n;
     char custody[16];         /* custody arms: EXACT | PREFIX | DIVERGE | UNKNOWN */
     int64_t custody_at;       /* PREFIX: shared bytes; DIVERGE: first differing byte */
+    int not_planned;          /* the arm's prompts: list leaves this prompt out (nothing scored) */
 } cmp_arm_prompt;
 
 typedef struct cmp_arm {
@@ -122,6 +123,8 @@ typedef struct cmp_arm {
     char repro_why[256];
     int rank_hist[66];        /* scoring leg: [0] outside, [1..64] rank, [65] above 64 */
     int is_variant;           /* an oracle variant of the reference (variant_of chain) */
+    int *planned;             /* (n_prompts) 1 when the arm runs the prompt (its config's
+                               * prompts: list), NULL when it runs every prompt */
     int noise_within, noise_search; /* scoring leg: steps the noise rule passed / search hits */
 } cmp_arm;
 
@@ -166,7 +169,18 @@ typedef struct cmp_run {
         int n_tokens;
         int32_t tokens[8];    /* distinct top-1 tokens, the reference's first */
     } *bands;
+    struct cal_run *cal;      /* calibration and exact-arithmetic facts (calibrate.h), or NULL */
 } cmp_run;
+
+/* 1 when arm a runs prompt p (cmp_arm.planned). */
+int compare_planned(const cmp_arm *a, int p);
+
+/* The row of leg g for (prompt p, step), or NULL. */
+cmp_row *compare_leg_row(cmp_leg *g, int p, int step);
+/* The comparable row of arm a's scoring leg for (prompt p, step), or NULL. */
+cmp_row *compare_scoring_row(cmp_arm *a, int p, int step);
+/* Index of step number `step` in lp, or -1. */
+int compare_lp_index(const cmp_lp *lp, int step);
 
 /* Computes the facts of run_id under policy / band (the caller resolves
  * defaults). Returns 0 with *out, or -1 with e (no such run, the reference

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "calibrate.h"
 #include "common.h"
 #include "gguf.h"
 
@@ -286,7 +287,8 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
     }
     arm_config cfg = {.name = sa->name, .argv = argv, .timeout_request = sa->timeout_request,
                       .timeout_leg = sa->timeout_leg, .grace = c->opt->grace,
-                      .n_fault_patterns = s->n_fault_patterns, .fault_patterns = s->fault_patterns};
+                      .n_fault_patterns = s->n_fault_patterns, .fault_patterns = s->fault_patterns,
+                      .n_env = sa->n_env, .env = sa->env};
     tg_arm *a = NULL;
     if (arm_start(&a, &cfg, &e) < 0) {
         set_cause(b, "start: %s", leg_msg(e.msg, sa->name));
@@ -317,6 +319,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
     b->ms_load = b->ms_prefill = b->ms_decode = nan_ms;
     for (int p = 0; p < s->n_prompts; p++) {
         lp_buf *q = &b->p[p];
+        if (!spec_arm_runs_prompt(s, ai, p)) continue; /* the arm's prompts: list leaves it out */
         if (!up || arm_failed(a)) {
             if (!q->error) q->error = xstrdup(b->cause ? b->cause : "not run");
             continue;
@@ -534,12 +537,15 @@ static int run_leg(gate_ctx *c, int ai, int legno, ref_prompt *ref_out)
     if (!L->stderr_text) L->stderr_text = "";
     lp_buf *pb = b.p;
     store_leg_prompt *lps = xcalloc((size_t)s->n_prompts, sizeof *lps);
+    int n_lp = 0;
     for (int p = 0; p < s->n_prompts; p++) {
-        lps[p] = pb[p].lp;
-        lps[p].text = pb[p].text;
-        lps[p].error = pb[p].error;
+        if (!spec_arm_runs_prompt(s, ai, p)) continue; /* not planned: no row */
+        lps[n_lp] = pb[p].lp;
+        lps[n_lp].text = pb[p].text;
+        lps[n_lp].error = pb[p].error;
+        n_lp++;
     }
-    L->n_prompts = s->n_prompts;
+    L->n_prompts = n_lp;
     L->prompts = lps;
 
     pthread_mutex_lock(&c->mu);
@@ -752,6 +758,7 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
         free(arms);
         free(pr);
         if (r < 0) goto done;
+        if (calibrate_put_params(st, c.run_id, s, e) < 0) goto done;
     }
     res->run_id = c.run_id;
 

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "calibrate.h"
 #include "common.h"
 #include "gate.h"
 #include "report.h"
@@ -50,9 +51,12 @@ static const char USAGE[] =
     "  localize P/S [RUN] --arms A,B [--third C] [--spec FILE] [--db FILE] [--evidence DIR]\n"
     "                           per layer and stage error of B against A over the same\n"
     "                           prefix; names the first stage over the noise floor\n"
-    "  rescore [RUN] [--db FILE] [--band X] [--policy exact|near-tie|noise]\n"
+    "  rescore [RUN] [--db FILE] [--band X] [--policy exact|near-tie|noise|calibrated|error-budget]\n"
     "                           verdicts again from the stored rows (a new verdict set;\n"
     "                           default: the latest run)\n"
+    "  calibrate SPEC [--db FILE] [--jobs N]\n"
+    "                           run a spec's panel of legitimate variants and store the\n"
+    "                           calibration (bands, control limits) later runs may use\n"
     "  bench SPEC [--db FILE]   prefill/decode tokens/s per arm; refused unless the\n"
     "                           latest gate of SPEC passed on the same binaries and model\n"
     "  sweep SWEEP.yaml [--db FILE] [--jobs N] [--only SPEC]\n"
@@ -159,6 +163,14 @@ static const char USAGE_BASELINE[] =
     "of the trend, clear removes the decision (docs/sweep.md).\n"
     "\nExit status: 0 done, 2 usage or input error.\n";
 
+static const char USAGE_CALIBRATE[] =
+    "usage: tokgate calibrate SPEC [--db FILE] [--jobs N]\n"
+    "\n"
+    "Runs the spec's panel of legitimate variants (arms with variant_of) and stores the\n"
+    "calibration: the band each step's panel spans and every arm's control limits, which\n"
+    "later runs of a spec with calibration: {from: NAME} are judged by (docs/verdicts.md).\n"
+    "\nExit status: 0 stored, 1 the panel could not be measured, 2 usage or input error.\n";
+
 static const char USAGE_PLAN[] =
     "usage: tokgate plan SWEEP.yaml --shards N [--out PLAN]\n"
     "\n"
@@ -222,8 +234,9 @@ static int on_opt(void *ud, int id, const char *v, tg_err *e)
     case OPT_OUT: o->out = v; break;
     case OPT_EVIDENCE: o->evidence = v; break;
     case OPT_POLICY:
-        if (strcmp(v, "exact") && strcmp(v, "near-tie") && strcmp(v, "noise"))
-            return tg_errf(e, "--policy: expected exact, near-tie or noise, got '%s'", v);
+        if (strcmp(v, "exact") && strcmp(v, "near-tie") && strcmp(v, "noise") && strcmp(v, "calibrated") &&
+            strcmp(v, "error-budget"))
+            return tg_errf(e, "--policy: expected exact, near-tie, noise, calibrated or error-budget, got '%s'", v);
         o->policy = v;
         break;
     case OPT_JOBS:
@@ -678,6 +691,7 @@ static const command COMMANDS[] = {
     {"report", NULL, cmd_report},
     {"step", NULL, cmd_step},
     {"localize", NULL, localize_main, 1},
+    {"calibrate", USAGE_CALIBRATE, calibrate_main, 1},
     {"rescore", NULL, cmd_rescore},
     {"bench", NULL, cmd_bench, 1},
     {"sweep", USAGE_SWEEP, sweep_main},

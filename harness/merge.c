@@ -25,7 +25,8 @@
  * of the source is reported as skipped. */
 static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg",
                                     "leg_prompt", "step", "step_top", "dump", "verdict_set", "verdict",
-                                    "compare", "contested", "noise_band", "trend_mark", NULL};
+                                    "compare", "contested", "noise_band", "trend_mark", "run_calibration",
+                                    "calib_set", "calib_step", "calib_limit", "calib_arm_step", NULL};
 
 static int sql_err(sqlite3 *db, tg_err *e, const char *what)
 {
@@ -299,6 +300,13 @@ static int copy_run(sqlite3 *db, int64_t r, int64_t *new_run, tg_err *e)
         copy_rows(db, "compare", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
         copy_rows(db, "contested", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
         copy_rows(db, "noise_band", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0)
+        return -1;
+    /* calibration (schema 5); calib_set.source_run keeps the source store's run id */
+    if (copy_rows(db, "run_calibration", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
+        copy_rows(db, "calib_set", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
+        copy_rows(db, "calib_step", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
+        copy_rows(db, "calib_limit", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0 ||
+        copy_rows(db, "calib_arm_step", "s.run_id = ?1", NULL, v_sub + 1, 1, r, nr, e) < 0)
         return -1;
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "calibrate.h"
 #include "common.h"
 #include "compare.h"
 #include "gguf.h"
@@ -205,7 +206,8 @@ static int scored(const rarm *a)
 
 static const char *const GLOBAL_KEYS[] = {
     "TOKEN_GATE", "TOKENIZER_DIVERGENCES", "GENERATION_DIVERGENCES", "LEGS_CLEAN",
-    "LEGS_IDENTICAL", "ORACLE_REPRO", "CHAIN_OF_CUSTODY", "REFERENCE_TIER_HITS", "DEVICE_OPS"};
+    "LEGS_IDENTICAL", "ORACLE_REPRO", "CHAIN_OF_CUSTODY", "REFERENCE_TIER_HITS", "DEVICE_OPS",
+    "ERROR_BUDGET"};
 enum { N_GLOBAL_KEYS = sizeof GLOBAL_KEYS / sizeof *GLOBAL_KEYS };
 
 static void keys_block(rctx *c, FILE *out)
@@ -398,6 +400,21 @@ static void policy_lines(rctx *c, const rarm *arm, FILE *out, const char *indent
     sqlite3_finalize(s);
 }
 
+/* The arm table's EXACT cell: the arm's distance from exact arithmetic as
+ * a multiple of the reference's (ERROR_BUDGET_RATIO), "1.00x" for the
+ * reference, "(exact)" for the arbiter; padded to 9 columns. */
+static void exact_cell(rctx *c, const rarm *arm, const char *arbiter, char *out, size_t cap)
+{
+    char r[128] = "", b[32] = "";
+    if (!strcmp(arm->name, arbiter)) snprintf(r, sizeof r, "(exact)");
+    else if (arm->is_ref) snprintf(r, sizeof r, "1.00x");
+    else if (kv(c, arm->name, NULL, "ERROR_BUDGET_RATIO", r, sizeof r)) {
+        kv(c, arm->name, NULL, "ERROR_BUDGET", b, sizeof b);
+        snprintf(r, sizeof r, "%.2fx%s", atof(r), strcmp(b, "FAIL") ? "" : "!");
+    } else snprintf(r, sizeof r, "-");
+    snprintf(out, cap, "%-8s ", r);
+}
+
 static void text_report(rctx *c, FILE *out)
 {
     char v[1024];
@@ -405,19 +422,22 @@ static void text_report(rctx *c, FILE *out)
             (long long)c->run, c->spec, c->mode, c->reference, c->steps, c->top_k, c->legs);
     fprintf(out, "verdict set %d: policy %s, band %g  ->  %s\n\n", c->set, c->policy, c->band,
             c->overall);
-    fprintf(out, "%-16s %-10s %-15s %-11s %-9s %s\n", "ARM", "ROLE", "VERDICT", "LEGS_CLEAN",
-            "IDENTICAL", "REASON");
+    char arbiter[128] = "";
+    int exact_col = kv(c, NULL, NULL, "EXACT_ARBITER", arbiter, sizeof arbiter);
+    fprintf(out, "%-16s %-10s %-15s %-11s %-9s %s%s\n", "ARM", "ROLE", "VERDICT", "LEGS_CLEAN",
+            "IDENTICAL", exact_col ? "EXACT    " : "", "REASON");
     for (int a = 0; a < c->n_arms; a++) {
         const rarm *arm = &c->arms[a];
-        char verdict[32], lc[32], li[8];
+        char verdict[32], lc[32], li[8], ex[32] = "";
         if (!kv(c, arm->name, NULL, "TOKEN_GATE", verdict, sizeof verdict))
             snprintf(verdict, sizeof verdict, "%s", arm->is_ref ? "(reference)" : "(custody)");
         kv(c, arm->name, NULL, "LEGS_CLEAN", lc, sizeof lc);
         kv(c, arm->name, NULL, "LEGS_IDENTICAL", li, sizeof li);
         if (!kv(c, arm->name, NULL, "REASON", v, sizeof v) && arm->is_custody)
             kv(c, arm->name, NULL, "CHAIN_OF_CUSTODY", v, sizeof v);
-        fprintf(out, "%-16s %-10s %-15s %-11s %-9s %s\n", arm->name,
-                arm->is_ref ? "reference" : arm->role, verdict, lc, li, v);
+        if (exact_col) exact_cell(c, arm, arbiter, ex, sizeof ex);
+        fprintf(out, "%-16s %-10s %-15s %-11s %-9s %s%s\n", arm->name,
+                arm->is_ref ? "reference" : arm->role, verdict, lc, li, ex, v);
     }
     fprintf(out, "\n%-16s %-8s %-15s %5s %5s %4s %5s %4s %4s %4s  %-6s %7s %7s %8s %8s %s\n", "ARM",
             "PROMPT", "VERDICT", "STEPS", "EXACT", "NEAR", "RANK2", "TOPK", "OUT", "UNC", "FIRST",
@@ -504,6 +524,7 @@ static void text_report(rctx *c, FILE *out)
         fprintf(out, " outside:%d\n", h[0]);
         policy_lines(c, arm, out, "  ");
     }
+    calibrate_report(c->db, c->run, c->set, 0, out);
     fprintf(out, "\n");
     keys_block(c, out);
 }
@@ -663,8 +684,8 @@ static void md_report(rctx *c, FILE *out)
         vals[s * 6 + 5] = h[0];
         s++;
     }
-    fprintf(out, "\n### Rank of each arm's token in the reference top-k\n\n");
-    svg_bars(out, "rank histogram", 6, groups, n_sc, series, vals);
+    fprintf(out, "\n### Rank of each arm's token in the reference top-k (counts on a log axis)\n\n");
+    if (series && vals) svg_bars_log(out, "rank histogram", 6, groups, n_sc, series, vals);
     free(series);
     free(vals);
 
@@ -699,6 +720,7 @@ static void md_report(rctx *c, FILE *out)
                 c->band);
     free(xs), free(ys), free(mk);
 
+    calibrate_report(c->db, c->run, c->set, 1, out);
     fprintf(out, "\n## Keys\n\n```\n");
     keys_block(c, out);
     fprintf(out, "```\n\nEvery figure here is recomputable from the store with sqlite3: "

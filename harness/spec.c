@@ -701,6 +701,72 @@ out:
     return rc;
 }
 
+/* env: {NAME: VALUE, ...} of arm entry n into a->env as "NAME=VALUE"
+ * (protocol arms). Names are [A-Za-z_][A-Za-z0-9_]*, values
+ * scalars. Returns 0 (also when absent) or -1 with the message. */
+static int parse_arm_env(pctx *c, struct fy_node *n, pos ap, const char *f, spec_arm *a)
+{
+    pos kp = ap;
+    struct fy_node *v = get(n, "env", &kp);
+    if (!v) return 0;
+    char g[128];
+    snprintf(g, sizeof g, "%s.env", f);
+    if (a->kind == SPEC_ARM_COMMAND)
+        return perr(c, node_pos(v, kp), g, "expected env only on a protocol arm, not a command arm");
+    if (!fy_node_is_mapping(v))
+        return perr(c, node_pos(v, kp), g, "expected a mapping {NAME: value} (e.g. {TG_CPU_ISA: avx2})");
+    int k = fy_node_mapping_item_count(v);
+    a->env = calloc((size_t)k + 1, sizeof *a->env);
+    if (!a->env) abort();
+    void *it = NULL;
+    struct fy_node_pair *p;
+    while ((p = fy_node_mapping_iterate(v, &it))) {
+        const char *name = scalar(fy_node_pair_key(p)), *val = scalar(fy_node_pair_value(p));
+        char h[300];
+        snprintf(h, sizeof h, "%s.%s", g, name ? name : "?");
+        int ok = name && (isalpha((unsigned char)name[0]) || name[0] == '_');
+        for (const char *q = name; ok && *q; q++) ok = isalnum((unsigned char)*q) || *q == '_';
+        if (!ok)
+            return perr(c, node_pos(fy_node_pair_key(p), kp), h,
+                        "expected a variable name (letters, digits, '_', not a digit first)");
+        if (!val) return perr(c, node_pos(fy_node_pair_value(p), kp), h, "expected a scalar value");
+        size_t len = strlen(name) + strlen(val) + 2;
+        char *kv = malloc(len);
+        if (!kv) abort();
+        snprintf(kv, len, "%s=%s", name, val);
+        a->env[a->n_env++] = kv;
+    }
+    return 0;
+}
+
+/* prompts: [ID, ...] of arm entry n: the prompt ids (of the spec's prompt
+ * set, read before the arms) the arm runs; the others it skips. */
+static int parse_arm_prompts(pctx *c, struct fy_node *n, pos ap, const char *f, spec_arm *a,
+                             const tg_spec *s)
+{
+    pos kp = ap;
+    struct fy_node *v = get(n, "prompts", &kp);
+    if (!v) return 0;
+    char g[128];
+    snprintf(g, sizeof g, "%s.prompts", f);
+    if (get_strings(c, v, kp, g, "prompt ids", &a->only, &a->n_only) < 0) return -1;
+    if (a->n_only == 0) return perr(c, node_pos(v, kp), g, "expected at least one prompt id");
+    if (a->kind == SPEC_ARM_COMMAND)
+        return perr(c, node_pos(v, kp), g, "expected prompts only on a protocol arm, not a command arm");
+    for (int i = 0; i < a->n_only; i++) {
+        int found = 0;
+        for (int q = 0; q < s->n_prompts; q++) found |= !strcmp(s->prompts[q].id, a->only[i]);
+        if (!found) {
+            char h[160];
+            snprintf(h, sizeof h, "%s[%d]", g, i);
+            return perr(c, node_pos(fy_node_sequence_get_by_index(v, i), kp), h,
+                        "expected a prompt id of this spec (p1..p%d or an inline id), got '%s'",
+                        s->n_prompts, a->only[i]);
+        }
+    }
+    return 0;
+}
+
 static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
 {
     spec_arm *a = &s->arms[i];
@@ -713,7 +779,7 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
     if (!fy_node_is_mapping(n))
         return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec|http: ...}");
     static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "http", "options",
-                                       "role", "variant_of", "timeout", "strip", NULL};
+                                       "role", "variant_of", "timeout", "strip", "env", "prompts", NULL};
     if (check_keys(c, n, ap, f, keys) < 0) return -1;
     pos kp = ap;
     struct fy_node *v = get(n, "name", &kp);
@@ -852,6 +918,7 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
         snprintf(g, sizeof g, "%s.timeout", f);
         if (parse_timeout(c, v, kp, g, &a->timeout_request, &a->timeout_leg) < 0) return -1;
     }
+    if (parse_arm_env(c, n, ap, f, a) < 0 || parse_arm_prompts(c, n, ap, f, a, s) < 0) return -1;
     json_t *j = node_json(n);
     a->config_json = json_text(j);
     json_decref(j);
@@ -860,7 +927,7 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
 
 static const char *const top_keys[] = {"name", "model", "prompts", "steps", "top_k", "legs", "mode",
                                        "reference", "policy", "arms", "fault_patterns", "timeout",
-                                       "jobs", "dumps", NULL};
+                                       "jobs", "dumps", "exact", "calibration", NULL};
 
 static int cmp_int(const void *a, const void *b)
 {
@@ -956,6 +1023,57 @@ int spec_dumps_stage(const tg_spec *s, const char *stage)
     return 0;
 }
 
+/* exact: ARM and calibration: {factor: F, limit_k: K, budget: M, from: NAME}
+ * (docs/spec.md). Needs the arms. The exact arm is an engine arm of tier
+ * ref (the tier that computes the quantized model with f64 sums); the
+ * policies calibrated and error-budget need it (calibrated can do without,
+ * then it has no exact-arithmetic control limit). */
+static int parse_calibration(pctx *c, struct fy_node *root, pos at, tg_spec *s)
+{
+    s->cal_factor = 2.0;
+    s->cal_limit_k = 3.0;
+    s->cal_budget = 2.0;
+    pos kp = at;
+    struct fy_node *v = get(root, "exact", &kp);
+    if (v) {
+        if (get_string(c, v, kp, "exact", "the name of an engine arm of tier ref", &s->exact) < 0) return -1;
+        int i = spec_find_arm(s, s->exact);
+        if (i < 0 || s->arms[i].kind != SPEC_ARM_ENGINE || strcmp(s->arms[i].tier, "ref"))
+            return perr(c, node_pos(v, kp), "exact", "expected the name of an engine arm of tier ref, got '%s'",
+                        s->exact);
+        if (i == s->ref_index)
+            return perr(c, node_pos(v, kp), "exact", "expected an arm other than the reference '%s'", s->reference);
+    }
+    kp = at;
+    v = get(root, "calibration", &kp);
+    if (v) {
+        if (!fy_node_is_mapping(v))
+            return perr(c, node_pos(v, kp), "calibration",
+                        "expected a mapping {factor: F, limit_k: K, budget: M, from: NAME}");
+        static const char *const ck[] = {"factor", "limit_k", "budget", "from", NULL};
+        pos cp = node_pos(v, kp);
+        if (check_keys(c, v, cp, "calibration", ck) < 0) return -1;
+        pos q = cp;
+        struct fy_node *x;
+        if ((x = get(v, "factor", &q)) && get_number(c, x, q, "calibration.factor", 0.1, 100, &s->cal_factor) < 0)
+            return -1;
+        q = cp;
+        if ((x = get(v, "limit_k", &q)) && get_number(c, x, q, "calibration.limit_k", 0.1, 100, &s->cal_limit_k) < 0)
+            return -1;
+        q = cp;
+        if ((x = get(v, "budget", &q)) && get_number(c, x, q, "calibration.budget", 1, 1000, &s->cal_budget) < 0)
+            return -1;
+        q = cp;
+        if ((x = get(v, "from", &q)) &&
+            get_string(c, x, q, "calibration.from", "the name of a spec whose stored calibration to use",
+                       &s->cal_from) < 0)
+            return -1;
+    }
+    if (!strcmp(s->policy_kind, "error-budget") && !s->exact)
+        return perr(c, at, "exact", "missing (policy error-budget needs the exact-arithmetic arm, e.g. exact: ref)");
+    return 0;
+}
+
 static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
 {
     pos at = {1, 1};
@@ -1039,10 +1157,14 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
         if (check_keys(c, v, pp, "policy", pk) < 0) return -1;
         pos q = pp;
         struct fy_node *x = get(v, "kind", &q);
-        if (!x) return perr(c, pp, "policy.kind", "missing (expected exact, near-tie or noise)");
-        if (get_string(c, x, q, "policy.kind", "exact, near-tie or noise", &s->policy_kind) < 0) return -1;
-        if (strcmp(s->policy_kind, "exact") && strcmp(s->policy_kind, "near-tie") && strcmp(s->policy_kind, "noise"))
-            return perr(c, node_pos(x, q), "policy.kind", "expected exact, near-tie or noise, got '%s'", s->policy_kind);
+        if (!x) return perr(c, pp, "policy.kind", "missing (expected exact, near-tie, noise, calibrated or error-budget)");
+        if (get_string(c, x, q, "policy.kind", "exact, near-tie, noise, calibrated or error-budget",
+                       &s->policy_kind) < 0)
+            return -1;
+        if (strcmp(s->policy_kind, "exact") && strcmp(s->policy_kind, "near-tie") && strcmp(s->policy_kind, "noise") &&
+            strcmp(s->policy_kind, "calibrated") && strcmp(s->policy_kind, "error-budget"))
+            return perr(c, node_pos(x, q), "policy.kind",
+                        "expected exact, near-tie, noise, calibrated or error-budget, got '%s'", s->policy_kind);
         q = pp;
         s->band = 0.20;
         x = get(v, "band", &q);
@@ -1093,12 +1215,15 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
             snprintf(g, sizeof g, "arms[%d].variant_of", i);
             if (j < 0 || j == i)
                 return perr(c, (pos){a->line, 1}, g, "expected the name of another arm, got '%s'", a->variant_of);
-            /* a variant measures an oracle's own noise: both are oracles */
-            if (!a->role || strcmp(a->role, "oracle"))
-                return perr(c, (pos){a->line, 1}, g, "expected on an oracle arm (role oracle), '%s' has role %s",
-                            a->name, a->role ? a->role : "?");
-            if (s->arms[j].kind == SPEC_ARM_COMMAND || !s->arms[j].role || strcmp(s->arms[j].role, "oracle"))
-                return perr(c, (pos){a->line, 1}, g, "expected the name of an oracle arm, '%s' is not one",
+            /* a variant is a legitimate build of the same thing: an oracle
+             * variant of an oracle arm (the oracle's own noise), a test
+             * variant of a test arm (kernels, threads, KV types: the
+             * calibration panel) */
+            if (a->kind == SPEC_ARM_COMMAND)
+                return perr(c, (pos){a->line, 1}, g, "expected on a protocol arm, '%s' is a command arm", a->name);
+            if (s->arms[j].kind == SPEC_ARM_COMMAND || !s->arms[j].role || strcmp(s->arms[j].role, a->role))
+                return perr(c, (pos){a->line, 1}, g,
+                            "expected the name of an arm of the same role (%s), '%s' is not one", a->role,
                             a->variant_of);
         }
     }
@@ -1117,6 +1242,19 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
     if (s->arms[s->ref_index].kind == SPEC_ARM_COMMAND)
         return perr(c, node_pos(v, kp), "reference", "expected a protocol arm, '%s' is a command (custody) arm",
                     s->reference);
+    if (s->arms[s->ref_index].only)
+        return perr(c, (pos){s->arms[s->ref_index].line, 1}, "reference",
+                    "expected the reference '%s' to run every prompt (it has a prompts: list)", s->reference);
+    return parse_calibration(c, root, at, s);
+}
+
+int spec_arm_runs_prompt(const tg_spec *s, int i, int p)
+{
+    if (!s || i < 0 || i >= s->n_arms || p < 0 || p >= s->n_prompts) return 0;
+    const spec_arm *a = &s->arms[i];
+    if (!a->only) return 1;
+    for (int k = 0; k < a->n_only; k++)
+        if (!strcmp(a->only[k], s->prompts[p].id)) return 1;
     return 0;
 }
 
@@ -1282,6 +1420,8 @@ void spec_free(tg_spec *s)
     free(s->mode);
     free(s->reference);
     free(s->policy_kind);
+    free(s->exact);
+    free(s->cal_from);
     for (int i = 0; s->arms && i < s->n_arms; i++) {
         spec_arm *a = &s->arms[i];
         free(a->name);
@@ -1295,6 +1435,8 @@ void spec_free(tg_spec *s)
         strv_free(a->strip, a->n_strip);
         free(a->options_json);
         free(a->config_json);
+        strv_free(a->env, a->n_env);
+        strv_free(a->only, a->n_only);
     }
     free(s->arms);
     strv_free(s->fault_patterns, s->n_fault_patterns);

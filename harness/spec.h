@@ -50,6 +50,10 @@ typedef struct spec_arm {
     double timeout_request;  /* seconds for one request (decode: the whole answer) */
     double timeout_leg;      /* seconds for a whole leg (spawn to exit) */
     int line;                /* 1-based line of the arm's entry in the spec */
+    int n_env;
+    char **env;              /* "NAME=VALUE" set in the worker's environment (env:), or NULL */
+    int n_only;
+    char **only;             /* prompts: the prompt ids this arm runs (NULL: every prompt) */
 } spec_arm;
 
 typedef struct spec_prompt {
@@ -73,8 +77,16 @@ typedef struct tg_spec {
     char *mode;              /* "teacher-forced" | "free" */
     char *reference;         /* arm name */
     int ref_index;           /* index of the reference in arms[] */
-    char *policy_kind;       /* "exact" | "near-tie" | "noise" */
+    char *policy_kind;       /* "exact" | "near-tie" | "noise" | "calibrated" | "error-budget" */
     double band;             /* near-tie band in logits (default 0.20) */
+    /* calibration (docs/verdicts.md "Calibration"): the exact-arithmetic arm
+     * (an engine arm of tier ref, or NULL), the band factor, the control
+     * limit factor and the error budget's multiple */
+    char *exact;             /* arm name, or NULL */
+    double cal_factor;       /* calibration.factor (default 2) */
+    double cal_limit_k;      /* calibration.limit_k (default 3) */
+    double cal_budget;       /* calibration.budget (default 2) */
+    char *cal_from;          /* calibration.from: a spec name whose stored calibration to use, or NULL */
     int n_arms;
     spec_arm *arms;
     int n_fault_patterns;
@@ -119,6 +131,10 @@ int spec_check_artifact(const tg_spec *s, char actual[65], int64_t *size, tg_err
 
 /* Index of the arm called name, or -1. */
 int spec_find_arm(const tg_spec *s, const char *name);
+
+/* 1 when arm i runs prompt index p (its prompts: list names it, or it has
+ * none), else 0. */
+int spec_arm_runs_prompt(const tg_spec *s, int i, int p);
 
 /* The argv that starts arm i's protocol worker (engine, llama, exec arms):
  * bin_dir is the folder of tokgate's own executables (tg-engine, tg-llama

@@ -230,9 +230,44 @@ static const char SCHEMA_V5[] =
     "  JOIN step_top t ON t.leg_id = coalesce(l.same_as, l.id) AND t.prompt_id = s.prompt_id\n"
     "                  AND t.step = s.step;\n";
 
+/* Version 6: calibration (harness/calibrate.c, docs/verdicts.md): the
+ * parameters a run was started with, and per verdict set the panel, the
+ * band of every step, every arm's control limits and its band and distance
+ * from exact arithmetic at every step. Plain columns, for sqlite3. (IF NOT
+ * EXISTS: a store rebuilt from an older fixture may carry them already.) */
+static const char SCHEMA_V6[] =
+    "CREATE TABLE IF NOT EXISTS run_calibration(\n"
+    "  run_id INTEGER PRIMARY KEY REFERENCES run(id) ON DELETE CASCADE,\n"
+    "  exact TEXT, factor REAL NOT NULL, limit_k REAL NOT NULL, budget REAL NOT NULL, cal_from TEXT);\n"
+    "CREATE TABLE IF NOT EXISTS calib_set(\n"
+    "  run_id INTEGER NOT NULL, set_no INTEGER NOT NULL, exact TEXT, factor REAL NOT NULL,\n"
+    "  limit_k REAL NOT NULL, budget REAL NOT NULL, source_run INTEGER, panel TEXT NOT NULL,\n"
+    "  PRIMARY KEY(run_id, set_no),\n"
+    "  FOREIGN KEY(run_id, set_no) REFERENCES verdict_set(run_id, set_no) ON DELETE CASCADE);\n"
+    "CREATE TABLE IF NOT EXISTS calib_step(\n"
+    "  run_id INTEGER NOT NULL, set_no INTEGER NOT NULL, prompt TEXT NOT NULL, step INTEGER NOT NULL,\n"
+    "  n_views INTEGER NOT NULL, ref_gap REAL, spread REAL, band REAL, fragile INTEGER NOT NULL,\n"
+    "  flipped_by TEXT NOT NULL, exact_token INTEGER, exact_gap REAL,\n"
+    "  PRIMARY KEY(run_id, set_no, prompt, step),\n"
+    "  FOREIGN KEY(run_id, set_no) REFERENCES verdict_set(run_id, set_no) ON DELETE CASCADE\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE TABLE IF NOT EXISTS calib_limit(\n"
+    "  run_id INTEGER NOT NULL, set_no INTEGER NOT NULL, arm TEXT NOT NULL, metric TEXT NOT NULL,\n"
+    "  value REAL, n INTEGER NOT NULL, mean REAL, sd REAL, upper REAL, ok INTEGER, basis TEXT NOT NULL,\n"
+    "  PRIMARY KEY(run_id, set_no, arm, metric),\n"
+    "  FOREIGN KEY(run_id, set_no) REFERENCES verdict_set(run_id, set_no) ON DELETE CASCADE\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE TABLE IF NOT EXISTS calib_arm_step(\n"
+    "  run_id INTEGER NOT NULL, set_no INTEGER NOT NULL, arm TEXT NOT NULL, prompt TEXT NOT NULL,\n"
+    "  step INTEGER NOT NULL, band REAL, exact_n INTEGER NOT NULL, exact_max REAL, exact_median REAL,\n"
+    "  exact_kl REAL,\n"
+    "  PRIMARY KEY(run_id, set_no, arm, prompt, step),\n"
+    "  FOREIGN KEY(run_id, set_no) REFERENCES verdict_set(run_id, set_no) ON DELETE CASCADE\n"
+    ") WITHOUT ROWID;\n";
+
 /* Migrations: MIGRATIONS[v] takes a store at version v to v + 1. */
 static const char *const MIGRATIONS[STORE_SCHEMA_VERSION] = {SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4,
-                                                             SCHEMA_V5};
+                                                             SCHEMA_V5, SCHEMA_V6};
 
 /* The first version whose top-k this code reads; older stores with step
  * rows are refused (store_open). */

@@ -134,7 +134,9 @@ int store_latest_run(tg_store *st, const char *spec_name, int64_t *run_id, tg_er
  * stored once, gap REAL in every step row, and the view v_top. Stores of
  * versions 1..4 with step rows are refused: their top-k blobs are no longer
  * decoded (docs/store.md). */
-#define STORE_SCHEMA_VERSION 5
+/* Version 6 added run_calibration, calib_set, calib_step, calib_limit and
+ * calib_arm_step (harness/calibrate.h). */
+#define STORE_SCHEMA_VERSION 6
 
 /* The top-k of the steps of one (leg, prompt): step i has number step[i]
  * (ascending) and n_top[i] (0..4096) entries at top + off[i]. */

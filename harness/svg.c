@@ -137,3 +137,151 @@ int svg_scatter(FILE *out, const char *title, const char *xlabel, const char *yl
     fputs("</svg>\n", out);
     return ferror(out) ? -1 : 0;
 }
+
+/* ------------------------------------------------------------------ */
+/* Log axes (the calibration plots)                                    */
+
+/* Decades covering [lo, hi] (both > 0) into *d0, *d1. */
+static void decades(double lo, double hi, int *d0, int *d1)
+{
+    *d0 = (int)floor(log10(lo));
+    *d1 = (int)ceil(log10(hi));
+    if (*d1 <= *d0) *d1 = *d0 + 1;
+}
+
+static double log_y(double v, int d0, int d1)
+{
+    return H - B - (H - B - T) * ((log10(v) - d0) / (double)(d1 - d0));
+}
+
+static void log_ticks(FILE *out, int d0, int d1)
+{
+    for (int d = d0; d <= d1; d++) {
+        double y = log_y(pow(10, d), d0, d1);
+        fprintf(out, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>\n", L, y, W - R, y);
+        fprintf(out, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">1e%d</text>\n", L - 4, y + 4, d);
+    }
+}
+
+int svg_bars_log(FILE *out, const char *title, int n_groups, const char *const *labels, int n_series,
+                 const char *const *series, const double *values)
+{
+    double max = 1;
+    for (int i = 0; i < n_groups * n_series; i++)
+        if (isfinite(values[i]) && values[i] > max) max = values[i];
+    int d0 = 0, d1;
+    decades(1, max, &d0, &d1);
+    d0 = 0;
+    frame(out, title);
+    log_ticks(out, d0, d1);
+    double gw = (double)(W - L - R) / (n_groups > 0 ? n_groups : 1);
+    double bw = gw * 0.8 / (n_series > 0 ? n_series : 1);
+    for (int g = 0; g < n_groups; g++) {
+        double x0 = L + g * gw + gw * 0.1;
+        for (int s = 0; s < n_series; s++) {
+            double v = values[s * n_groups + g];
+            if (!isfinite(v) || v <= 0) continue;
+            /* a count of 1 gets a sliver above the axis */
+            double y = v >= 1 ? log_y(v, d0, d1) : H - B - 2;
+            if (y > H - B - 2) y = H - B - 2;
+            fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>",
+                    x0 + s * bw, y, bw > 1 ? bw - 1 : bw, H - B - y, COLORS[s % 8]);
+            svg_escape(out, series[s]);
+            fprintf(out, " %s: %.0f</title></rect>\n", labels[g], v);
+        }
+        fprintf(out, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">", L + g * gw + gw / 2, H - B + 14);
+        svg_escape(out, labels[g]);
+        fputs("</text>\n", out);
+    }
+    for (int s = 0; s < n_series; s++) {
+        fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">",
+                L + 8 + (s % 5) * 110, H - 22 + (s / 5) * 11, COLORS[s % 8], L + 22 + (s % 5) * 110, H - 13 + (s / 5) * 11);
+        svg_escape(out, series[s]);
+        fputs("</text>\n", out);
+    }
+    fputs("</svg>\n", out);
+    return ferror(out) ? -1 : 0;
+}
+
+int svg_gap_band(FILE *out, const char *title, int n, const double *x, const double *gap, const double *band,
+                 const int *fragile)
+{
+    double lo = INFINITY, hi = 0, x0 = 0, x1 = 1;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 2; k++) {
+            double v = k ? band[i] : gap[i];
+            if (isfinite(v) && v > 0) lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+        }
+        if (i == 0 || x[i] < x0) x0 = x[i];
+        if (i == 0 || x[i] > x1) x1 = x[i];
+    }
+    if (!(hi > 0)) lo = 0.01, hi = 10;
+    if (x1 <= x0) x1 = x0 + 1;
+    int d0, d1;
+    decades(lo, hi, &d0, &d1);
+    frame(out, title);
+    log_ticks(out, d0, d1);
+#define PX(v) (L + (W - L - R) * (((v) - x0) / (x1 - x0)))
+    fprintf(out, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">step (prompts in order); blue: calibrated "
+                 "band; red x: fragile step</text>\n", (W + L) / 2, H - 12);
+    fprintf(out, "<path fill=\"none\" stroke=\"#1f77b4\" d=\"");
+    int pen = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(band[i]) || band[i] <= 0) {
+            pen = 0;
+            continue;
+        }
+        fprintf(out, "%c%.1f %.1f", pen ? 'L' : 'M', PX(x[i]), log_y(band[i], d0, d1));
+        pen = 1;
+    }
+    fputs("\"/>\n", out);
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(gap[i]) || gap[i] <= 0) continue;
+        double px = PX(x[i]), py = log_y(gap[i], d0, d1);
+        if (fragile && fragile[i])
+            fprintf(out, "<path d=\"M%.1f %.1fl6 6m0 -6l-6 6\" stroke=\"#d62728\" stroke-width=\"2\"/>\n", px - 3,
+                    py - 3);
+        else
+            fprintf(out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"1.6\" fill=\"#555\"/>\n", px, py);
+    }
+#undef PX
+    fputs("</svg>\n", out);
+    return ferror(out) ? -1 : 0;
+}
+
+int svg_lines_log(FILE *out, const char *title, int n_series, const char *const *names, int len,
+                  const double *const *ys)
+{
+    double lo = INFINITY, hi = 0;
+    for (int s = 0; s < n_series; s++)
+        for (int i = 0; i < len; i++)
+            if (isfinite(ys[s][i]) && ys[s][i] > 0) lo = ys[s][i] < lo ? ys[s][i] : lo, hi = ys[s][i] > hi ? ys[s][i] : hi;
+    if (!(hi > 0)) lo = 0.001, hi = 1;
+    int d0, d1;
+    decades(lo, hi, &d0, &d1);
+    frame(out, title);
+    log_ticks(out, d0, d1);
+    double xs = len > 1 ? (double)(W - L - R) / (len - 1) : 1;
+    for (int s = 0; s < n_series; s++) {
+        fprintf(out, "<path fill=\"none\" stroke-width=\"0.8\" stroke=\"%s\" d=\"", COLORS[s % 8]);
+        int pen = 0;
+        for (int i = 0; i < len; i++) {
+            if (!isfinite(ys[s][i]) || ys[s][i] <= 0) {
+                pen = 0;
+                continue;
+            }
+            fprintf(out, "%c%.1f %.1f", pen ? 'L' : 'M', L + i * xs, log_y(ys[s][i], d0, d1));
+            pen = 1;
+        }
+        fputs("\"><title>", out);
+        svg_escape(out, names[s]);
+        fputs("</title></path>\n", out);
+        fprintf(out, "<rect x=\"%d\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">",
+                L + 8 + (s % 5) * 110, H - 22 + (s / 5) * 11, COLORS[s % 8], L + 22 + (s % 5) * 110,
+                H - 13 + (s / 5) * 11);
+        svg_escape(out, names[s]);
+        fputs("</text>\n", out);
+    }
+    fputs("</svg>\n", out);
+    return ferror(out) ? -1 : 0;
+}

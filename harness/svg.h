@@ -24,6 +24,26 @@ int svg_bars(FILE *out, const char *title, int n_groups, const char *const *labe
 int svg_scatter(FILE *out, const char *title, const char *xlabel, const char *ylabel, int n,
                 const double *x, const double *y, const int *mark, double hline);
 
+/* Grouped bars on a log axis (1, 10, 100, ...): as svg_bars, so that a
+ * count of 3 beside a count of 300 stays visible. Zero values draw no bar.
+ * Returns 0, or -1 on a write error. */
+int svg_bars_log(FILE *out, const char *title, int n_groups, const char *const *labels, int n_series,
+                 const char *const *series, const double *values);
+
+/* The reference gap per step on a log axis with the calibrated band: n
+ * steps at x[i], gap[i] as dots (a red cross where fragile[i]: some
+ * legitimate variant flips that step), band[i] as a blue line (a step whose
+ * gap lies under it is a near tie). Non-finite or non-positive values are
+ * left out. Returns 0, or -1 on a write error. */
+int svg_gap_band(FILE *out, const char *title, int n, const double *x, const double *gap, const double *band,
+                 const int *fragile);
+
+/* Lines on a log y axis: n_series series of len values each (ys[s][i] at
+ * x = i; non-finite or non-positive values break the line). Returns 0, or
+ * -1 on a write error. */
+int svg_lines_log(FILE *out, const char *title, int n_series, const char *const *names, int len,
+                  const double *const *ys);
+
 /* Writes s with &, <, >, " and ' escaped for XML, and C0 control bytes
  * (but tab, newline, CR) and DEL as the text "\xNN" (XML cannot carry
  * them), so JUnit and SVG stay well-formed. */

@@ -2,7 +2,9 @@
  * sweep.c: sweep files, the sweep runner, shard plans and shard runs (see
  * sweep.h and docs/sweep.md). A sweep entry is resolved by editing the
  * spec's YAML document with libfyaml: top-level overrides replace (or add)
- * keys, `arms` keeps a subset of the spec's arms, `arm_options` merges keys
+ * keys, `arms` keeps a subset of the spec's arms (dropping the spec's
+ * `exact:` and an arm's `variant_of:` when they name an arm left out),
+ * `arm_options` merges keys
  * into an arm's load options; the document is emitted back to text and
  * parsed with spec_parse(), so the spec rules are checked in one place and
  * the store keeps the text that actually ran.
@@ -205,6 +207,30 @@ static int apply_arm_subset(struct fy_node *arms, struct fy_node *keep, const ch
     return 0;
 }
 
+/* Removes key k (and its value) from mapping m, if present. */
+static void map_remove(struct fy_node *m, const char *k)
+{
+    struct fy_node_pair *p = fy_node_mapping_lookup_pair_by_string(m, k, strlen(k));
+    if (p) fy_node_free(fy_node_mapping_remove_by_key(m, fy_node_pair_key(p)));
+}
+
+/* After an arm subset: references to arms no longer there go (the spec's
+ * exact arm, an arm's variant_of), so the cut spec still validates. */
+static void prune_arm_refs(struct fy_node *root, struct fy_node *arms)
+{
+    struct fy_node *x = fy_node_mapping_lookup_by_string(root, "exact", 5);
+    const char *n = x && is_scalar(x) ? fy_node_get_scalar0(x) : NULL;
+    if (n && !find_arm(arms, n)) map_remove(root, "exact");
+    void *it = NULL;
+    struct fy_node *a;
+    while ((a = fy_node_sequence_iterate(arms, &it))) {
+        if (!fy_node_is_mapping(a)) continue;
+        x = fy_node_mapping_lookup_by_string(a, "variant_of", 10);
+        n = x && is_scalar(x) ? fy_node_get_scalar0(x) : NULL;
+        if (n && !find_arm(arms, n)) map_remove(a, "variant_of");
+    }
+}
+
 /* Merges arm_options ({ARM: {key: value}}) into the arms' load options
  * (the arm's `options`, or its `llama: {options}` for a llama arm). */
 static int apply_arm_options(struct fy_document *d, struct fy_node *arms, struct fy_node *ao,
@@ -306,6 +332,7 @@ static int resolve_entry(const char *swpath, int idx, struct fy_node *ent, struc
             goto done;
         }
         if (apply_arm_subset(arms, n, swpath, e) < 0) goto done;
+        prune_arm_refs(root, arms);
     }
     if ((n = fy_node_mapping_lookup_by_string(ent, "arm_options", 11))) {
         if (!is_seq(arms)) {

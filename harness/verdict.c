@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "calibrate.h"
 #include "common.h"
 #include "compare.h"
 #include "noise.h"
@@ -44,8 +45,8 @@ void verdict_wilson(int k, int n, double *lo, double *hi)
 /* ------------------------------------------------------------------ */
 /* Decisions                                                           */
 
-enum { V_PASS, V_FAIL, V_NM };
-static const char *const VWORD[] = {"PASS", "FAIL", "NOT_MEASURABLE"};
+enum { V_PASS, V_FAIL, V_NM, V_SKIP };
+static const char *const VWORD[] = {"PASS", "FAIL", "NOT_MEASURABLE", "NOT_RUN"};
 
 typedef struct arm_verdict {
     int v;
@@ -61,7 +62,10 @@ static void decide_prompt(const cmp_run *r, const cmp_arm *arm, int p, int *v, c
     const cmp_leg *g = arm->scoring >= 0 ? &arm->legs[arm->scoring] : NULL;
     *v = V_PASS;
     why[0] = 0;
-    if (!g) {
+    if (ap->not_planned) {
+        *v = V_SKIP;
+        snprintf(why, cap, "not run: the arm's prompts: list leaves it out");
+    } else if (!g) {
         *v = V_NM;
         snprintf(why, cap, "no leg");
     } else if (ap->tokenizer_known && ap->tokenizer_diff) {
@@ -146,6 +150,7 @@ static void decide_arm(const cmp_run *r, const cmp_arm *arm, arm_verdict *av)
         av->v = V_NM;
         snprintf(av->reason, sizeof av->reason, "%s", why_legs);
         for (int p = 0; p < r->n_prompts; p++) {
+            if (av->pv[p] == V_SKIP) continue;
             if (av->pv[p] == V_FAIL)
                 snprintf(av->preason[p] + strlen(av->preason[p]),
                          sizeof av->preason[p] - strlen(av->preason[p]), " (not measurable)");
@@ -155,6 +160,9 @@ static void decide_arm(const cmp_run *r, const cmp_arm *arm, arm_verdict *av)
     } else if (any_fail) {
         av->v = V_FAIL;
         snprintf(av->reason, sizeof av->reason, "%d prompt(s) fail; first %s", any_fail, first_fail);
+    } else if (calibrate_arm_fails(r, (int)(arm - r->arms), buf, sizeof buf)) {
+        av->v = V_FAIL;
+        snprintf(av->reason, sizeof av->reason, "%s", buf);
     } else if (any_nm) {
         av->v = V_NM;
         snprintf(av->reason, sizeof av->reason, "%s", first_nm);
@@ -292,13 +300,84 @@ static int put_policy_counts(writer *w, const cmp_run *r, const cmp_arm *arm)
             else n_fail += ap->count[c];
         }
     }
-    const char *rule = !strcmp(r->policy, "noise") ? "noise" : !strcmp(r->policy, "near-tie") ? "near_tie" : "none";
+    const char *rule = !strcmp(r->policy, "noise")          ? "noise"
+                       : !strcmp(r->policy, "near-tie")     ? "near_tie"
+                       : !strcmp(r->policy, "calibrated")   ? "calibrated"
+                       : !strcmp(r->policy, "error-budget") ? "budget"
+                                                            : "none";
     if (put_kv(w, arm->name, NULL, "POLICY_DECIDED", "exact=%d %s=%d fail=%d", n_exact, rule, n_rule,
                n_fail) < 0)
         return -1;
     if (r->n_variants > 0 &&
         (put_kv(w, arm->name, NULL, "NOISE_WITHIN", "%d", arm->noise_within) < 0 ||
          put_kv(w, arm->name, NULL, "VARIANT_SEARCH", "%d", arm->noise_search) < 0))
+        return -1;
+    return 0;
+}
+
+/* Calibration and exact-arbiter keys of arm a (docs/verdicts.md
+ * "Calibration"): CONTROL_LIMITS, LIMIT.<metric>, EXACT_ERR, ERROR_BUDGET. */
+static int put_cal_keys(writer *w, const cmp_run *r, int a)
+{
+    const cal_run *c = r->cal;
+    if (!c) return 0;
+    const cal_arm *ca = &c->arms[a];
+    const char *name = r->arms[a].name;
+    int known = 0, fail = 0;
+    for (int m = 0; m < CAL_N_METRICS; m++) {
+        const cal_limit *l = &ca->lim[m];
+        char key[64];
+        snprintf(key, sizeof key, "LIMIT.%s", calibrate_metric_name(m));
+        if (!l->known) {
+            if (isfinite(l->value) &&
+                put_kv(w, name, NULL, key, "%.6g (no limit: %d panel values)", l->value, l->n) < 0)
+                return -1;
+            continue;
+        }
+        known++;
+        fail += !l->ok;
+        if (put_kv(w, name, NULL, key, "%.6g %s %.6g (mean %.6g + %g x sd %.3g of %d: %.160s)", l->value,
+                   l->ok ? "<=" : ">", l->upper, l->mean, c->limit_k, l->sd, l->n, l->basis) < 0)
+            return -1;
+    }
+    if (put_kv(w, name, NULL, "CONTROL_LIMITS", "%s", !known ? "UNKNOWN" : fail ? "FAIL" : "PASS") < 0) return -1;
+    if (c->exact < 0 || a == c->exact) return 0;
+    if (ca->n_exact > 0 &&
+        put_kv(w, name, NULL, "EXACT_ERR", "%.6f median |dlogit|, %.6f max, KL %.3g over %d steps", ca->exact_err,
+               ca->exact_max, ca->exact_kl, ca->n_exact) < 0)
+        return -1;
+    if (!ca->budget_known) return put_kv(w, name, NULL, "ERROR_BUDGET", "NOT_MEASURABLE");
+    return put_kv(w, name, NULL, "ERROR_BUDGET", "%s", ca->budget_ok ? "PASS" : "FAIL") < 0 ||
+                   put_kv(w, name, NULL, "ERROR_BUDGET_RATIO", "%.3f (budget %g)", ca->budget_ratio, c->budget) < 0
+               ? -1
+               : 0;
+}
+
+/* Run-level calibration keys: CALIBRATION, FRAGILE_STEPS, EXACT_ARBITER,
+ * and the reference's own EXACT_ERR. */
+static int put_cal_run_keys(writer *w, const cmp_run *r)
+{
+    const cal_run *c = r->cal;
+    if (!c) return 0;
+    int fragile = 0, known = 0;
+    for (int j = 0; j < c->n_steps; j++) fragile += c->steps[j].fragile, known += isfinite(c->steps[j].spread);
+    if (c->from_run) {
+        if (put_kv(w, NULL, NULL, "CALIBRATION", "stored: run %lld of spec %s, factor %g, limit_k %g",
+                   (long long)c->from_run, c->from, c->factor, c->limit_k) < 0)
+            return -1;
+    } else if (put_kv(w, NULL, NULL, "CALIBRATION", "%s%d panel arms (%s), factor %g, limit_k %g",
+                      c->from[0] ? "this run (no stored calibration found): " : "", c->n_panel, c->panel,
+                      c->factor, c->limit_k) < 0)
+        return -1;
+    if (put_kv(w, NULL, NULL, "FRAGILE_STEPS", "%d/%d", fragile, c->n_steps) < 0 ||
+        put_kv(w, NULL, NULL, "BANDS_KNOWN", "%d/%d", known, c->n_steps) < 0)
+        return -1;
+    if (c->exact < 0) return 0;
+    const cal_arm *rf = &c->arms[r->ref];
+    if (put_kv(w, NULL, NULL, "EXACT_ARBITER", "%s", c->exact_name) < 0) return -1;
+    if (rf->n_exact > 0 &&
+        put_kv(w, r->arms[r->ref].name, NULL, "EXACT_ERR", "%.6f median |dlogit|, %.6f max, KL %.3g over %d steps",
+               rf->exact_err, rf->exact_max, rf->exact_kl, rf->n_exact) < 0)
         return -1;
     return 0;
 }
@@ -365,6 +444,7 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
     int tk_k = 0, tk_n = 0, gen_k = 0, gen_n = 0, lc_k = 0, lc_n = 0, ident = 1;
     int64_t rth = 0, dops = 0;
     int repro_no = 0, repro_yes = 0, repro_first = 0, custody_worst = -1;
+    int budget_any = 0, budget_fail = 0, budget_nm = 0;
     /* near-tie set of the reference's leg 1 */
     const cmp_arm *ref = &r->arms[r->ref];
     int n_near = 0;
@@ -466,7 +546,14 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
             put_kv(w, name, NULL, "NEAR_TIES_WON", "%d/%d", near_won, near_n) < 0 ||
             put_kv(w, name, NULL, "IN_GATE", "%s", in_gate ? "YES" : "NO") < 0)
             return -1;
-        if (put_policy_counts(w, r, arm) < 0 || put_rate_tests(w, r, a) < 0) return -1;
+        if (put_policy_counts(w, r, arm) < 0 || put_rate_tests(w, r, a) < 0 || put_cal_keys(w, r, a) < 0)
+            return -1;
+        if (in_gate && r->cal && r->cal->exact >= 0) {
+            const cal_arm *ca = &r->cal->arms[a];
+            budget_any |= 1;
+            budget_fail |= ca->budget_known && !ca->budget_ok;
+            budget_nm |= !ca->budget_known && a != r->cal->exact;
+        }
         if (!in_gate) continue;
         n_gate++;
         n_pass += av->v == V_PASS;
@@ -524,6 +611,10 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         if (put_kv(w, NULL, NULL, "REASON", "%s", r->ref_why) < 0) return -1;
     } else if (r->unfinished && put_kv(w, NULL, NULL, "REASON", "%s", r->unfinished_why) < 0)
         return -1;
+    if (budget_any && put_kv(w, NULL, NULL, "ERROR_BUDGET", "%s",
+                             budget_fail ? "FAIL" : budget_nm ? "NOT_MEASURABLE" : "PASS") < 0)
+        return -1;
+    if (put_cal_run_keys(w, r) < 0) return -1;
     if (custody_worst >= 0) {
         static const char *const CW[] = {"EXACT", "PREFIX", "UNKNOWN", "DIVERGE"};
         if (put_kv(w, NULL, NULL, "CHAIN_OF_CUSTODY", "%s", CW[custody_worst]) < 0) return -1;
@@ -560,8 +651,9 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     if (rc != SQLITE_ROW) return common_sql_err(db, e, "reading the run");
     if (o.policy_kind) snprintf(policy, sizeof policy, "%s", o.policy_kind);
     if (o.band >= 0 && isfinite(o.band)) band = o.band;
-    if (strcmp(policy, "exact") && strcmp(policy, "near-tie") && strcmp(policy, "noise"))
-        return tg_errf(e, "policy \"%s\": expected exact, near-tie or noise", policy);
+    if (strcmp(policy, "exact") && strcmp(policy, "near-tie") && strcmp(policy, "noise") &&
+        strcmp(policy, "calibrated") && strcmp(policy, "error-budget"))
+        return tg_errf(e, "policy \"%s\": expected exact, near-tie, noise, calibrated or error-budget", policy);
     if (!(band >= 0) || !isfinite(band))
         return tg_errf(e, "band %g: expected a finite number >= 0 (logits)", band);
     snprintf(out->policy_kind, sizeof out->policy_kind, "%s", policy);
@@ -627,6 +719,10 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     sqlite3_finalize(s);
     if (rc != SQLITE_DONE) goto sqlfail;
     if (put_rows(&w, r) < 0 || put_verdicts(&w, r, avs, out) < 0) goto sqlfail;
+    if (calibrate_store(db, r, w.set, e) < 0) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        goto out;
+    }
     if (sqlite3_prepare_v2(db, "UPDATE verdict_set SET overall=?3 WHERE run_id=?1 AND set_no=?2", -1,
                            &s, NULL) != SQLITE_OK)
         goto sqlfail;

@@ -134,7 +134,8 @@ static void test_mcnemar(void **st)
     assert_true(noise_mcnemar(4, 4) == 1.0);
 }
 
-/* variant_of must join two oracle arms. */
+/* variant_of must join two arms of the same role (oracle variants of an
+ * oracle, test variants of a test arm: the calibration panel). */
 static void test_spec_variants(void **st)
 {
     (void)st;
@@ -152,15 +153,23 @@ static void test_spec_variants(void **st)
     assert_string_equal(s->arms[2].variant_of, "llama");
     spec_free(s);
     char bad[2048];
-    /* an engine (test) arm cannot be an oracle variant */
+    /* an engine (test) arm cannot be an oracle's variant */
     snprintf(bad, sizeof bad, "%.*s  - {name: cpu2, engine: cpu, variant_of: llama}\n", (int)strlen(good), good);
     assert_int_equal(spec_parse(&s, "v.yaml", bad, strlen(bad), &e), -1);
-    assert_non_null(strstr(e.msg, "variant_of: expected on an oracle arm"));
-    /* nor a variant of a test arm */
+    assert_non_null(strstr(e.msg, "variant_of: expected the name of an arm of the same role (test), 'llama' is not one"));
+    /* nor an oracle a test arm's */
     snprintf(bad, sizeof bad, "%.*s  - {name: llama2, variant_of: cpu, llama: {lib: /dev/null}}\n",
              (int)strlen(good), good);
     assert_int_equal(spec_parse(&s, "v.yaml", bad, strlen(bad), &e), -1);
-    assert_non_null(strstr(e.msg, "expected the name of an oracle arm, 'cpu' is not one"));
+    assert_non_null(strstr(e.msg, "expected the name of an arm of the same role (oracle), 'cpu' is not one"));
+    /* a test variant of a test arm is a panel member */
+    snprintf(bad, sizeof bad, "%.*s  - {name: cpu2, engine: cpu, variant_of: cpu, env: {TG_CPU_ISA: scalar}}\n",
+             (int)strlen(good), good);
+    if (spec_parse(&s, "v.yaml", bad, strlen(bad), &e) < 0) fail_msg("test variant refused: %s", e.msg);
+    assert_string_equal(s->arms[3].variant_of, "cpu");
+    assert_int_equal(s->arms[3].n_env, 1);
+    assert_string_equal(s->arms[3].env[0], "TG_CPU_ISA=scalar");
+    spec_free(s);
 }
 
 /* ------------------------------------------------------------------ */

@@ -212,7 +212,7 @@ static void test_malformed(void **st)
     load_bad(edit(9, "mode: forced"), "9:7: mode: expected teacher-forced or free, got 'forced'");
     load_bad(edit(10, "reference: llama"), "10:12: reference: expected the name of an arm");
     load_bad(edit(10, "reference: stock"), "10:12: reference: expected a protocol arm");
-    load_bad(edit(11, "policy: {kind: fuzzy}"), "11:16: policy.kind: expected exact, near-tie or noise, got 'fuzzy'");
+    load_bad(edit(11, "policy: {kind: fuzzy}"), "11:16: policy.kind: expected exact, near-tie, noise, calibrated or error-budget, got 'fuzzy'");
     load_bad(edit(11, "policy: {kind: near-tie}"), "11:10: policy.band: missing");
     load_bad(edit(11, "policy: {kind: exact, band: -1}"), "11:29: policy.band: expected a number");
     load_bad(edit(2, "model: {path: m.gguf, sha256: abc}"), "2:31: model.sha256: expected 64 hex digits, got 'abc'");

@@ -1,0 +1,598 @@
+/*
+ * test_calibrate: the calibrated gate, the exact arbiter and the mutation
+ * suite (harness/calibrate.c, docs/verdicts.md "Calibration").
+ *
+ *  - crafted runs, stored through store_put_leg like a gate's legs, with
+ *    top-k lists chosen so that every rule has a known answer: the band of
+ *    each step over the panel, the band an arm is judged with (the views
+ *    outside its own family), the classes under calibrated, near-tie and
+ *    error-budget, the contested sentences ("near tie (gap g, band b)",
+ *    what exact arithmetic says), the distance from exact arithmetic, the
+ *    error budget, the control limits, a calibration taken from an earlier
+ *    run (calibration.from) and an arm that runs a subset of the prompts;
+ *  - every mutation of tests/mutants/ still applies to the sources (a moved
+ *    anchor fails here, naming the file);
+ *  - the mutation suite on the shipped model: the unmodified build passes
+ *    specs/mutants.yaml, and each mutant of a representative subset is
+ *    caught as its file says (TG_MUTANTS=all runs every mutant: `make
+ *    mutants`; TG_MUTANT_SPEC picks another spec, e.g. specs/default.yaml).
+ *    Skipped when the model, the llama.cpp library or tg-mutate is missing.
+ */
+#include <dirent.h>
+#include <limits.h>
+#include <math.h>
+#include <setjmp.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "arm.h"
+#include "store.h"
+#include "verdict.h"
+
+static char g_dir[PATH_MAX];
+
+static const char *env_or(const char *k, const char *d)
+{
+    const char *v = getenv(k);
+    return v && *v ? v : d;
+}
+
+/* ------------------------------------------------------------------ */
+/* Crafted runs                                                        */
+
+enum { NP = 2, NS = 4, K = 4 };
+
+/* Margin of id 100 over id 101 per arm, prompt p1, steps 0..3 (p2: 1.5
+ * everywhere). An arm with a negative margin emits 101. */
+typedef struct craft_arm {
+    const char *name, *kind, *role, *config;
+    double d[NS];
+    double offset;           /* added to every logit (softmax-invariant; the exact distance sees it) */
+    int only_p1;
+} craft_arm;
+
+static craft_arm g_arms[] = {
+    {"llama", "llama", "reference", "{\"name\":\"llama\"}", {0.30, 0.80, 2.0, 0.12}, 0.05, 0},
+    {"llama-v", "llama", "oracle", "{\"name\":\"llama-v\",\"variant_of\":\"llama\"}", {0.10, 0.78, 2.0, 0.10}, 0.06, 0},
+    {"cpu", "engine", "test", "{\"engine\":\"cpu\",\"name\":\"cpu\"}", {-0.05, 0.80, 2.0, -0.03}, 0.04, 0},
+    {"cpu-v", "engine", "test", "{\"engine\":\"cpu\",\"name\":\"cpu-v\",\"variant_of\":\"cpu\"}",
+     {0.28, 0.81, 2.0, 0.11}, 0.05, 0},
+    {"ref", "engine", "test", "{\"engine\":\"ref\",\"name\":\"ref\"}", {0.25, 0.79, 2.0, -0.02}, 0.0, 0},
+    {"gpu", "engine", "test", "{\"engine\":\"cpu\",\"name\":\"gpu\",\"prompts\":[\"p1\"]}",
+     {0.30, 0.80, 2.0, 0.12}, 0.03, 1},
+};
+enum { NA = sizeof g_arms / sizeof g_arms[0] };
+
+static void view_top(const craft_arm *a, int p, int s, tg_top *top)
+{
+    double d = p == 0 ? a->d[s] : 1.5, o = a->offset;
+    tg_top t[K] = {{100, (float)(10.0 + o)}, {101, (float)(10.0 - d + o)}, {102, (float)(8.0 + o)},
+                   {103, (float)(7.0 + o)}};
+    if (d < 0) {
+        tg_top x = t[0];
+        t[0] = t[1], t[1] = x;
+    }
+    memcpy(top, t, sizeof t);
+}
+
+static void put_leg(tg_store *st, int64_t run, const craft_arm *a, int leg)
+{
+    static const char *const pn[NP] = {"p1", "p2"};
+    store_step steps[NP][NS];
+    tg_top tops[NP][NS][K];
+    store_leg_prompt lp[NP];
+    int32_t ids[3] = {1, 2, 3};
+    int is_ref = !strcmp(a->role, "reference");
+    int n = 0;
+    for (int p = 0; p < NP; p++) {
+        if (p == 1 && a->only_p1) continue;
+        for (int s = 0; s < NS; s++) {
+            view_top(a, p, s, tops[p][s]);
+            steps[p][s] = (store_step){.step = s, .token = tops[p][s][0].id,
+                                       .forced = is_ref && leg == 1 ? -1 : 100, .n_top = K, .top = tops[p][s]};
+            snprintf(steps[p][s].digest, sizeof steps[p][s].digest, "%016x",
+                     (unsigned)(tops[p][s][0].id * 7919 + s * 31 + p + (unsigned)(a->offset * 1000)));
+        }
+        lp[n++] = (store_leg_prompt){.prompt_id = pn[p], .ids = ids, .n_ids = 3, .decoded_from = ids,
+                                     .n_decoded_from = 3, .n_steps = NS, .steps = steps[p]};
+    }
+    store_leg L = {.run_id = run, .arm = a->name, .leg = leg, .binary_path = "bin/w", .binary_sha256 = "b1n",
+                   .version = "1", .device = "test", .hello_json = "{}", .model_json = "{}",
+                   .counters_json = "{}", .stderr_text = "", .stderr_len = 0, .n_prompts = n, .prompts = lp};
+    tg_err e;
+    if (store_put_leg(st, &L, &e) < 0) fail_msg("store_put_leg %s: %s", a->name, e.msg);
+}
+
+static void exec_sql(tg_store *st, const char *fmt, ...)
+{
+    char sql[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof sql, fmt, ap);
+    va_end(ap);
+    char *msg = NULL;
+    if (sqlite3_exec(store_db(st), sql, NULL, NULL, &msg) != SQLITE_OK) fail_msg("%s: %s", sql, msg);
+}
+
+/* A run of spec `spec` with the arms whose names `mask` selects (bit i:
+ * g_arms[i]); exact arm, factors as given (exact NULL: none). */
+static int64_t craft_run(tg_store *st, const char *spec, const char *policy, unsigned mask, const char *exact,
+                         double limit_k, const char *from)
+{
+    store_arm arms[NA];
+    int n = 0;
+    for (int i = 0; i < NA; i++)
+        if (mask & (1u << i)) arms[n++] = (store_arm){g_arms[i].name, g_arms[i].kind, g_arms[i].role, g_arms[i].config};
+    store_prompt pr[NP] = {{"p1", "prompt one"}, {"p2", "prompt two"}};
+    store_run_info ri = {.spec_name = spec, .spec_path = "s.yaml", .spec_text = spec, .spec_sha256 = spec,
+                         .artifact_path = "m.gguf", .artifact_sha256 = "art", .artifact_size = 1, .host = "h",
+                         .tokgate_version = "t", .mode = "teacher-forced", .reference = "llama",
+                         .policy_kind = policy, .band = 0.2, .steps = NS, .top_k = K, .legs = 2, .n_arms = n,
+                         .arms = arms, .n_prompts = NP, .prompts = pr};
+    int64_t run;
+    tg_err e;
+    if (store_begin_run(st, &ri, &run, &e) < 0) fail_msg("store_begin_run: %s", e.msg);
+    char ex[64] = "NULL", fr[64] = "NULL";
+    if (exact) snprintf(ex, sizeof ex, "'%s'", exact);
+    if (from) snprintf(fr, sizeof fr, "'%s'", from);
+    exec_sql(st, "INSERT INTO run_calibration VALUES(%lld, %s, 2, %g, 2, %s)", (long long)run, ex, limit_k, fr);
+    for (int leg = 1; leg <= 2; leg++)
+        for (int i = 0; i < NA; i++)
+            if (mask & (1u << i)) put_leg(st, run, &g_arms[i], leg);
+    return run;
+}
+
+static char g_v[2048];
+
+static const char *q(tg_store *st, const char *fmt, ...)
+{
+    char sql[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof sql, fmt, ap);
+    va_end(ap);
+    sqlite3_stmt *s;
+    g_v[0] = 0;
+    if (sqlite3_prepare_v2(store_db(st), sql, -1, &s, NULL) != SQLITE_OK)
+        fail_msg("%s: %s", sql, sqlite3_errmsg(store_db(st)));
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_text(s, 0))
+        snprintf(g_v, sizeof g_v, "%s", (const char *)sqlite3_column_text(s, 0));
+    sqlite3_finalize(s);
+    return g_v;
+}
+
+static tg_store *open_store(const char *name)
+{
+    char db[PATH_MAX + 64];
+    snprintf(db, sizeof db, "%s/%s", g_dir, name);
+    unlink(db);
+    tg_store *st;
+    tg_err e;
+    if (store_open(&st, db, &e) < 0) fail_msg("store_open: %s", e.msg);
+    return st;
+}
+
+static verdict_result score(tg_store *st, int64_t run, const char *policy)
+{
+    verdict_options o = verdict_options_default();
+    o.policy_kind = policy;
+    verdict_result vr;
+    tg_err e;
+    if (verdict_score_run(st, run, &o, &vr, &e) < 0) fail_msg("verdict_score_run: %s", e.msg);
+    return vr;
+}
+
+#define ALL_ARMS ((1u << NA) - 1)
+
+/* The band of a step spans every panel view; an arm is judged with the
+ * views outside its own family, times the factor. */
+static void test_bands(void **unused)
+{
+    (void)unused;
+    tg_store *st = open_store("bands.db");
+    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
+    verdict_result vr = score(st, run, NULL);
+    /* panel: llama, llama-v, cpu, cpu-v; views: those and the exact arm
+     * (ref). p1/0 margins 0.30 0.10 -0.05 0.28 0.25: spread 0.35 */
+    assert_string_equal(q(st, "SELECT printf('%%d %%.3f %%.3f %%.3f %%d %%s', n_views, ref_gap, spread, band, fragile,"
+                              " flipped_by) FROM calib_step WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND step=0",
+                          (long long)run, vr.set),
+                        "5 0.300 0.350 0.700 1 cpu");
+    /* cpu (family cpu: cpu, cpu-v) sees llama 0.30, llama-v 0.10, ref 0.25 */
+    assert_string_equal(q(st, "SELECT printf('%%.3f', band) FROM calib_arm_step WHERE run_id=%lld AND set_no=%d"
+                              " AND arm='cpu' AND prompt='p1' AND step=0",
+                          (long long)run, vr.set),
+                        "0.400");
+    /* llama-v (family llama) sees the reference, cpu, cpu-v, ref */
+    assert_string_equal(q(st, "SELECT printf('%%.3f', band) FROM calib_arm_step WHERE run_id=%lld AND set_no=%d"
+                              " AND arm='llama-v' AND prompt='p1' AND step=0",
+                          (long long)run, vr.set),
+                        "0.700");
+    /* the flips at p1/0 (gap 0.30 < band 0.40) and p1/3 are near ties */
+    assert_string_equal(q(st, "SELECT group_concat(step || ':' || class, ' ') FROM compare WHERE run_id=%lld AND"
+                              " set_no=%d AND arm='cpu' AND leg=1 AND prompt='p1'",
+                          (long long)run, vr.set),
+                        "0:NEAR_TIE 1:EXACT 2:EXACT 3:NEAR_TIE");
+    assert_string_equal(vr.verdict, "PASS");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm IS NULL AND"
+                              " key='FRAGILE_STEPS'", (long long)run, vr.set),
+                        "2/8");
+    /* the same run at the fixed band 0.2: the flip at gap 0.30 fails */
+    verdict_result nt = score(st, run, "near-tie");
+    assert_string_equal(nt.verdict, "FAIL");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
+                              " prompt='p1' AND key='FIRST_FAIL'", (long long)run, nt.set),
+                        "0");
+    store_close(st);
+}
+
+/* A flip outside the band fails; contested sentences never call an arm
+ * wrong inside the band and say what exact arithmetic says. */
+static void test_sentences(void **unused)
+{
+    (void)unused;
+    tg_store *st = open_store("sentences.db");
+    g_arms[2].d[1] = -0.10; /* cpu flips p1/1: gap 0.80, cpu's band 2 x 0.02 */
+    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
+    g_arms[2].d[1] = 0.80;
+    verdict_result vr = score(st, run, NULL);
+    assert_string_equal(vr.verdict, "FAIL");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
+                              " prompt='p1' AND key='REASON'", (long long)run, vr.set),
+                        "step 1: RANK2 (token 101, reference 100, rank 2)");
+    assert_string_equal(q(st, "SELECT sentence FROM contested WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND"
+                              " step=0", (long long)run, vr.set),
+                        "near tie (gap 0.300, band 0.400); exact arithmetic (ref) says 100 (with llama, llama-v, "
+                        "cpu-v, gpu); closest to exact arithmetic: gpu (median |dlogit| 0.030)");
+    assert_string_equal(q(st, "SELECT sentence FROM contested WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND"
+                              " step=1", (long long)run, vr.set),
+                        "engine arms DIFFER; cpu is wrong; exact arithmetic (ref) says 100 (with llama, llama-v, "
+                        "cpu-v, gpu); closest to exact arithmetic: gpu (median |dlogit| 0.030)");
+    /* p1/3: exact arithmetic sides with cpu (and itself emits 101) */
+    assert_string_equal(q(st, "SELECT sentence FROM contested WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND"
+                              " step=3", (long long)run, vr.set),
+                        "near tie (gap 0.120, band 0.280); exact arithmetic (ref) says 101 (with cpu); closest to "
+                        "exact arithmetic: gpu (median |dlogit| 0.030)");
+    store_close(st);
+}
+
+/* Distance from exact arithmetic, the error budget and its policy. */
+static void test_exact_budget(void **unused)
+{
+    (void)unused;
+    tg_store *st = open_store("budget.db");
+    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
+    verdict_result vr = score(st, run, NULL);
+    /* cpu at p1/0: |dlogit| 0.04 0.04 0.04 0.34 over the shared ids */
+    assert_string_equal(q(st, "SELECT printf('%%d %%.3f %%.3f', exact_n, exact_median, exact_max) FROM calib_arm_step"
+                              " WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND prompt='p1' AND step=0",
+                          (long long)run, vr.set),
+                        "4 0.040 0.340");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
+                              " key='ERROR_BUDGET'", (long long)run, vr.set),
+                        "PASS");
+    assert_string_equal(q(st, "SELECT substr(value, 1, 5) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
+                              " arm='cpu' AND key='ERROR_BUDGET_RATIO'", (long long)run, vr.set),
+                        "0.800");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm IS NULL AND"
+                              " key='ERROR_BUDGET'", (long long)run, vr.set),
+                        "PASS");
+    /* under error-budget, p1/0 is no tie: exact arithmetic's margin 0.25
+     * exceeds 2 x the reference's error there (0.05); p1/3 is, exact
+     * arithmetic prefers the arm's token */
+    verdict_result eb = score(st, run, "error-budget");
+    assert_string_equal(q(st, "SELECT group_concat(step || ':' || class, ' ') FROM compare WHERE run_id=%lld AND"
+                              " set_no=%d AND arm='cpu' AND leg=1 AND prompt='p1'",
+                          (long long)run, eb.set),
+                        "0:RANK2 1:EXACT 2:EXACT 3:NEAR_TIE");
+    store_close(st);
+    /* an arm 5x the reference's distance: over budget, and over the
+     * EXACT_ERR control limit of the other families */
+    st = open_store("budget2.db");
+    g_arms[2].offset = 0.25;
+    g_arms[2].d[0] = 0.28; /* no flip at p1/0: the budget alone decides */
+    run = craft_run(st, "craft", "error-budget", ALL_ARMS, "ref", 3, NULL);
+    g_arms[2].offset = 0.04;
+    g_arms[2].d[0] = -0.05;
+    vr = score(st, run, NULL);
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
+                              " key='ERROR_BUDGET'", (long long)run, vr.set),
+                        "FAIL");
+    assert_string_equal(q(st, "SELECT substr(value, 1, 14) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
+                              " arm='cpu' AND prompt IS NULL AND key='REASON'", (long long)run, vr.set),
+                        "error budget: ");
+    assert_string_equal(vr.verdict, "FAIL");
+    verdict_result cl = score(st, run, "calibrated");
+    assert_string_equal(q(st, "SELECT ok FROM calib_limit WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
+                              " metric='EXACT_ERR'", (long long)run, cl.set),
+                        "0");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
+                              " key='CONTROL_LIMITS'", (long long)run, cl.set),
+                        "FAIL");
+    assert_string_equal(q(st, "SELECT substr(value, 1, 14) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
+                              " arm='cpu' AND prompt IS NULL AND key='REASON'", (long long)run, cl.set),
+                        "control limit:");
+    /* the limit comes from the other families only: llama, llama-v (the
+     * byte-identical gpu duplicates nothing here) */
+    assert_string_equal(q(st, "SELECT basis FROM calib_limit WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
+                              " metric='EXACT_ERR'", (long long)run, cl.set),
+                        "llama, llama-v");
+    store_close(st);
+}
+
+/* A run without a panel takes the bands and limits of a stored
+ * calibration of another spec on the same artifact (calibration.from). */
+static void test_stored(void **unused)
+{
+    (void)unused;
+    tg_store *st = open_store("stored.db");
+    int64_t cal = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
+    score(st, cal, NULL);
+    unsigned small = 1u << 0 | 1u << 2 | 1u << 4; /* llama, cpu, ref */
+    int64_t run = craft_run(st, "craft-gate", "calibrated", small, "ref", 100, "craft");
+    verdict_result vr = score(st, run, NULL);
+    assert_string_equal(q(st, "SELECT source_run || ' ' || panel FROM calib_set WHERE run_id=%lld AND set_no=%d",
+                          (long long)run, vr.set),
+                        cal == 1 ? "1 " : "?");
+    /* every arm judged with factor x the stored spread of every view */
+    assert_string_equal(q(st, "SELECT printf('%%.3f', band) FROM calib_arm_step WHERE run_id=%lld AND set_no=%d"
+                              " AND arm='cpu' AND prompt='p1' AND step=0",
+                          (long long)run, vr.set),
+                        "0.700");
+    assert_string_equal(q(st, "SELECT substr(value, 1, 25) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
+                              " arm IS NULL AND key='CALIBRATION'", (long long)run, vr.set),
+                        "stored: run 1 of spec cra");
+    assert_string_equal(vr.verdict, "PASS");
+    store_close(st);
+}
+
+/* An arm with a prompts: list: the others are NOT_RUN, not failures. */
+static void test_prompt_subset(void **unused)
+{
+    (void)unused;
+    tg_store *st = open_store("subset.db");
+    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
+    verdict_result vr = score(st, run, NULL);
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='gpu' AND"
+                              " prompt='p2' AND key='TOKEN_GATE'", (long long)run, vr.set),
+                        "NOT_RUN");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='gpu' AND"
+                              " prompt IS NULL AND key='TOKEN_GATE'", (long long)run, vr.set),
+                        "PASS");
+    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='gpu' AND"
+                              " prompt IS NULL AND key='LEGS_CLEAN'", (long long)run, vr.set),
+                        "2/2");
+    store_close(st);
+}
+
+/* ------------------------------------------------------------------ */
+/* The mutation suite                                                  */
+
+static int exists(const char *p)
+{
+    struct stat s;
+    return stat(p, &s) == 0;
+}
+
+/* Runs argv; returns its exit status (-1 when it could not run), stdout
+ * into out (may be NULL). */
+static int run_argv(char *const *argv, char **out)
+{
+    char *o = NULL;
+    size_t ol = 0;
+    arm_exit x;
+    tg_err e;
+    int rc = arm_run_command(argv, 1800, 0, 0, NULL, &o, &ol, &x, &e);
+    int status = rc == 0 ? 0 : x.exit_status > 0 ? x.exit_status : -1;
+    if (rc < 0 && status < 0) fprintf(stderr, "%s: %s\n%s", argv[0], e.msg, x.stderr_text ? x.stderr_text : "");
+    if (out) *out = o;
+    else free(o);
+    arm_exit_free(&x);
+    return status;
+}
+
+/* The mutation files, sorted. */
+static int list_mutants(const char *root, char names[][64], int cap)
+{
+    char dir[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s/tests/mutants", root);
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) && n < cap) {
+        size_t l = strlen(de->d_name);
+        if (l > 4 && !strcmp(de->d_name + l - 4, ".mut")) snprintf(names[n++], 64, "%.*s", (int)(l - 4), de->d_name);
+    }
+    if (d) closedir(d);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            char t[64];
+            memcpy(t, names[j], 64), memcpy(names[j], names[j - 1], 64), memcpy(names[j - 1], t, 64);
+        }
+    return n;
+}
+
+static void test_mutants_apply(void **unused)
+{
+    (void)unused;
+    const char *root = env_or("TG_ROOT", "."), *build = env_or("TG_BUILD", "build");
+    char tool[PATH_MAX + 32], names[64][64], path[PATH_MAX + 128];
+    snprintf(tool, sizeof tool, "%s/bin/tg-mutate", build);
+    if (!exists(tool)) skip();
+    int n = list_mutants(root, names, 64);
+    assert_true(n >= 10);
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/tests/mutants/%s.mut", root, names[i]);
+        char *argv[] = {tool, "--check", path, "--root", (char *)root, NULL};
+        if (run_argv(argv, NULL) != 0) fail_msg("mutation %s no longer applies (see the message above)", names[i]);
+    }
+}
+
+/* A value of the mutation file (name: value lines). */
+static void mut_field(const char *root, const char *name, const char *key, char *out, size_t cap)
+{
+    char path[PATH_MAX + 128], line[1024];
+    snprintf(path, sizeof path, "%s/tests/mutants/%s.mut", root, name);
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    size_t kl = strlen(key);
+    while (f && fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "<<<<", 4)) break;
+        if (!strncmp(line, key, kl) && line[kl] == ':') {
+            const char *v = line + kl + 1;
+            while (*v == ' ') v++;
+            snprintf(out, cap, "%.*s", (int)strcspn(v, "\n"), v);
+        }
+    }
+    if (f) fclose(f);
+}
+
+static int cpu_has(const char *needs)
+{
+    if (!needs[0]) return 1;
+    __builtin_cpu_init();
+    if (!strcmp(needs, "avx2")) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!strcmp(needs, "avx512"))
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    return 0;
+}
+
+/* Runs `tokgate CMD spec --db db` with the workers of bin_dir; returns the
+ * exit status. */
+static int tokgate_with(const char *build, const char *bin_dir, const char *cmd, const char *spec, const char *db)
+{
+    char tokgate[PATH_MAX + 32];
+    snprintf(tokgate, sizeof tokgate, "%s/bin/tokgate", build);
+    setenv("TOKGATE_BIN", bin_dir, 1);
+    char *argv[] = {tokgate, (char *)cmd, (char *)spec, "--db", (char *)db, NULL};
+    int rc = run_argv(argv, NULL);
+    unsetenv("TOKGATE_BIN");
+    return rc;
+}
+
+/* The subset `make test` runs: a gross bug, two coverage bugs (positions
+ * past 63, the AVX2-only kernel) and the control-limit bug. */
+static const char *const SUBSET[] = {"mask-off-by-one", "rope-63", "avx2-q4k-min", "rmsnorm-eps", NULL};
+
+static void test_mutation_suite(void **unused)
+{
+    (void)unused;
+    const char *root = env_or("TG_ROOT", "."), *build = env_or("TG_BUILD", "build");
+    const char *cache = env_or("TG_CACHE", ".cache");
+    char spec[PATH_MAX + 64], model[PATH_MAX + 64], lib[PATH_MAX + 96], tool[PATH_MAX + 32], flags[PATH_MAX + 32];
+    /* (sizes: a path plus the fixed tails written below) */
+    /* TG_MUTANT_SPEC: every mutant runs that spec (in-run calibration);
+     * else the unmodified build calibrates specs/mutants.yaml and every
+     * mutant runs specs/mutants-gate.yaml against that calibration */
+    const char *own = env_or("TG_MUTANT_SPEC", "");
+    snprintf(spec, sizeof spec, "%s", own[0] ? own : "specs/mutants-gate.yaml");
+    snprintf(model, sizeof model, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", root);
+    snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", cache);
+    snprintf(tool, sizeof tool, "%s/bin/tg-mutate", build);
+    snprintf(flags, sizeof flags, "%s/mutant-flags", build);
+    char llama_hw[PATH_MAX + 64];
+    snprintf(llama_hw, sizeof llama_hw, "%s/build/llama-haswell/libllama.so", root);
+    if (!exists(model) || !exists(lib) || !exists(tool) || !exists(flags) || !exists(llama_hw)) skip();
+    /* the specs name paths relative to the repository */
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) fail();
+    if (chdir(root) != 0) fail();
+    if (!exists(spec)) skip();
+    char db[2 * PATH_MAX + 64], cal_db[2 * PATH_MAX + 64], bin[PATH_MAX + 32], out[2 * PATH_MAX + 64];
+    snprintf(bin, sizeof bin, "%s/bin", build);
+    /* the unmodified build: its panel passes (no legitimate variant fails) */
+    snprintf(cal_db, sizeof cal_db, "%s/mut-base.db", g_dir);
+    unlink(cal_db);
+    int rc = own[0] ? tokgate_with(build, bin, "gate", spec, cal_db)
+                    : tokgate_with(build, bin, "calibrate", "specs/mutants.yaml", cal_db);
+    printf("# %-16s exit %d (the unmodified build: %s)\n", "baseline", rc, own[0] ? spec : "calibrate specs/mutants.yaml");
+    if (rc != 0) fail_msg("the unmodified build does not pass (exit %d, store %s)", rc, cal_db);
+    if (!own[0]) {
+        rc = tokgate_with(build, bin, "gate", spec, cal_db);
+        printf("# %-16s exit %d (the unmodified build: %s)\n", "baseline", rc, spec);
+        if (rc != 0) fail_msg("the unmodified build does not pass %s (exit %d, store %s)", spec, rc, cal_db);
+    }
+    const int all = !strcmp(env_or("TG_MUTANTS", ""), "all");
+    char names[64][64];
+    int n = list_mutants(".", names, 64), failures = 0;
+    for (int i = 0; i < n; i++) {
+        int in_subset = 0;
+        for (int k = 0; SUBSET[k]; k++) in_subset |= !strcmp(SUBSET[k], names[i]);
+        if (!all && !in_subset) continue;
+        char expect[32], needs[32], what[256], mut[2 * PATH_MAX + 64];
+        mut_field(".", names[i], "expect", expect, sizeof expect);
+        mut_field(".", names[i], "needs", needs, sizeof needs);
+        mut_field(".", names[i], "what", what, sizeof what);
+        if (!cpu_has(needs)) {
+            printf("# %-16s skipped: this CPU lacks %s\n", names[i], needs);
+            continue;
+        }
+        snprintf(mut, sizeof mut, "tests/mutants/%s.mut", names[i]);
+        snprintf(out, sizeof out, "%s/mut-%s", g_dir, names[i]);
+        char *argv[] = {tool, mut, "--flags", flags, "--out", out, NULL};
+        if (run_argv(argv, NULL) != 0) fail_msg("building mutant %s failed", names[i]);
+        /* with a stored calibration the mutant's runs go into the
+         * calibration's store (the lookup is per store) */
+        snprintf(db, sizeof db, "%s/mut-%s.db", g_dir, names[i]);
+        if (!own[0]) snprintf(db, sizeof db, "%s", cal_db);
+        else unlink(db);
+        rc = tokgate_with(build, out, "gate", spec, db);
+        /* what the store says of the latest run: the overall word and the
+         * first failing arm's reason */
+        tg_store *st;
+        tg_err e;
+        if (store_open(&st, db, &e) < 0) fail_msg("%s: %s", db, e.msg);
+        char word[32], why[600], run[32];
+        snprintf(run, sizeof run, "%s", q(st, "SELECT max(id) FROM run"));
+        snprintf(word, sizeof word, "%s",
+                 q(st, "SELECT overall FROM verdict_set WHERE run_id=%s ORDER BY set_no DESC LIMIT 1", run));
+        snprintf(why, sizeof why, "%s",
+                 q(st, "SELECT arm || ': ' || value FROM verdict WHERE run_id=%s AND key='REASON' AND prompt IS NULL"
+                       " AND arm IN (SELECT arm FROM verdict WHERE run_id=%s AND key='TOKEN_GATE' AND prompt IS NULL"
+                       " AND value='FAIL' AND arm IS NOT NULL) ORDER BY id LIMIT 1",
+                   run, run));
+        store_close(st);
+        int caught = !strcmp(word, "FAIL");
+        int by_limit = caught && strstr(why, "control limit") != NULL;
+        int ok = !strcmp(expect, "subtle") || (!strcmp(expect, "caught") && caught) ||
+                 (!strcmp(expect, "limit") && by_limit);
+        printf("# %-16s %-6s %s (expect %s): %s\n", names[i], ok ? "ok" : "WRONG", caught ? "CAUGHT" : "passed",
+               expect, caught ? why : what);
+        failures += !ok;
+    }
+    fflush(stdout);
+    if (chdir(cwd) != 0) fail();
+    if (failures) fail_msg("%d mutant(s) not caught as their file expects", failures);
+}
+
+/* ------------------------------------------------------------------ */
+
+static void rm_rf(const char *path)
+{
+    char *argv[] = {"rm", "-rf", (char *)path, NULL};
+    run_argv(argv, NULL);
+}
+
+int main(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-calibrate-XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bands),        cmocka_unit_test(test_sentences),
+        cmocka_unit_test(test_exact_budget), cmocka_unit_test(test_stored),
+        cmocka_unit_test(test_prompt_subset), cmocka_unit_test(test_mutants_apply),
+        cmocka_unit_test(test_mutation_suite),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (!getenv("TG_KEEP")) rm_rf(g_dir);
+    return rc;
+}
