@@ -799,7 +799,7 @@ extern "C" int tg_gpu_bandwidth(int device, double *bytes_per_s, tg_err *e)
  * code only: clang's HIP would also make a const global with a constant
  * initializer a device variable, and the device pass has none of these
  * host functions. */
-#if !defined(__HIP_DEVICE_COMPILE__) && !defined(__CUDA_ARCH__)
+#if !defined(__HIP_DEVICE_COMPILE__)
 extern "C" const tg_tier_i tg_tier_gpu = {
     TG_TIER_GPU,      /* id */
     "gpu",            /* name */
