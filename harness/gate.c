@@ -314,6 +314,15 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         pthread_mutex_unlock(&c->mu);
         up = arm_load(a, s->model_path, sa->options_json, &b->model, &e) == 0;
         if (!up) set_cause(b, "%s", leg_msg(e.msg, sa->name));
+        /* the load answer's device describes the session as the options made
+         * it (threads, KV type, kernel switches); hello's only the defaults */
+        json_t *lj = up && b->model ? json_loads(b->model, 0, NULL) : NULL;
+        const char *ld = json_string_value(json_object_get(json_object_get(lj, "model"), "device"));
+        if (ld && *ld) {
+            free(b->device);
+            b->device = xstrdup(ld);
+        }
+        json_decref(lj);
     }
     double nan_ms = NAN;
     b->ms_load = b->ms_prefill = b->ms_decode = nan_ms;

@@ -765,6 +765,11 @@ static void test_real_gate(void **unused)
     if (with_engine) {
         arm_verdict(st, r.run_id, "cpu", w);
         print_message("engine cpu tier against llama.cpp: TOKEN_GATE=%s\n", w);
+        /* the stored device is the loaded session's (threads: 1), not
+         * hello's description of the defaults */
+        assert_int_equal(q_int(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
+                                   " AND a.name = ?2 AND l.device LIKE '%, 1 thread,%'",
+                               r.run_id, "cpu"), 2);
     }
     /* the step view renders the tokens with the artifact's own vocabulary */
     {
