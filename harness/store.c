@@ -22,13 +22,18 @@
  */
 #include "store.h"
 
+#include "common.h"
+
 #include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zstd.h>
 
 /* ------------------------------------------------------------------ */
@@ -296,6 +301,12 @@ static const char *const SQL[Q_COUNT] = {
 struct tg_store {
     sqlite3 *db;
     char *path;
+    int lock_fd;                /* PATH.runlock, open while a run lock is held, else -1 */
+    int64_t locked_run;         /* the run whose lock lock_fd holds, 0 none */
+    double wait_limit_s;        /* how long the busy handler waits for the write lock */
+    double wait_t0;             /* when the current wait began */
+    double wait_said;           /* seconds waited when progress was last printed */
+    double waited_s;            /* how long the last wait lasted (for the give-up message) */
     sqlite3_stmt *q[Q_COUNT];   /* prepared on first use, kept until close */
     unsigned char *buf;         /* scratch for blobs */
     size_t buf_cap;
@@ -394,23 +405,60 @@ static int old_store_check(tg_store *st, int64_t version, tg_err *e)
                    st->path, (long long)version, FIRST_PLAIN_VERSION, (long long)n, st->path);
 }
 
+/* The busy handler: called by SQLite while another connection holds the
+ * write lock (count 0 on the first call of a wait). Sleeps 50 ms per call,
+ * prints "tokgate: waiting for the store's write lock (N s): ..." on stderr
+ * every 10 s, and gives up (returns 0, SQLITE_BUSY) after wait_limit_s. A
+ * long merge or a database browser holding a write transaction is waited
+ * out instead of aborting a gate. Returns 1 to retry, 0 to give up. */
+static int store_busy(void *ud, int count)
+{
+    tg_store *st = ud;
+    double now = tg_now();
+    if (count == 0) {
+        st->wait_t0 = now;
+        st->wait_said = 0;
+    }
+    double waited = now - st->wait_t0;
+    st->waited_s = waited;
+    if (waited >= st->wait_limit_s) return 0;
+    if (waited - st->wait_said >= 10.0) {
+        st->wait_said = waited;
+        fprintf(stderr, "tokgate: waiting for the store's write lock (%.0f s): another process holds it "
+                        "(%s; giving up after %.0f s)\n", waited, st->path, st->wait_limit_s);
+        fflush(stderr);
+    }
+    usleep(50000);
+    return 1;
+}
+
+/* The write-lock wait limit: $TOKGATE_STORE_WAIT seconds (a number > 0),
+ * else STORE_WAIT_DEFAULT_S. */
+static double store_wait_limit(void)
+{
+    const char *v = getenv("TOKGATE_STORE_WAIT");
+    if (v && *v) {
+        char *end;
+        double x = strtod(v, &end);
+        if (*end == 0 && x > 0 && x < 1e9) return x;
+    }
+    return STORE_WAIT_DEFAULT_S;
+}
+
 int store_open(tg_store **out, const char *path, tg_err *e)
 {
     *out = NULL;
-    tg_store *st = calloc(1, sizeof *st);
-    if (!st) return tg_errf(e, "%s: out of memory", path);
-    st->path = strdup(path);
-    if (!st->path) {
-        free(st);
-        return tg_errf(e, "%s: out of memory", path);
-    }
+    tg_store *st = xcalloc(1, sizeof *st);
+    st->path = xstrdup(path);
+    st->lock_fd = -1;
+    st->wait_limit_s = store_wait_limit();
     if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         tg_errf(e, "%s: cannot open the store: %s", path,
                 st->db ? sqlite3_errmsg(st->db) : "out of memory");
         goto fail;
     }
-    sqlite3_busy_timeout(st->db, 10000);
+    sqlite3_busy_handler(st->db, store_busy, st);
     char *msg = NULL;
     if (sqlite3_exec(st->db,
                      "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
@@ -484,6 +532,7 @@ fail:
 void store_close(tg_store *st)
 {
     if (!st) return;
+    if (st->lock_fd >= 0) close(st->lock_fd);   /* releases the run lock */
     for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(st->q[i]);
     sqlite3_close(st->db);
     free(st->path);
@@ -494,6 +543,48 @@ void store_close(tg_store *st)
 struct sqlite3 *store_db(tg_store *st)
 {
     return st->db;
+}
+
+/* ------------------------------------------------------------------ */
+/* Run locks                                                           */
+
+/* The run lock is a POSIX record lock (fcntl F_SETLK) on byte run_id of the
+ * file PATH.runlock beside the store: the kernel drops it when the process
+ * ends however it ends, so a crashed gate leaves no stale lock, and
+ * F_GETLK names the process holding it. The file itself stays (empty). */
+int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e)
+{
+    if (holder) *holder = 0;
+    if (run_id <= 0) return tg_errf(e, "%s: run lock: run id %lld, expected >= 1", st->path, (long long)run_id);
+    if (!strcmp(st->path, ":memory:") || !st->path[0]) return 0;   /* a private store: no one else */
+    if (st->locked_run == run_id) return 0;
+    if (st->lock_fd < 0) {
+        char *lp = xasprintf("%s.runlock", st->path);
+        st->lock_fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+        if (st->lock_fd < 0) {
+            tg_errf(e, "%s: cannot open the run lock file: %s", lp, strerror(errno));
+            free(lp);
+            return -1;
+        }
+        free(lp);
+    }
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)run_id, .l_len = 1};
+    if (fcntl(st->lock_fd, F_SETLK, &fl) == 0) {
+        if (st->locked_run > 0) {
+            struct flock un = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = (off_t)st->locked_run,
+                               .l_len = 1};
+            fcntl(st->lock_fd, F_SETLK, &un);
+        }
+        st->locked_run = run_id;
+        return 0;
+    }
+    if (errno != EACCES && errno != EAGAIN)
+        return tg_errf(e, "%s.runlock: locking run %lld: %s", st->path, (long long)run_id, strerror(errno));
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)run_id, .l_len = 1};
+    long pid = 0;
+    if (fcntl(st->lock_fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK) pid = (long)q.l_pid;
+    if (holder) *holder = pid;
+    return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1092,7 +1183,14 @@ int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e)
     if (leg->n_prompts < 0 || (leg->n_prompts > 0 && !leg->prompts))
         return tg_errf(e, "%s: leg of %s: n_prompts %d without prompts", st->path, leg->arm,
                        leg->n_prompts);
-    if (exec_q(st, Q_BEGIN, e) < 0) return -1;
+    if (exec_q(st, Q_BEGIN, e) < 0) {
+        if (sqlite3_errcode(st->db) == SQLITE_BUSY)
+            return tg_errf(e, "%s: leg %s/%d of run %lld not stored: another process held the store's write "
+                              "lock for %.0f s (BEGIN IMMEDIATE: database is locked; wait longer with "
+                              "TOKGATE_STORE_WAIT=SECONDS)", st->path, leg->arm, leg->leg,
+                           (long long)leg->run_id, st->waited_s);
+        return tg_err_prefix(e, "leg %s/%d of run %lld", leg->arm, leg->leg, (long long)leg->run_id);
+    }
     int64_t arm_id, bin_id = 0, leg_id, base_leg = 0;
     sqlite3_stmt *s = stmt(st, Q_ARM_FIND, e);
     if (!s) goto fail;

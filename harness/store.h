@@ -120,6 +120,20 @@ int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e);
 /* Legs already stored for (run, arm, leg): 1 if present (for --resume). */
 int store_has_leg(tg_store *st, int64_t run_id, const char *arm, int leg);
 
+/* Takes the run lock of run_id for this process: a process that runs or
+ * resumes a run holds it until store_close (or its end, however it ends),
+ * so a second `tokgate gate --resume N` cannot write the same legs. Taking
+ * another run's lock releases the one held. Returns 0 (held now, or a
+ * ":memory:" store), 1 when another process holds it (*holder its pid, 0
+ * when the system does not say), -1 with e (the lock file PATH.runlock
+ * cannot be opened). */
+int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e);
+
+/* How long a write waits for another connection's write lock before it
+ * fails with "database is locked", printing progress on stderr every 10 s:
+ * $TOKGATE_STORE_WAIT seconds when set, else this. */
+#define STORE_WAIT_DEFAULT_S 3600.0
+
 /* The latest run (highest id) of spec_name, or of any spec when spec_name is
  * NULL, into *run_id. Returns 1 found, 0 none, -1 with e on a store error. */
 int store_latest_run(tg_store *st, const char *spec_name, int64_t *run_id, tg_err *e);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -709,6 +710,89 @@ static void test_resume(void **unused)
     spec_free(s);
 }
 
+/* Two gates on one run: while another process holds run N's lock (as a
+ * `tokgate gate --resume N` running it does), a second resume of N stops
+ * before running or writing anything, names that process, and leaves the
+ * run as it was (it used to fail with "UNIQUE constraint failed" and both
+ * marked the run ERROR). Once the holder is gone the resume goes ahead. */
+static void test_resume_locked(void **unused)
+{
+    (void)unused;
+    char sha[65];
+    make_model(sha);
+    char m[2 * PATH_MAX];
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: lock\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
+                         "steps: 4\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
+                         m, sha, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    int64_t run = r.run_id;
+    char *err = NULL;
+    char sql[256];
+    snprintf(sql, sizeof sql, "DELETE FROM leg WHERE run_id = %lld AND leg = 2", (long long)run);
+    assert_int_equal(sqlite3_exec(store_db(st), sql, NULL, NULL, &err), SQLITE_OK);
+    long long legs0 = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x");
+    store_close(st);                          /* this process's gate held the lock until here */
+    st = open_db();
+
+    /* the other process: takes the run's lock, says so, holds it until told */
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char p[2 * PATH_MAX];
+        path_in(p, sizeof p, "t.db");
+        tg_store *other;
+        tg_err oe;
+        long h;
+        char c = store_open(&other, p, &oe) == 0 && store_run_lock(other, run, &h, &oe) == 0 ? 'L' : 'E';
+        if (write(up[1], &c, 1) != 1) _exit(3);
+        if (read(down[0], &c, 1) < 0) _exit(3);
+        _exit(0);
+    }
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1);
+    assert_int_equal(c, 'L');
+
+    o.resume_run = run;
+    gate_result r2;
+    assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
+    char want[96];
+    snprintf(want, sizeof want, "run %lld is being resumed by process %ld", (long long)run, (long)pid);
+    if (!strstr(e.msg, want)) fail_msg("expected \"%s\" in: %s", want, e.msg);
+    assert_int_equal(r2.run_id, 0);           /* main marks nothing */
+    assert_int_equal(r2.legs_run, 0);
+    assert_int_equal(q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x"), legs0);
+
+    /* the holder ends: the lock goes with it, and the resume runs the two legs */
+    assert_int_equal(write(down[1], "x", 1), 1);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    close(up[0]);
+    close(up[1]);
+    close(down[0]);
+    close(down[1]);
+    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+    assert_int_equal(r2.legs_run, 2);
+    assert_int_equal(r2.legs_skipped, 2);
+    assert_integrity(st);
+    store_close(st);
+    spec_free(s);
+}
+
 /* The real thing: llama.cpp's CPU build as reference, a second llama arm
  * (same library) that must pass, and the engine's cpu tier when built. */
 static void test_real_gate(void **unused)
@@ -889,6 +973,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_locked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_gate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_gate_dumps, setup, teardown),
     };
