@@ -133,6 +133,8 @@ typedef struct common_cli {
     const char *usage;           /* the whole usage text, printed for --help */
     const struct option *opts;   /* { "db", required_argument, NULL, ID }, ..., {0} */
     int max_pos;                 /* positional arguments accepted */
+    const char *shorts;          /* extra short options for getopt ("o:"), or NULL; on_opt
+                                  * receives their letter as the id */
 } common_cli;
 
 /* Called for every option in order; returns 0, or -1 after writing into e

@@ -19,6 +19,7 @@
 
 #include <openssl/evp.h>
 
+#include "common.h"
 #include "trend.h"
 
 /* Tables this file copies, in dependency order; any other non-empty table
@@ -29,7 +30,8 @@ static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", 
 
 static int sql_err(sqlite3 *db, tg_err *e, const char *what)
 {
-    return tg_errf(e, "merge: %s: %s", what, sqlite3_errmsg(db));
+    common_sql_err(db, e, what);
+    return tg_err_prefix(e, "merge");
 }
 
 /* Runs sql with up to two int64 bindings (?1, ?2). Returns 0 or -1 with e. */
@@ -123,7 +125,7 @@ static int copy_rows(sqlite3 *db, const char *t, const char *where, const char *
     sqlite3_finalize(s);
     char *sql = sqlite3_mprintf("INSERT INTO main.\"%s\"(%s) SELECT %s FROM src.\"%s\" AS s WHERE %s%s%s",
                                 t, cols, exprs, t, where, order ? " ORDER BY " : "", order ? order : "");
-    if (!sql) abort();
+    if (!sql) common_out_of_memory(strlen(cols) + strlen(exprs));
     int rc = exec2(db, sql, a, b, e);
     sqlite3_free(sql);
     if (rc < 0) return tg_err_prefix(e, "copying %s rows", t);
@@ -170,8 +172,7 @@ static int part_hash(sqlite3 *db, const char *sch, int p, int64_t run, unsigned 
 {
     /* the part's SQL with every @ replaced by the schema name */
     size_t cap = strlen(PARTS[p].sql) * 2 + 64, k = 0;
-    char *sql = malloc(cap);
-    if (!sql) abort();
+    char *sql = xmalloc(cap);
     for (const char *c = PARTS[p].sql; *c; c++) {
         if (*c == '@') k += (size_t)snprintf(sql + k, cap - k, "%s", sch);
         else sql[k++] = *c;
@@ -183,7 +184,12 @@ static int part_hash(sqlite3 *db, const char *sch, int p, int64_t run, unsigned 
     if (rc != SQLITE_OK) return sql_err(db, e, PARTS[p].part);
     sqlite3_bind_int64(s, 1, run);
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) abort();
+    if (!ctx) common_out_of_memory(sizeof(void *));
+    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        EVP_MD_CTX_free(ctx);
+        sqlite3_finalize(s);
+        return tg_errf(e, "merge: %s: SHA-256 is not available (OpenSSL)", PARTS[p].part);
+    }
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         int nc = sqlite3_column_count(s);
         for (int c = 0; c < nc; c++) {
@@ -424,26 +430,38 @@ done:
     return rc;
 }
 
+enum { O_OUT = COMMON_CLI_FIRST_ID };
+
+static int on_opt(void *ud, int id, const char *v, tg_err *e)
+{
+    (void)e;
+    if (id == O_OUT || id == 'o') *(const char **)ud = v;
+    return 0;
+}
+
+/* Removes the store files at path (the db, -wal, -shm, -journal and the
+ * run lock file): a merge that failed into an output it created. */
+static void merge_remove_output(const char *path)
+{
+    static const char *const suffix[] = {"", "-wal", "-shm", "-journal", ".runlock"};
+    for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
+        char *p = xasprintf("%s%s", path, suffix[i]);
+        unlink(p);
+        free(p);
+    }
+}
+
 int merge_main(int argc, char **argv)
 {
+    static const struct option lo[] = {{"out", required_argument, NULL, O_OUT}, {NULL, 0, NULL, 0}};
+    const common_cli cli = {"merge", "(see tokgate help merge)\n", lo, argc, "o:"};
     const char *out = NULL;
-    const char **in = calloc((size_t)argc, sizeof *in);
-    if (!in) abort();
+    const char **in = xcalloc((size_t)argc + 1, sizeof *in);
     int n = 0;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--out")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "tokgate: merge: %s needs a value\n", argv[i]);
-                free(in);
-                return 2;
-            }
-            out = argv[++i];
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "tokgate: merge: unknown option '%s'\n(run `tokgate help` for usage)\n", argv[i]);
-            free(in);
-            return 2;
-        } else
-            in[n++] = argv[i];
+    int rc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, &out, in, &n);
+    if (rc) {
+        free(in);
+        return rc == COMMON_CLI_HELP ? 0 : rc;
     }
     if (!out || n == 0) {
         fprintf(stderr, "tokgate: merge: expected A.db [B.db ...] -o OUT.db\n(run `tokgate help` for usage)\n");
@@ -452,12 +470,14 @@ int merge_main(int argc, char **argv)
     }
     tg_err e;
     tg_store *dst;
+    struct stat sb;
+    int created = lstat(out, &sb) != 0 && errno == ENOENT;   /* removed again if the merge fails */
     if (store_open(&dst, out, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
+        if (created) merge_remove_output(out);
         free(in);
         return 2;
     }
-    int rc = 0;
     merge_stats total = {0};
     for (int i = 0; i < n; i++) {
         merge_stats ms = {0};
@@ -473,6 +493,10 @@ int merge_main(int argc, char **argv)
     }
     if (rc == 0) printf("merged into %s: %d runs added, %d already present\n", out, total.runs_added, total.runs_same);
     store_close(dst);
+    if (rc != 0 && created) {
+        merge_remove_output(out);
+        fprintf(stderr, "tokgate: merge: %s removed (it did not exist before this merge)\n", out);
+    }
     free(in);
     return rc;
 }

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -524,6 +525,57 @@ int store_open(tg_store **out, const char *path, tg_err *e)
     }
     *out = st;
     return 0;
+fail:
+    store_close(st);
+    return -1;
+}
+
+int store_open_ro(tg_store **out, const char *path, tg_err *e)
+{
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return tg_errf(e, "no such store: %s (%s; give --db FILE of an existing store)", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return tg_errf(e, "%s: expected a store file, got something else", path);
+    tg_store *st = xcalloc(1, sizeof *st);
+    st->path = xstrdup(path);
+    st->lock_fd = -1;
+    st->wait_limit_s = store_wait_limit();
+    for (int pass = 0; pass < 2; pass++) {
+        if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+            tg_errf(e, "%s: cannot open the store: %s", path, st->db ? sqlite3_errmsg(st->db) : "out of memory");
+            goto fail;
+        }
+        sqlite3_busy_handler(st->db, store_busy, st);
+        sqlite3_stmt *s = NULL;
+        if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
+            sqlite3_step(s) != SQLITE_ROW) {
+            tg_errf(e, "%s: not a usable SQLite store: %s", path, sqlite3_errmsg(st->db));
+            sqlite3_finalize(s);
+            goto fail;
+        }
+        int64_t version = sqlite3_column_int64(s, 0);
+        sqlite3_finalize(s);
+        if (version == STORE_SCHEMA_VERSION) {
+            *out = st;
+            return 0;
+        }
+        if (pass > 0 || version > STORE_SCHEMA_VERSION) break;
+        /* an older schema (0: an empty file): migrated once through a writing open, then read */
+        sqlite3_close(st->db);
+        st->db = NULL;
+        tg_store *rw;
+        if (store_open(&rw, path, e) < 0) goto fail;
+        store_close(rw);
+    }
+    /* a newer version (or one that changed under us): store_open's message */
+    sqlite3_close(st->db);
+    st->db = NULL;
+    tg_store *rw;
+    if (store_open(&rw, path, e) == 0) {
+        store_close(rw);
+        tg_errf(e, "%s: the store changed while it was opened; try again", path);
+    }
 fail:
     store_close(st);
     return -1;

@@ -19,6 +19,11 @@ typedef struct tg_store tg_store;
 
 /* Opens (creating or migrating) the store at path. Returns 0 or -1 with e. */
 int store_open(tg_store **out, const char *path, tg_err *e);
+/* Opens the existing store at path read-only (report, step, trend): a
+ * missing path is "no such store: PATH (...)", nothing is created, and
+ * nothing is written, except that a store of an older schema version is
+ * migrated first as store_open does. Returns 0 or -1 with e. */
+int store_open_ro(tg_store **out, const char *path, tg_err *e);
 void store_close(tg_store *st);              /* NULL is a no-op */
 /* The sqlite3 handle, for the modules that query it (compare, reports). */
 struct sqlite3 *store_db(tg_store *st);

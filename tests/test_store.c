@@ -674,6 +674,28 @@ static void test_write_lock_waited(void **state)
     assert_int_equal(count(c->st, "SELECT count(*) FROM leg"), 1);
 }
 
+/* store_open_ro: a missing path is "no such store" and nothing is created;
+ * the store is read, never written. */
+static void test_open_read_only(void **state)
+{
+    ctx *c = *state;
+    int64_t run = craft_run(c->st, "s", "a", "teacher-forced", "llama-cpu", "exact", 0.2, 1, 2, ARMS, 1);
+    tg_store *ro;
+    tg_err e;
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s-missing", c->path);
+    assert_int_equal(store_open_ro(&ro, missing, &e), -1);
+    if (strncmp(e.msg, "no such store: ", 15) || !strstr(e.msg, missing)) fail_msg("%s", e.msg);
+    assert_int_not_equal(access(missing, F_OK), 0);
+    if (store_open_ro(&ro, c->path, &e) < 0) fail_msg("%s", e.msg);
+    int64_t latest = 0;
+    assert_int_equal(store_latest_run(ro, NULL, &latest, &e), 1);
+    assert_int_equal(latest, run);
+    assert_int_equal(sqlite3_exec(store_db(ro), "DELETE FROM run", NULL, NULL, NULL), SQLITE_READONLY);
+    store_close(ro);
+    assert_int_equal(count(c->st, "SELECT count(*) FROM run"), 1);
+}
+
 static void test_dumps_stderr_lookups(void **state)
 {
     ctx *c = *state;
@@ -995,6 +1017,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_identical_legs_stored_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dumps_stderr_lookups, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_lock_waited, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_open_read_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_begin_run_validates, setup, teardown),
         cmocka_unit_test(test_doc_queries),
     };
