@@ -28,23 +28,18 @@ static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", 
                                     "leg_prompt", "step", "step_top", "dump", "verdict_set", "verdict",
                                     "compare", "contested", "noise_band", "trend_mark", NULL};
 
-static int sql_err(sqlite3 *db, tg_err *e, const char *what)
-{
-    common_sql_err(db, e, what);
-    return tg_err_prefix(e, "merge");
-}
 
 /* Runs sql with up to two int64 bindings (?1, ?2). Returns 0 or -1 with e. */
 static int exec2(sqlite3 *db, const char *sql, int64_t a, int64_t b, tg_err *e)
 {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return sql_err(db, e, sql);
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return common_sql_err(db, e, sql);
     int np = sqlite3_bind_parameter_count(s);
     if (np >= 1) sqlite3_bind_int64(s, 1, a);
     if (np >= 2) sqlite3_bind_int64(s, 2, b);
     int rc = sqlite3_step(s);
     sqlite3_finalize(s);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return sql_err(db, e, sql);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return common_sql_err(db, e, sql);
     return 0;
 }
 
@@ -52,7 +47,7 @@ static int exec2(sqlite3 *db, const char *sql, int64_t a, int64_t b, tg_err *e)
 static int int2(sqlite3 *db, const char *sql, int64_t a, int64_t b, int64_t *v, tg_err *e)
 {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return sql_err(db, e, sql);
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return common_sql_err(db, e, sql);
     int np = sqlite3_bind_parameter_count(s);
     if (np >= 1) sqlite3_bind_int64(s, 1, a);
     if (np >= 2) sqlite3_bind_int64(s, 2, b);
@@ -61,7 +56,7 @@ static int int2(sqlite3 *db, const char *sql, int64_t a, int64_t b, int64_t *v, 
         *v = sqlite3_column_int64(s, 0);
         r = 1;
     } else if (rc != SQLITE_DONE)
-        r = sql_err(db, e, sql);
+        r = common_sql_err(db, e, sql);
     sqlite3_finalize(s);
     return r;
 }
@@ -98,7 +93,7 @@ static int copy_rows(sqlite3 *db, const char *t, const char *where, const char *
     if (int2(db, q, 0, 0, &one, e) != 1) return 0;
     snprintf(q, sizeof q, "SELECT name FROM main.pragma_table_info('%s') ORDER BY cid", t);
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, q, -1, &s, NULL) != SQLITE_OK) return sql_err(db, e, q);
+    if (sqlite3_prepare_v2(db, q, -1, &s, NULL) != SQLITE_OK) return common_sql_err(db, e, q);
     while (sqlite3_step(s) == SQLITE_ROW) {
         const char *c = (const char *)sqlite3_column_text(s, 0);
         const char *expr = NULL;
@@ -181,7 +176,7 @@ static int part_hash(sqlite3 *db, const char *sch, int p, int64_t run, unsigned 
     sqlite3_stmt *s;
     int rc = sqlite3_prepare_v2(db, sql, -1, &s, NULL);
     free(sql);
-    if (rc != SQLITE_OK) return sql_err(db, e, PARTS[p].part);
+    if (rc != SQLITE_OK) return common_sql_err(db, e, PARTS[p].part);
     sqlite3_bind_int64(s, 1, run);
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     if (!ctx) common_out_of_memory(sizeof(void *));
@@ -212,7 +207,7 @@ static int part_hash(sqlite3 *db, const char *sch, int p, int64_t run, unsigned 
     unsigned int ol = 32;
     EVP_DigestFinal_ex(ctx, out, &ol);
     EVP_MD_CTX_free(ctx);
-    if (rc != SQLITE_DONE) return sql_err(db, e, PARTS[p].part);
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, PARTS[p].part);
     return 0;
 }
 
@@ -368,7 +363,7 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
     if (sqlite3_prepare_v2(db, "SELECT r.id, r.uid, s.name, r.started FROM src.run r"
                                " JOIN src.spec s ON s.id = r.spec_id ORDER BY r.started, r.id",
                            -1, &runs, NULL) != SQLITE_OK) {
-        sql_err(db, e, "listing the source's runs");
+        common_sql_err(db, e, "listing the source's runs");
         goto done;
     }
     int st;
@@ -384,7 +379,7 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
         sqlite3_stmt *q;
         int64_t have = 0;
         if (sqlite3_prepare_v2(db, "SELECT id FROM main.run WHERE uid = ?1", -1, &q, NULL) != SQLITE_OK) {
-            sql_err(db, e, "looking up a run uid");
+            common_sql_err(db, e, "looking up a run uid");
             goto done;
         }
         sqlite3_bind_text(q, 1, uid, -1, SQLITE_TRANSIENT);
@@ -413,7 +408,7 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
         ms->runs_added++;
     }
     if (st != SQLITE_DONE) {
-        sql_err(db, e, "listing the source's runs");
+        common_sql_err(db, e, "listing the source's runs");
         goto done;
     }
     sqlite3_finalize(runs);
@@ -439,18 +434,6 @@ static int on_opt(void *ud, int id, const char *v, tg_err *e)
     return 0;
 }
 
-/* Removes the store files at path (the db, -wal, -shm, -journal and the
- * run lock file): a merge that failed into an output it created. */
-static void merge_remove_output(const char *path)
-{
-    static const char *const suffix[] = {"", "-wal", "-shm", "-journal", ".runlock"};
-    for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
-        char *p = xasprintf("%s%s", path, suffix[i]);
-        unlink(p);
-        free(p);
-    }
-}
-
 int merge_main(int argc, char **argv)
 {
     static const struct option lo[] = {{"out", required_argument, NULL, O_OUT}, {NULL, 0, NULL, 0}};
@@ -474,7 +457,7 @@ int merge_main(int argc, char **argv)
     int created = lstat(out, &sb) != 0 && errno == ENOENT;   /* removed again if the merge fails */
     if (store_open(&dst, out, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
-        if (created) merge_remove_output(out);
+        if (created) store_remove_files(out);
         free(in);
         return 2;
     }
@@ -494,7 +477,7 @@ int merge_main(int argc, char **argv)
     if (rc == 0) printf("merged into %s: %d runs added, %d already present\n", out, total.runs_added, total.runs_same);
     store_close(dst);
     if (rc != 0 && created) {
-        merge_remove_output(out);
+        store_remove_files(out);
         fprintf(stderr, "tokgate: merge: %s removed (it did not exist before this merge)\n", out);
     }
     free(in);

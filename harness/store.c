@@ -381,22 +381,27 @@ static void now_iso(char out[32])
 /* ------------------------------------------------------------------ */
 /* Open / close                                                        */
 
+/* Runs sql, a query of one integer (a PRAGMA, a count), into *v. Returns
+ * 0, or -1 (sqlite3_errmsg(db) says why). */
+static int query_int(sqlite3 *db, const char *sql, int64_t *v)
+{
+    sqlite3_stmt *s = NULL;
+    int ok = sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW;
+    if (ok) *v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return ok ? 0 : -1;
+}
+
 /* A store at version 1..4 (before the plain top-k rows) can be migrated
  * only when it holds no step rows: their top-k is in a binary format this
  * code does not read. Returns 0 (nothing to convert) or -1 with e saying
  * what to do. */
 static int old_store_check(tg_store *st, int64_t version, tg_err *e)
 {
-    sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(st->db, "SELECT count(*) FROM step", -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_step(s) != SQLITE_ROW) {
-        tg_errf(e, "%s: schema version %lld: reading its step table: %s", st->path, (long long)version,
-                sqlite3_errmsg(st->db));
-        sqlite3_finalize(s);
-        return -1;
-    }
-    int64_t n = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
+    int64_t n = 0;
+    if (query_int(st->db, "SELECT count(*) FROM step", &n) < 0)
+        return tg_errf(e, "%s: schema version %lld: reading its step table: %s", st->path, (long long)version,
+                       sqlite3_errmsg(st->db));
     if (n == 0) return 0;
     return tg_errf(e,
                    "%s: schema version %lld (tokgate before schema version %d) keeps the top-k of its %lld "
@@ -469,16 +474,11 @@ int store_open(tg_store **out, const char *path, tg_err *e)
         sqlite3_free(msg);
         goto fail;
     }
-    sqlite3_stmt *s = NULL;
     int64_t version = 0;
-    if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_step(s) != SQLITE_ROW) {
+    if (query_int(st->db, "PRAGMA user_version", &version) < 0) {
         tg_errf(e, "%s: reading PRAGMA user_version: %s", path, sqlite3_errmsg(st->db));
-        sqlite3_finalize(s);
         goto fail;
     }
-    version = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
     if (version > STORE_SCHEMA_VERSION) {
         tg_errf(e,
                 "%s: schema version %lld is newer than this tokgate understands (%d); "
@@ -493,15 +493,11 @@ int store_open(tg_store **out, const char *path, tg_err *e)
     }
     if (version == 0) {
         /* A store at version 0 must be empty: refuse someone else's database. */
-        if (sqlite3_prepare_v2(st->db, "SELECT count(*) FROM sqlite_master", -1, &s, NULL) !=
-                SQLITE_OK ||
-            sqlite3_step(s) != SQLITE_ROW) {
+        int64_t n = 0;
+        if (query_int(st->db, "SELECT count(*) FROM sqlite_master", &n) < 0) {
             tg_errf(e, "%s: reading the schema: %s", path, sqlite3_errmsg(st->db));
-            sqlite3_finalize(s);
             goto fail;
         }
-        int64_t n = sqlite3_column_int64(s, 0);
-        sqlite3_finalize(s);
         if (n != 0) {
             tg_errf(e, "%s: has tables but no tokgate schema version (user_version 0): "
                        "not a tokgate store", path);
@@ -547,15 +543,11 @@ int store_open_ro(tg_store **out, const char *path, tg_err *e)
             goto fail;
         }
         sqlite3_busy_handler(st->db, store_busy, st);
-        sqlite3_stmt *s = NULL;
-        if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
-            sqlite3_step(s) != SQLITE_ROW) {
+        int64_t version = 0;
+        if (query_int(st->db, "PRAGMA user_version", &version) < 0) {
             tg_errf(e, "%s: not a usable SQLite store: %s", path, sqlite3_errmsg(st->db));
-            sqlite3_finalize(s);
             goto fail;
         }
-        int64_t version = sqlite3_column_int64(s, 0);
-        sqlite3_finalize(s);
         if (version == STORE_SCHEMA_VERSION) {
             *out = st;
             return 0;
@@ -579,6 +571,16 @@ int store_open_ro(tg_store **out, const char *path, tg_err *e)
 fail:
     store_close(st);
     return -1;
+}
+
+void store_remove_files(const char *path)
+{
+    static const char *const suffix[] = {"", "-wal", "-shm", "-journal", ".runlock"};
+    for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
+        char *p = xasprintf("%s%s", path, suffix[i]);
+        unlink(p);
+        free(p);
+    }
 }
 
 void store_close(tg_store *st)
@@ -848,28 +850,21 @@ void store_tops_free(store_tops *t)
 }
 
 /* Room for n steps (*cap_s) and m entries (*cap_m) in t, growing by
- * doubling. Returns 0 or -1 when out of memory. */
-static int tops_grow(store_tops *t, int n, int *cap_s, size_t m, size_t *cap_m)
+ * doubling (out of memory exits, common.h). Returns 0. */
+static void tops_grow(store_tops *t, int n, int *cap_s, size_t m, size_t *cap_m)
 {
     if (n > *cap_s) {
         int c = *cap_s ? 2 * *cap_s : 64;
-        int *a = realloc(t->step, sizeof *a * (size_t)c);
-        if (a) t->step = a;
-        int *b = realloc(t->n_top, sizeof *b * (size_t)c);
-        if (b) t->n_top = b;
-        size_t *o = realloc(t->off, sizeof *o * (size_t)c);
-        if (o) t->off = o;
-        if (!a || !b || !o) return -1;
+        t->step = xrealloc(t->step, sizeof *t->step * (size_t)c);
+        t->n_top = xrealloc(t->n_top, sizeof *t->n_top * (size_t)c);
+        t->off = xrealloc(t->off, sizeof *t->off * (size_t)c);
         *cap_s = c;
     }
     if (m > *cap_m) {
         size_t c = *cap_m ? 2 * *cap_m : 1024;
-        tg_top *p = realloc(t->top, sizeof *p * c);
-        if (!p) return -1;
-        t->top = p;
+        t->top = xrealloc(t->top, sizeof *t->top * c);
         *cap_m = c;
     }
-    return 0;
 }
 
 int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store_tops *out, tg_err *e)
@@ -924,10 +919,7 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
                         (long long)prompt_id, txt ? txt : "");
                 goto out;
             }
-            if (tops_grow(out, out->n + 1, &cap_s, m, &cap_m) < 0) {
-                tg_errf(e, "out of memory");
-                goto out;
-            }
+            tops_grow(out, out->n + 1, &cap_s, m, &cap_m);
             out->step[out->n] = (int)step;
             out->n_top[out->n] = 0;
             out->off[out->n] = m;
@@ -940,11 +932,11 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
             why = "ranks are not 1, 2, 3, ... without a gap";
         else if (k >= MAX_TOP)
             why = "more than 4096 entries";
-        if (why || tops_grow(out, out->n, &cap_s, m + 1, &cap_m) < 0 ||
-            column_top(s, 2, &out->top[m], &why) < 0) {
+        if (!why) tops_grow(out, out->n, &cap_s, m + 1, &cap_m);
+        if (why || column_top(s, 2, &out->top[m], &why) < 0) {
             tg_errf(e, "leg %lld prompt %lld step %lld: step_top rank %s of leg %lld: %s", (long long)leg_id,
                     (long long)prompt_id, (long long)step, sqlite3_column_text(s, 1) ? (const char *)sqlite3_column_text(s, 1) : "NULL",
-                    (long long)src, why ? why : "out of memory");
+                    (long long)src, why ? why : "not a top-k entry");
             goto out;
         }
         out->n_top[out->n - 1] = k + 1;
@@ -956,10 +948,7 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
         goto out;
     }
     /* t.top + t.off[k] is a valid pointer for every step, empty ones too */
-    if (out->n > 0 && !out->top && tops_grow(out, out->n, &cap_s, 1, &cap_m) < 0) {
-        tg_errf(e, "out of memory");
-        goto out;
-    }
+    if (out->n > 0 && !out->top) tops_grow(out, out->n, &cap_s, 1, &cap_m);
     rc = 0;
 out:
     sqlite3_finalize(s);
@@ -987,9 +976,7 @@ static int ensure_buf(tg_store *st, size_t n, tg_err *e)
     if (st->buf_cap >= n) return 0;
     size_t cap = st->buf_cap ? st->buf_cap : 4096;
     while (cap < n) cap *= 2;
-    unsigned char *b = realloc(st->buf, cap);
-    if (!b) return tg_errf(e, "%s: out of memory (%zu bytes)", st->path, cap);
-    st->buf = b;
+    st->buf = xrealloc(st->buf, cap);
     st->buf_cap = cap;
     return 0;
 }
@@ -1000,8 +987,7 @@ static char *ids_json(const int32_t *ids, int n)
 {
     if (!ids || n < 0) return NULL;
     size_t cap = 3 + (size_t)n * 12;
-    char *s = malloc(cap);
-    if (!s) return NULL;
+    char *s = xmalloc(cap);
     size_t k = 0;
     s[k++] = '[';
     for (int i = 0; i < n; i++) k += (size_t)snprintf(s + k, cap - k, i ? ",%d" : "%d", ids[i]);
@@ -1201,10 +1187,9 @@ static int plan_leg(tg_store *st, const store_leg *leg, leg_plan *p, tg_err *e)
 {
     int n = leg->n_prompts;
     p->n = n;
-    p->pid = calloc((size_t)(n ? n : 1), sizeof *p->pid);
-    p->pord = calloc((size_t)(n ? n : 1), sizeof *p->pord);
-    p->order = calloc((size_t)(n ? n : 1), sizeof *p->order);
-    if (!p->pid || !p->pord || !p->order) return tg_errf(e, "%s: out of memory", st->path);
+    p->pid = xcalloc((size_t)n, sizeof *p->pid);
+    p->pord = xcalloc((size_t)n, sizeof *p->pord);
+    p->order = xcalloc((size_t)n, sizeof *p->order);
     for (int i = 0; i < n; i++) {
         const store_leg_prompt *lp = &leg->prompts[i];
         sqlite3_stmt *s = stmt(st, Q_PROMPT_FIND, e);
@@ -1218,8 +1203,7 @@ static int plan_leg(tg_store *st, const store_leg *leg, leg_plan *p, tg_err *e)
                            (long long)leg->run_id);
         if (lp->n_steps < 0 || (lp->n_steps > 0 && !lp->steps))
             return tg_errf(e, "prompt %s: n_steps %d without steps", lp->prompt_id, lp->n_steps);
-        p->order[i] = malloc(sizeof *p->order[i] * (size_t)(lp->n_steps ? lp->n_steps : 1));
-        if (!p->order[i]) return tg_errf(e, "%s: out of memory", st->path);
+        p->order[i] = xmalloc(sizeof *p->order[i] * (size_t)lp->n_steps);
         steps_order(lp, p->order[i]);
         int j = i;
         while (j > 0 && p->pid[p->pord[j - 1]] > p->pid[i]) p->pord[j] = p->pord[j - 1], j--;

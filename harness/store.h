@@ -24,7 +24,11 @@ int store_open(tg_store **out, const char *path, tg_err *e);
  * nothing is written, except that a store of an older schema version is
  * migrated first as store_open does. Returns 0 or -1 with e. */
 int store_open_ro(tg_store **out, const char *path, tg_err *e);
-void store_close(tg_store *st);              /* NULL is a no-op */
+void store_close(tg_store *st);
+/* Removes the files of the store at path: the db, its -wal, -shm and
+ * -journal files and PATH.runlock (a store a failed command created, a
+ * previous attempt). Missing files are no error. */
+void store_remove_files(const char *path);              /* NULL is a no-op */
 /* The sqlite3 handle, for the modules that query it (compare, reports). */
 struct sqlite3 *store_db(tg_store *st);
 

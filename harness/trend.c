@@ -111,8 +111,7 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
         }
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) abort();
+        char *p = xrealloc(b->p, cap);
         if (!b->p) p[0] = 0;
         b->p = p;
         b->cap = cap;
@@ -121,10 +120,6 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
 
 static const char *sb_str(const sbuf *b) { return b->p ? b->p : ""; }
 
-static int sql_err(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "trend: %s: %s", what, sqlite3_errmsg(db));
-}
 
 static const char *col(sqlite3_stmt *s, int i)
 {
@@ -188,7 +183,7 @@ static int load_run(sqlite3 *db, history *h, run_pt *rp, int set_no, tg_err *e)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, "SELECT arm, key, value FROM verdict WHERE run_id=?1 AND set_no=?2"
                                " AND prompt IS NULL", -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "reading verdicts");
+        return common_sql_err(db, e, "reading verdicts");
     sqlite3_bind_int64(s, 1, rp->id);
     sqlite3_bind_int(s, 2, set_no);
     int scored[MAX_ARMS] = {0};
@@ -230,7 +225,7 @@ static int load_run(sqlite3 *db, history *h, run_pt *rp, int set_no, tg_err *e)
         if (sqlite3_prepare_v2(db, "SELECT max(ref_gap) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3"
                                    " AND leg=?4 AND class NOT IN ('EXACT', 'UNCOMPARABLE')",
                                -1, &s, NULL) != SQLITE_OK)
-            return sql_err(db, e, "reading compare rows");
+            return common_sql_err(db, e, "reading compare rows");
         sqlite3_bind_int64(s, 1, rp->id);
         sqlite3_bind_int(s, 2, set_no);
         sqlite3_bind_text(s, 3, h->arms[a], -1, SQLITE_STATIC);
@@ -253,7 +248,7 @@ static int load_fp(sqlite3 *db, history *h, run_pt *rp, tg_err *e)
                                "   WHERE run_id = a.run_id AND arm_id = a.id ORDER BY leg LIMIT 1)"
                                " LEFT JOIN binary b ON b.id = l.binary_id WHERE a.run_id = ?1 ORDER BY a.id",
                            -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "reading the arms of a run");
+        return common_sql_err(db, e, "reading the arms of a run");
     sqlite3_bind_int64(s, 1, rp->id);
     while (sqlite3_step(s) == SQLITE_ROW) {
         int a = arm_index(h, col(s, 0));
@@ -262,8 +257,7 @@ static int load_fp(sqlite3 *db, history *h, run_pt *rp, tg_err *e)
         f->in_run = 1;
         snprintf(f->role, sizeof f->role, "%s", col(s, 1));
         if (sqlite3_column_type(s, 2) != SQLITE_NULL) {
-            f->config = strdup(col(s, 2));
-            if (!f->config) abort();
+            f->config = xstrdup(col(s, 2));
         }
         snprintf(f->bin, sizeof f->bin, "%s", col(s, 3));
         const char *path = col(s, 4), *slash = strrchr(path, '/');
@@ -286,7 +280,7 @@ static int load_marks(sqlite3 *db, history *h, tg_err *e)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, "SELECT run_uid, action, reason, created, coalesce(who, '') FROM trend_mark"
                                " ORDER BY created, id", -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "reading trend_mark");
+        return common_sql_err(db, e, "reading trend_mark");
     while (sqlite3_step(s) == SQLITE_ROW)
         for (int i = 0; i < h->n; i++) {
             run_pt *r = &h->runs[i];
@@ -310,7 +304,7 @@ static int load_history(sqlite3 *db, const char *spec_name, history *h, tg_err *
                                " r.host, r.tokgate_version, (SELECT max(set_no) FROM verdict_set v WHERE v.run_id = r.id)"
                                " FROM run r JOIN spec s ON s.id = r.spec_id JOIN artifact a ON a.id = r.artifact_id"
                                " WHERE s.name = ?1 ORDER BY r.started, r.id", -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "listing runs");
+        return common_sql_err(db, e, "listing runs");
     sqlite3_bind_text(s, 1, spec_name, -1, SQLITE_STATIC);
     int cap = 0, rc = 1, any = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
@@ -318,8 +312,7 @@ static int load_history(sqlite3 *db, const char *spec_name, history *h, tg_err *
         if (sqlite3_column_type(s, 10) == SQLITE_NULL) continue;   /* never scored (an ERROR run) */
         if (h->n == cap) {
             cap = cap ? 2 * cap : 8;
-            run_pt *r = realloc(h->runs, sizeof *r * (size_t)cap);
-            if (!r) abort();
+            run_pt *r = xrealloc(h->runs, sizeof *r * (size_t)cap);
             h->runs = r;
         }
         run_pt *rp = &h->runs[h->n++];
@@ -330,8 +323,7 @@ static int load_history(sqlite3 *db, const char *spec_name, history *h, tg_err *
         snprintf(rp->mode, sizeof rp->mode, "%s", col(s, 3));
         snprintf(rp->reference, sizeof rp->reference, "%s", col(s, 4));
         snprintf(rp->spec_sha, sizeof rp->spec_sha, "%s", col(s, 5));
-        rp->spec_text = strdup(col(s, 6));
-        if (!rp->spec_text) abort();
+        rp->spec_text = xstrdup(col(s, 6));
         snprintf(rp->artifact_sha, sizeof rp->artifact_sha, "%s", col(s, 7));
         snprintf(rp->host, sizeof rp->host, "%s", col(s, 8));
         snprintf(rp->version, sizeof rp->version, "%s", col(s, 9));
@@ -586,7 +578,7 @@ static int compare_steps(sqlite3 *db, const history *h, int64_t x, int64_t y, to
                                " JOIN step s2 ON s2.leg_id = l2.id AND s2.prompt_id = p2.id AND s2.step = s.step"
                                " WHERE l.run_id = ?1 ORDER BY a.name, l.leg, p.no, s.step",
                            -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "comparing steps");
+        return common_sql_err(db, e, "comparing steps");
     sqlite3_bind_int64(s, 1, x);
     sqlite3_bind_int64(s, 2, y);
     int rc;
@@ -610,7 +602,7 @@ static int compare_steps(sqlite3 *db, const history *h, int64_t x, int64_t y, to
                      (unsigned long long)sqlite3_column_int64(s, 5), (unsigned long long)sqlite3_column_int64(s, 7));
     }
     sqlite3_finalize(s);
-    return rc == SQLITE_DONE ? 0 : sql_err(db, e, "comparing steps");
+    return rc == SQLITE_DONE ? 0 : common_sql_err(db, e, "comparing steps");
 }
 
 /* ------------------------------------------------------------------ */
@@ -717,8 +709,7 @@ static int evaluate(sqlite3 *db, history *h, int i, const int *win, int nw, eval
  * run is excluded; its baseline in win_out / *nw_out). Returns 0 or -1 with e. */
 static int walk(sqlite3 *db, history *h, int window, eval *ev, int *latest, int *win_out, int *nw_out, tg_err *e)
 {
-    int *good = calloc((size_t)h->n + 1, sizeof *good);
-    if (!good) abort();
+    int *good = xcalloc((size_t)h->n + 1, sizeof *good);
     int ng = 0;
     *latest = -1;
     *nw_out = 0;
@@ -929,9 +920,8 @@ int trend_spec(tg_store *st, const char *spec_name, int md, int window, FILE *ou
         history_free(&h);
         return lr < 0 ? -1 : tg_errf(e, "trend: the store has no run of spec '%s'", spec_name);
     }
-    eval *ev = calloc(1, sizeof *ev);
-    int *win = calloc((size_t)h.n + 1, sizeof *win);
-    if (!ev || !win) abort();
+    eval *ev = xcalloc(1, sizeof *ev);
+    int *win = xcalloc((size_t)h.n + 1, sizeof *win);
     int latest, nw;
     if (walk(db, &h, window, ev, &latest, win, &nw, e) < 0) {
         free(ev);
@@ -1033,8 +1023,7 @@ int trend_svg(tg_store *st, const char *spec_name, FILE *out, tg_err *e)
         return lr < 0 ? -1 : tg_errf(e, "trend: the store has no run of spec '%s'", spec_name);
     }
     /* the runs drawn (excluded ones left out) and the arms scored in any of them */
-    int *vis = calloc((size_t)h.n + 1, sizeof *vis), nv = 0;
-    if (!vis) abort();
+    int *vis = xcalloc((size_t)h.n + 1, sizeof *vis), nv = 0;
     for (int i = 0; i < h.n; i++)
         if (h.runs[i].mark != MARK_EXCLUDE) vis[nv++] = i;
     int drawn[MAX_ARMS] = {0}, nd = 0;
@@ -1116,13 +1105,13 @@ int trend_svg(tg_store *st, const char *spec_name, FILE *out, tg_err *e)
 int trend_copy_marks(sqlite3 *db, tg_err *e)
 {
     if (!has_table(db, "src", "trend_mark")) return 0;
-    if (sqlite3_exec(db, MARK_SQL, NULL, NULL, NULL) != SQLITE_OK) return sql_err(db, e, "creating trend_mark");
+    if (sqlite3_exec(db, MARK_SQL, NULL, NULL, NULL) != SQLITE_OK) return common_sql_err(db, e, "creating trend_mark");
     if (sqlite3_exec(db, "INSERT INTO main.trend_mark(run_uid, action, reason, created, who)"
                          " SELECT s.run_uid, s.action, s.reason, s.created, s.who FROM src.trend_mark s"
                          " WHERE NOT EXISTS (SELECT 1 FROM main.trend_mark m WHERE m.run_uid = s.run_uid"
                          "   AND m.action = s.action AND m.reason = s.reason AND m.created = s.created)"
                          " ORDER BY s.created, s.id", NULL, NULL, NULL) != SQLITE_OK)
-        return sql_err(db, e, "copying trend_mark");
+        return common_sql_err(db, e, "copying trend_mark");
     return 0;
 }
 

@@ -648,11 +648,10 @@ static void test_artifact_mismatch_stores_nothing(void **unused)
     store_close(st);
 }
 
-/* --resume: stored legs are skipped; a missing one is run again, forced
- * along the reference tokens read back from the store. */
-static void test_resume(void **unused)
+/* The spec of the --resume tests: ref and good (tg-fault-arm ok), 2 legs
+ * of `steps` steps over one prompt, teacher-forced. */
+static tg_spec *resume_spec(int steps)
 {
-    (void)unused;
     char sha[65];
     make_model(sha);
     char m[2 * PATH_MAX];
@@ -661,11 +660,20 @@ static void test_resume(void **unused)
     char *t;
     assert_true(asprintf(&t,
                          "name: resume\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-                         "steps: 4\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "steps: %d\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-                         m, sha, fa, fa) > 0);
+                         m, sha, steps, fa, fa) > 0);
     tg_spec *s = write_spec(t);
     free(t);
+    return s;
+}
+
+/* --resume: stored legs are skipped; a missing one is run again, forced
+ * along the reference tokens read back from the store. */
+static void test_resume(void **unused)
+{
+    (void)unused;
+    tg_spec *s = resume_spec(4);
     tg_store *st = open_db();
     gate_options o = opts();
     gate_result r;
@@ -696,13 +704,7 @@ static void test_resume(void **unused)
                            "AND g.forced = f.token", r.run_id, "good"), 4);
     /* a run of another spec text cannot be resumed */
     spec_free(s);
-    assert_true(asprintf(&t,
-                         "name: resume\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-                         "steps: 5\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-                         m, sha, fa, fa) > 0);
-    s = write_spec(t);
-    free(t);
+    s = resume_spec(5);
     assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
     assert_non_null(strstr(e.msg, "another spec text"));
     assert_integrity(st);
@@ -718,19 +720,7 @@ static void test_resume(void **unused)
 static void test_resume_locked(void **unused)
 {
     (void)unused;
-    char sha[65];
-    make_model(sha);
-    char m[2 * PATH_MAX];
-    path_in(m, sizeof m, "m.bin");
-    const char *fa = fault_arm();
-    char *t;
-    assert_true(asprintf(&t,
-                         "name: lock\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-                         "steps: 4\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-                         m, sha, fa, fa) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
+    tg_spec *s = resume_spec(4);
     tg_store *st = open_db();
     gate_options o = opts();
     gate_result r;
