@@ -302,7 +302,7 @@ static const char *const SQL[Q_COUNT] = {
 struct tg_store {
     sqlite3 *db;
     char *path;
-    int lock_fd;                /* PATH.runlock, open while a run lock is held, else -1 */
+    int lock_fd;                /* PATH-runlock, open while a run lock is held, else -1 */
     int64_t locked_run;         /* the run whose lock lock_fd holds, 0 none */
     double wait_limit_s;        /* how long the busy handler waits for the write lock */
     double wait_t0;             /* when the current wait began */
@@ -575,7 +575,7 @@ fail:
 
 void store_remove_files(const char *path)
 {
-    static const char *const suffix[] = {"", "-wal", "-shm", "-journal", ".runlock"};
+    static const char *const suffix[] = {"", "-wal", "-shm", "-journal", "-runlock"};
     for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
         char *p = xasprintf("%s%s", path, suffix[i]);
         unlink(p);
@@ -603,7 +603,7 @@ struct sqlite3 *store_db(tg_store *st)
 /* Run locks                                                           */
 
 /* The run lock is a POSIX record lock (fcntl F_SETLK) on byte run_id of the
- * file PATH.runlock beside the store: the kernel drops it when the process
+ * file PATH-runlock beside the store: the kernel drops it when the process
  * ends however it ends, so a crashed gate leaves no stale lock, and
  * F_GETLK names the process holding it. The file itself stays (empty). */
 int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e)
@@ -613,7 +613,7 @@ int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e)
     if (!strcmp(st->path, ":memory:") || !st->path[0]) return 0;   /* a private store: no one else */
     if (st->locked_run == run_id) return 0;
     if (st->lock_fd < 0) {
-        char *lp = xasprintf("%s.runlock", st->path);
+        char *lp = xasprintf("%s-runlock", st->path);
         st->lock_fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
         if (st->lock_fd < 0) {
             tg_errf(e, "%s: cannot open the run lock file: %s", lp, strerror(errno));
@@ -633,7 +633,7 @@ int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e)
         return 0;
     }
     if (errno != EACCES && errno != EAGAIN)
-        return tg_errf(e, "%s.runlock: locking run %lld: %s", st->path, (long long)run_id, strerror(errno));
+        return tg_errf(e, "%s-runlock: locking run %lld: %s", st->path, (long long)run_id, strerror(errno));
     struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)run_id, .l_len = 1};
     long pid = 0;
     if (fcntl(st->lock_fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK) pid = (long)q.l_pid;

@@ -26,7 +26,7 @@ int store_open(tg_store **out, const char *path, tg_err *e);
 int store_open_ro(tg_store **out, const char *path, tg_err *e);
 void store_close(tg_store *st);
 /* Removes the files of the store at path: the db, its -wal, -shm and
- * -journal files and PATH.runlock (a store a failed command created, a
+ * -journal files and PATH-runlock (a store a failed command created, a
  * previous attempt). Missing files are no error. */
 void store_remove_files(const char *path);              /* NULL is a no-op */
 /* The sqlite3 handle, for the modules that query it (compare, reports). */
@@ -134,7 +134,7 @@ int store_has_leg(tg_store *st, int64_t run_id, const char *arm, int leg);
  * so a second `tokgate gate --resume N` cannot write the same legs. Taking
  * another run's lock releases the one held. Returns 0 (held now, or a
  * ":memory:" store), 1 when another process holds it (*holder its pid, 0
- * when the system does not say), -1 with e (the lock file PATH.runlock
+ * when the system does not say), -1 with e (the lock file PATH-runlock
  * cannot be opened). */
 int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e);
 
