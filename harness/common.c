@@ -285,8 +285,8 @@ int common_out_check(const char *path, const char *db, const char *what, tg_err 
     if (!path || !*path) return tg_errf(e, "%s: expected a file name", what);
     if (!strcmp(path, "-")) return 0;
     if (db) {
-        static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
-        for (int i = 0; i < 4; i++)
+        static const char *const suffix[] = {"", "-wal", "-shm", "-journal", "-runlock"};
+        for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++)
             if (same_file(path, db, suffix[i]))
                 return tg_errf(e, "%s %s: that is the store %s%s; refusing to overwrite it (give another file)",
                                what, path, db, suffix[i]);

@@ -87,7 +87,7 @@ typedef struct common_out {
 
 /* Checks, before any work is done, that path may become an output of
  * `what` ("--out"): it is not the store db (the same file as db, or as its
- * -wal, -shm or -journal file, by device and inode or, for files that do
+ * -wal, -shm, -journal or -runlock file, by device and inode or, for files that do
  * not exist yet, by canonical path), not a folder, and its folder exists
  * or can be made (made now, with parents). db may be NULL. Returns 0, or
  * -1 with e. */
