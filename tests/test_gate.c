@@ -668,17 +668,28 @@ static tg_spec *resume_spec(int steps)
     return s;
 }
 
+/* The first run of the resume tests: *s the spec (resume_spec(4)), *r its
+ * result; returns the store it went into. */
+static tg_store *resume_first_run(tg_spec **s, gate_result *r)
+{
+    *s = resume_spec(4);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    tg_err e;
+    if (gate_run(st, *s, &o, r, &e) < 0) fail_msg("the first run: %s", e.msg);
+    return st;
+}
+
 /* --resume: stored legs are skipped; a missing one is run again, forced
  * along the reference tokens read back from the store. */
 static void test_resume(void **unused)
 {
     (void)unused;
-    tg_spec *s = resume_spec(4);
-    tg_store *st = open_db();
-    gate_options o = opts();
+    tg_spec *s;
     gate_result r;
+    tg_store *st = resume_first_run(&s, &r);
+    gate_options o = opts();
     tg_err e;
-    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
     assert_int_equal(r.legs_run, 4);
     o.resume_run = r.run_id;
     gate_result r2;
@@ -720,12 +731,11 @@ static void test_resume(void **unused)
 static void test_resume_locked(void **unused)
 {
     (void)unused;
-    tg_spec *s = resume_spec(4);
-    tg_store *st = open_db();
-    gate_options o = opts();
+    tg_spec *s;
     gate_result r;
+    tg_store *st = resume_first_run(&s, &r);
+    gate_options o = opts();
     tg_err e;
-    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
     int64_t run = r.run_id;
     char *err = NULL;
     char sql[256];
