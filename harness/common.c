@@ -285,8 +285,8 @@ int common_out_check(const char *path, const char *db, const char *what, tg_err 
     if (!path || !*path) return tg_errf(e, "%s: expected a file name", what);
     if (!strcmp(path, "-")) return 0;
     if (db) {
-        static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
-        for (int i = 0; i < 4; i++)
+        static const char *const suffix[] = {"", "-wal", "-shm", "-journal", "-runlock"};
+        for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++)
             if (same_file(path, db, suffix[i]))
                 return tg_errf(e, "%s %s: that is the store %s%s; refusing to overwrite it (give another file)",
                                what, path, db, suffix[i]);
@@ -410,13 +410,15 @@ int common_cli_parse(const common_cli *cli, int argc, char **argv, common_cli_fn
     struct option *lo = xcalloc((size_t)n + 2, sizeof *lo);
     memcpy(lo, cli->opts, sizeof *lo * (size_t)n);
     lo[n] = (struct option){"help", no_argument, NULL, CLI_HELP_ID};
+    char optstr[64];
+    snprintf(optstr, sizeof optstr, "-:h%s", cli->shorts ? cli->shorts : "");
     int rc = COMMON_CLI_OK;
     opterr = 0;
     optind = 0;   /* GNU: a fresh scan (a command may be parsed more than once in tests) */
     for (;;) {
         int li = -1;
         /* leading '-': positionals come back in order as option 1 */
-        int c = getopt_long(argc, argv, "-:h", lo, &li);
+        int c = getopt_long(argc, argv, optstr, lo, &li);
         if (c == -1) break;
         const char *word = argv[optind - 1];
         if (c == 1) {

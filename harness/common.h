@@ -87,7 +87,7 @@ typedef struct common_out {
 
 /* Checks, before any work is done, that path may become an output of
  * `what` ("--out"): it is not the store db (the same file as db, or as its
- * -wal, -shm or -journal file, by device and inode or, for files that do
+ * -wal, -shm, -journal or -runlock file, by device and inode or, for files that do
  * not exist yet, by canonical path), not a folder, and its folder exists
  * or can be made (made now, with parents). db may be NULL. Returns 0, or
  * -1 with e. */
@@ -133,6 +133,8 @@ typedef struct common_cli {
     const char *usage;           /* the whole usage text, printed for --help */
     const struct option *opts;   /* { "db", required_argument, NULL, ID }, ..., {0} */
     int max_pos;                 /* positional arguments accepted */
+    const char *shorts;          /* extra short options for getopt ("o:"), or NULL; on_opt
+                                  * receives their letter as the id */
 } common_cli;
 
 /* Called for every option in order; returns 0, or -1 after writing into e

@@ -710,6 +710,14 @@ static int gate_precheck(const tg_spec *s, tg_err *e)
     return 0;
 }
 
+/* Appends to a store error how to finish the run: its legs stored so far stay. */
+static void resume_hint(tg_err *e, const tg_spec *s, int64_t run)
+{
+    size_t n = strlen(e->msg);
+    snprintf(e->msg + n, sizeof e->msg - n, "; resume the run with `tokgate gate %s --resume %lld`", s->path,
+             (long long)run);
+}
+
 int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_result *res, tg_err *e)
 {
     memset(res, 0, sizeof *res);
@@ -769,6 +777,17 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
         if (r < 0) goto done;
         if (calibrate_put_params(st, c.run_id, s, e) < 0) goto done;
     }
+    /* one process per run: a second gate resuming it would store the same legs twice */
+    long holder = 0;
+    if (opt->resume_run <= 0) res->run_id = c.run_id;   /* ours: main marks it should the lock fail */
+    int lk = store_run_lock(st, c.run_id, &holder, e);
+    if (lk != 0) {
+        if (lk > 0)
+            tg_errf(e, "run %lld is being resumed by process %ld (or run by it: it holds the run's lock); "
+                       "wait for it to end, then resume with --resume %lld if it stopped short",
+                    (long long)c.run_id, holder, (long long)c.run_id);
+        goto done;
+    }
     res->run_id = c.run_id;
 
     /* teacher forcing: the reference's leg 1 first, alone */
@@ -778,6 +797,7 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
             res->legs_skipped++;
         } else if (run_leg(&c, s->ref_index, 1, c.ref) < 0) {
             *e = c.store_err;
+            resume_hint(e, s, c.run_id);
             goto done;
         }
         if (arm_interrupted()) goto interrupted;
@@ -816,6 +836,7 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
     }
     if (c.store_failed) {
         *e = c.store_err;
+        resume_hint(e, s, c.run_id);
         goto done;
     }
     rc = 0;

@@ -304,8 +304,9 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 
 /* Opens the store db. must_exist: the command reads runs (report, step,
  * rescore, bench), so a missing file is a typo, not a new store: "no such
- * store", and nothing is created. Returns 0 or the exit code (message
- * printed). */
+ * store", and nothing is created; 2: the command only reads (report,
+ * step), so the store is opened read-only. Returns 0 or the exit code
+ * (message printed). */
 static int open_store(const char *db, int must_exist, tg_store **st)
 {
     tg_err e;
@@ -320,7 +321,7 @@ static int open_store(const char *db, int must_exist, tg_store **st)
         fprintf(stderr, "tokgate: --db %s: expected a store file, got something else\n", db);
         return EXIT_USAGE;
     }
-    if (store_open(st, db, &e) < 0) {
+    if ((must_exist == 2 ? store_open_ro(st, db, &e) : store_open(st, db, &e)) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
         return EXIT_USAGE;
     }
@@ -484,7 +485,7 @@ static int cmd_report(int argc, char **argv)
         return EXIT_USAGE;
     }
     tg_store *st;
-    if ((rc = open_store(o.db, 1, &st))) return rc;
+    if ((rc = open_store(o.db, 2, &st))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "report", o.n_pos ? o.pos[0] : NULL, &run))) {
         store_close(st);
@@ -527,7 +528,7 @@ static int cmd_step(int argc, char **argv)
     int step;
     if (report_parse_step_ref(o.pos[0], prompt, &step, &e) < 0) return usage_error("step", "%s", e.msg);
     tg_store *st;
-    if ((rc = open_store(o.db, 1, &st))) return rc;
+    if ((rc = open_store(o.db, 2, &st))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "step", o.n_pos > 1 ? o.pos[1] : NULL, &run))) {
         store_close(st);
@@ -712,25 +713,6 @@ static const command *find_command(const char *name)
     return NULL;
 }
 
-/* trend parses its options in trend.c, which writes --out itself: refuse
- * an --out that is the store (--db, default tokgate.db) before it runs.
- * Returns 0 or -1 (message printed). */
-static int trend_out_guard(int argc, char **argv)
-{
-    const char *db = "tokgate.db", *out = NULL;
-    for (int i = 2; i + 1 < argc; i++) {
-        if (!strcmp(argv[i], "--")) break;
-        if (!strcmp(argv[i], "--db")) db = argv[++i];
-        else if (!strcmp(argv[i], "--out")) out = argv[++i];
-    }
-    tg_err e;
-    if (out && common_out_check(out, db, "--out", &e) < 0) {
-        fprintf(stderr, "tokgate trend: %s\n", e.msg);
-        return -1;
-    }
-    return 0;
-}
-
 static int cmd_version(int argc, char **argv)
 {
     if (argc > 2) return usage_error("version", "unexpected argument '%s'", argv[2]);
@@ -806,7 +788,6 @@ int main(int argc, char **argv)
         fputs(c->usage, stdout);
         return 0;
     }
-    if (c->run == trend_main && trend_out_guard(argc, argv) < 0) return EXIT_USAGE;
     install_signals(c->graceful);
     int rc = c->run(argc, argv);
     int sig = arm_interrupted();

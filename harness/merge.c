@@ -19,6 +19,7 @@
 
 #include <openssl/evp.h>
 
+#include "common.h"
 #include "trend.h"
 
 /* Tables this file copies, in dependency order; any other non-empty table
@@ -28,22 +29,18 @@ static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", 
                                     "compare", "contested", "noise_band", "trend_mark", "run_calibration",
                                     "calib_set", "calib_step", "calib_limit", "calib_arm_step", NULL};
 
-static int sql_err(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "merge: %s: %s", what, sqlite3_errmsg(db));
-}
 
 /* Runs sql with up to two int64 bindings (?1, ?2). Returns 0 or -1 with e. */
 static int exec2(sqlite3 *db, const char *sql, int64_t a, int64_t b, tg_err *e)
 {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return sql_err(db, e, sql);
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return common_sql_err(db, e, sql);
     int np = sqlite3_bind_parameter_count(s);
     if (np >= 1) sqlite3_bind_int64(s, 1, a);
     if (np >= 2) sqlite3_bind_int64(s, 2, b);
     int rc = sqlite3_step(s);
     sqlite3_finalize(s);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return sql_err(db, e, sql);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return common_sql_err(db, e, sql);
     return 0;
 }
 
@@ -51,7 +48,7 @@ static int exec2(sqlite3 *db, const char *sql, int64_t a, int64_t b, tg_err *e)
 static int int2(sqlite3 *db, const char *sql, int64_t a, int64_t b, int64_t *v, tg_err *e)
 {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return sql_err(db, e, sql);
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return common_sql_err(db, e, sql);
     int np = sqlite3_bind_parameter_count(s);
     if (np >= 1) sqlite3_bind_int64(s, 1, a);
     if (np >= 2) sqlite3_bind_int64(s, 2, b);
@@ -60,7 +57,7 @@ static int int2(sqlite3 *db, const char *sql, int64_t a, int64_t b, int64_t *v, 
         *v = sqlite3_column_int64(s, 0);
         r = 1;
     } else if (rc != SQLITE_DONE)
-        r = sql_err(db, e, sql);
+        r = common_sql_err(db, e, sql);
     sqlite3_finalize(s);
     return r;
 }
@@ -97,7 +94,7 @@ static int copy_rows(sqlite3 *db, const char *t, const char *where, const char *
     if (int2(db, q, 0, 0, &one, e) != 1) return 0;
     snprintf(q, sizeof q, "SELECT name FROM main.pragma_table_info('%s') ORDER BY cid", t);
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, q, -1, &s, NULL) != SQLITE_OK) return sql_err(db, e, q);
+    if (sqlite3_prepare_v2(db, q, -1, &s, NULL) != SQLITE_OK) return common_sql_err(db, e, q);
     while (sqlite3_step(s) == SQLITE_ROW) {
         const char *c = (const char *)sqlite3_column_text(s, 0);
         const char *expr = NULL;
@@ -124,7 +121,7 @@ static int copy_rows(sqlite3 *db, const char *t, const char *where, const char *
     sqlite3_finalize(s);
     char *sql = sqlite3_mprintf("INSERT INTO main.\"%s\"(%s) SELECT %s FROM src.\"%s\" AS s WHERE %s%s%s",
                                 t, cols, exprs, t, where, order ? " ORDER BY " : "", order ? order : "");
-    if (!sql) abort();
+    if (!sql) common_out_of_memory(strlen(cols) + strlen(exprs));
     int rc = exec2(db, sql, a, b, e);
     sqlite3_free(sql);
     if (rc < 0) return tg_err_prefix(e, "copying %s rows", t);
@@ -171,8 +168,7 @@ static int part_hash(sqlite3 *db, const char *sch, int p, int64_t run, unsigned 
 {
     /* the part's SQL with every @ replaced by the schema name */
     size_t cap = strlen(PARTS[p].sql) * 2 + 64, k = 0;
-    char *sql = malloc(cap);
-    if (!sql) abort();
+    char *sql = xmalloc(cap);
     for (const char *c = PARTS[p].sql; *c; c++) {
         if (*c == '@') k += (size_t)snprintf(sql + k, cap - k, "%s", sch);
         else sql[k++] = *c;
@@ -181,10 +177,15 @@ static int part_hash(sqlite3 *db, const char *sch, int p, int64_t run, unsigned 
     sqlite3_stmt *s;
     int rc = sqlite3_prepare_v2(db, sql, -1, &s, NULL);
     free(sql);
-    if (rc != SQLITE_OK) return sql_err(db, e, PARTS[p].part);
+    if (rc != SQLITE_OK) return common_sql_err(db, e, PARTS[p].part);
     sqlite3_bind_int64(s, 1, run);
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) abort();
+    if (!ctx) common_out_of_memory(sizeof(void *));
+    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        EVP_MD_CTX_free(ctx);
+        sqlite3_finalize(s);
+        return tg_errf(e, "merge: %s: SHA-256 is not available (OpenSSL)", PARTS[p].part);
+    }
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         int nc = sqlite3_column_count(s);
         for (int c = 0; c < nc; c++) {
@@ -207,7 +208,7 @@ static int part_hash(sqlite3 *db, const char *sch, int p, int64_t run, unsigned 
     unsigned int ol = 32;
     EVP_DigestFinal_ex(ctx, out, &ol);
     EVP_MD_CTX_free(ctx);
-    if (rc != SQLITE_DONE) return sql_err(db, e, PARTS[p].part);
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, PARTS[p].part);
     return 0;
 }
 
@@ -370,7 +371,7 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
     if (sqlite3_prepare_v2(db, "SELECT r.id, r.uid, s.name, r.started FROM src.run r"
                                " JOIN src.spec s ON s.id = r.spec_id ORDER BY r.started, r.id",
                            -1, &runs, NULL) != SQLITE_OK) {
-        sql_err(db, e, "listing the source's runs");
+        common_sql_err(db, e, "listing the source's runs");
         goto done;
     }
     int st;
@@ -386,7 +387,7 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
         sqlite3_stmt *q;
         int64_t have = 0;
         if (sqlite3_prepare_v2(db, "SELECT id FROM main.run WHERE uid = ?1", -1, &q, NULL) != SQLITE_OK) {
-            sql_err(db, e, "looking up a run uid");
+            common_sql_err(db, e, "looking up a run uid");
             goto done;
         }
         sqlite3_bind_text(q, 1, uid, -1, SQLITE_TRANSIENT);
@@ -415,7 +416,7 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
         ms->runs_added++;
     }
     if (st != SQLITE_DONE) {
-        sql_err(db, e, "listing the source's runs");
+        common_sql_err(db, e, "listing the source's runs");
         goto done;
     }
     sqlite3_finalize(runs);
@@ -432,26 +433,26 @@ done:
     return rc;
 }
 
+enum { O_OUT = COMMON_CLI_FIRST_ID };
+
+static int on_opt(void *ud, int id, const char *v, tg_err *e)
+{
+    (void)e;
+    if (id == O_OUT || id == 'o') *(const char **)ud = v;
+    return 0;
+}
+
 int merge_main(int argc, char **argv)
 {
+    static const struct option lo[] = {{"out", required_argument, NULL, O_OUT}, {NULL, 0, NULL, 0}};
+    const common_cli cli = {"merge", "(see tokgate help merge)\n", lo, argc, "o:"};
     const char *out = NULL;
-    const char **in = calloc((size_t)argc, sizeof *in);
-    if (!in) abort();
+    const char **in = xcalloc((size_t)argc + 1, sizeof *in);
     int n = 0;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--out")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "tokgate: merge: %s needs a value\n", argv[i]);
-                free(in);
-                return 2;
-            }
-            out = argv[++i];
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "tokgate: merge: unknown option '%s'\n(run `tokgate help` for usage)\n", argv[i]);
-            free(in);
-            return 2;
-        } else
-            in[n++] = argv[i];
+    int rc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, &out, in, &n);
+    if (rc) {
+        free(in);
+        return rc == COMMON_CLI_HELP ? 0 : rc;
     }
     if (!out || n == 0) {
         fprintf(stderr, "tokgate: merge: expected A.db [B.db ...] -o OUT.db\n(run `tokgate help` for usage)\n");
@@ -460,12 +461,14 @@ int merge_main(int argc, char **argv)
     }
     tg_err e;
     tg_store *dst;
+    struct stat sb;
+    int created = lstat(out, &sb) != 0 && errno == ENOENT;   /* removed again if the merge fails */
     if (store_open(&dst, out, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
+        if (created) store_remove_files(out);
         free(in);
         return 2;
     }
-    int rc = 0;
     merge_stats total = {0};
     for (int i = 0; i < n; i++) {
         merge_stats ms = {0};
@@ -481,6 +484,10 @@ int merge_main(int argc, char **argv)
     }
     if (rc == 0) printf("merged into %s: %d runs added, %d already present\n", out, total.runs_added, total.runs_same);
     store_close(dst);
+    if (rc != 0 && created) {
+        store_remove_files(out);
+        fprintf(stderr, "tokgate: merge: %s removed (it did not exist before this merge)\n", out);
+    }
     free(in);
     return rc;
 }

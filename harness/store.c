@@ -22,13 +22,19 @@
  */
 #include "store.h"
 
+#include "common.h"
+
 #include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zstd.h>
 
 /* ------------------------------------------------------------------ */
@@ -331,6 +337,12 @@ static const char *const SQL[Q_COUNT] = {
 struct tg_store {
     sqlite3 *db;
     char *path;
+    int lock_fd;                /* PATH-runlock, open while a run lock is held, else -1 */
+    int64_t locked_run;         /* the run whose lock lock_fd holds, 0 none */
+    double wait_limit_s;        /* how long the busy handler waits for the write lock */
+    double wait_t0;             /* when the current wait began */
+    double wait_said;           /* seconds waited when progress was last printed */
+    double waited_s;            /* how long the last wait lasted (for the give-up message) */
     sqlite3_stmt *q[Q_COUNT];   /* prepared on first use, kept until close */
     unsigned char *buf;         /* scratch for blobs */
     size_t buf_cap;
@@ -404,22 +416,27 @@ static void now_iso(char out[32])
 /* ------------------------------------------------------------------ */
 /* Open / close                                                        */
 
+/* Runs sql, a query of one integer (a PRAGMA, a count), into *v. Returns
+ * 0, or -1 (sqlite3_errmsg(db) says why). */
+static int query_int(sqlite3 *db, const char *sql, int64_t *v)
+{
+    sqlite3_stmt *s = NULL;
+    int ok = sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW;
+    if (ok) *v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return ok ? 0 : -1;
+}
+
 /* A store at version 1..4 (before the plain top-k rows) can be migrated
  * only when it holds no step rows: their top-k is in a binary format this
  * code does not read. Returns 0 (nothing to convert) or -1 with e saying
  * what to do. */
 static int old_store_check(tg_store *st, int64_t version, tg_err *e)
 {
-    sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(st->db, "SELECT count(*) FROM step", -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_step(s) != SQLITE_ROW) {
-        tg_errf(e, "%s: schema version %lld: reading its step table: %s", st->path, (long long)version,
-                sqlite3_errmsg(st->db));
-        sqlite3_finalize(s);
-        return -1;
-    }
-    int64_t n = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
+    int64_t n = 0;
+    if (query_int(st->db, "SELECT count(*) FROM step", &n) < 0)
+        return tg_errf(e, "%s: schema version %lld: reading its step table: %s", st->path, (long long)version,
+                       sqlite3_errmsg(st->db));
     if (n == 0) return 0;
     return tg_errf(e,
                    "%s: schema version %lld (tokgate before schema version %d) keeps the top-k of its %lld "
@@ -429,23 +446,60 @@ static int old_store_check(tg_store *st, int64_t version, tg_err *e)
                    st->path, (long long)version, FIRST_PLAIN_VERSION, (long long)n, st->path);
 }
 
+/* The busy handler: called by SQLite while another connection holds the
+ * write lock (count 0 on the first call of a wait). Sleeps 50 ms per call,
+ * prints "tokgate: waiting for the store's write lock (N s): ..." on stderr
+ * every 10 s, and gives up (returns 0, SQLITE_BUSY) after wait_limit_s. A
+ * long merge or a database browser holding a write transaction is waited
+ * out instead of aborting a gate. Returns 1 to retry, 0 to give up. */
+static int store_busy(void *ud, int count)
+{
+    tg_store *st = ud;
+    double now = tg_now();
+    if (count == 0) {
+        st->wait_t0 = now;
+        st->wait_said = 0;
+    }
+    double waited = now - st->wait_t0;
+    st->waited_s = waited;
+    if (waited >= st->wait_limit_s) return 0;
+    if (waited - st->wait_said >= 10.0) {
+        st->wait_said = waited;
+        fprintf(stderr, "tokgate: waiting for the store's write lock (%.0f s): another process holds it "
+                        "(%s; giving up after %.0f s)\n", waited, st->path, st->wait_limit_s);
+        fflush(stderr);
+    }
+    usleep(50000);
+    return 1;
+}
+
+/* The write-lock wait limit: $TOKGATE_STORE_WAIT seconds (a number > 0),
+ * else STORE_WAIT_DEFAULT_S. */
+static double store_wait_limit(void)
+{
+    const char *v = getenv("TOKGATE_STORE_WAIT");
+    if (v && *v) {
+        char *end;
+        double x = strtod(v, &end);
+        if (*end == 0 && x > 0 && x < 1e9) return x;
+    }
+    return STORE_WAIT_DEFAULT_S;
+}
+
 int store_open(tg_store **out, const char *path, tg_err *e)
 {
     *out = NULL;
-    tg_store *st = calloc(1, sizeof *st);
-    if (!st) return tg_errf(e, "%s: out of memory", path);
-    st->path = strdup(path);
-    if (!st->path) {
-        free(st);
-        return tg_errf(e, "%s: out of memory", path);
-    }
+    tg_store *st = xcalloc(1, sizeof *st);
+    st->path = xstrdup(path);
+    st->lock_fd = -1;
+    st->wait_limit_s = store_wait_limit();
     if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         tg_errf(e, "%s: cannot open the store: %s", path,
                 st->db ? sqlite3_errmsg(st->db) : "out of memory");
         goto fail;
     }
-    sqlite3_busy_timeout(st->db, 10000);
+    sqlite3_busy_handler(st->db, store_busy, st);
     char *msg = NULL;
     if (sqlite3_exec(st->db,
                      "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
@@ -455,16 +509,11 @@ int store_open(tg_store **out, const char *path, tg_err *e)
         sqlite3_free(msg);
         goto fail;
     }
-    sqlite3_stmt *s = NULL;
     int64_t version = 0;
-    if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_step(s) != SQLITE_ROW) {
+    if (query_int(st->db, "PRAGMA user_version", &version) < 0) {
         tg_errf(e, "%s: reading PRAGMA user_version: %s", path, sqlite3_errmsg(st->db));
-        sqlite3_finalize(s);
         goto fail;
     }
-    version = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
     if (version > STORE_SCHEMA_VERSION) {
         tg_errf(e,
                 "%s: schema version %lld is newer than this tokgate understands (%d); "
@@ -479,15 +528,11 @@ int store_open(tg_store **out, const char *path, tg_err *e)
     }
     if (version == 0) {
         /* A store at version 0 must be empty: refuse someone else's database. */
-        if (sqlite3_prepare_v2(st->db, "SELECT count(*) FROM sqlite_master", -1, &s, NULL) !=
-                SQLITE_OK ||
-            sqlite3_step(s) != SQLITE_ROW) {
+        int64_t n = 0;
+        if (query_int(st->db, "SELECT count(*) FROM sqlite_master", &n) < 0) {
             tg_errf(e, "%s: reading the schema: %s", path, sqlite3_errmsg(st->db));
-            sqlite3_finalize(s);
             goto fail;
         }
-        int64_t n = sqlite3_column_int64(s, 0);
-        sqlite3_finalize(s);
         if (n != 0) {
             tg_errf(e, "%s: has tables but no tokgate schema version (user_version 0): "
                        "not a tokgate store", path);
@@ -516,9 +561,67 @@ fail:
     return -1;
 }
 
+int store_open_ro(tg_store **out, const char *path, tg_err *e)
+{
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return tg_errf(e, "no such store: %s (%s; give --db FILE of an existing store)", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return tg_errf(e, "%s: expected a store file, got something else", path);
+    tg_store *st = xcalloc(1, sizeof *st);
+    st->path = xstrdup(path);
+    st->lock_fd = -1;
+    st->wait_limit_s = store_wait_limit();
+    for (int pass = 0; pass < 2; pass++) {
+        if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+            tg_errf(e, "%s: cannot open the store: %s", path, st->db ? sqlite3_errmsg(st->db) : "out of memory");
+            goto fail;
+        }
+        sqlite3_busy_handler(st->db, store_busy, st);
+        int64_t version = 0;
+        if (query_int(st->db, "PRAGMA user_version", &version) < 0) {
+            tg_errf(e, "%s: not a usable SQLite store: %s", path, sqlite3_errmsg(st->db));
+            goto fail;
+        }
+        if (version == STORE_SCHEMA_VERSION) {
+            *out = st;
+            return 0;
+        }
+        if (pass > 0 || version > STORE_SCHEMA_VERSION) break;
+        /* an older schema (0: an empty file): migrated once through a writing open, then read */
+        sqlite3_close(st->db);
+        st->db = NULL;
+        tg_store *rw;
+        if (store_open(&rw, path, e) < 0) goto fail;
+        store_close(rw);
+    }
+    /* a newer version (or one that changed under us): store_open's message */
+    sqlite3_close(st->db);
+    st->db = NULL;
+    tg_store *rw;
+    if (store_open(&rw, path, e) == 0) {
+        store_close(rw);
+        tg_errf(e, "%s: the store changed while it was opened; try again", path);
+    }
+fail:
+    store_close(st);
+    return -1;
+}
+
+void store_remove_files(const char *path)
+{
+    static const char *const suffix[] = {"", "-wal", "-shm", "-journal", "-runlock"};
+    for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
+        char *p = xasprintf("%s%s", path, suffix[i]);
+        unlink(p);
+        free(p);
+    }
+}
+
 void store_close(tg_store *st)
 {
     if (!st) return;
+    if (st->lock_fd >= 0) close(st->lock_fd);   /* releases the run lock */
     for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(st->q[i]);
     sqlite3_close(st->db);
     free(st->path);
@@ -529,6 +632,48 @@ void store_close(tg_store *st)
 struct sqlite3 *store_db(tg_store *st)
 {
     return st->db;
+}
+
+/* ------------------------------------------------------------------ */
+/* Run locks                                                           */
+
+/* The run lock is a POSIX record lock (fcntl F_SETLK) on byte run_id of the
+ * file PATH-runlock beside the store: the kernel drops it when the process
+ * ends however it ends, so a crashed gate leaves no stale lock, and
+ * F_GETLK names the process holding it. The file itself stays (empty). */
+int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e)
+{
+    if (holder) *holder = 0;
+    if (run_id <= 0) return tg_errf(e, "%s: run lock: run id %lld, expected >= 1", st->path, (long long)run_id);
+    if (!strcmp(st->path, ":memory:") || !st->path[0]) return 0;   /* a private store: no one else */
+    if (st->locked_run == run_id) return 0;
+    if (st->lock_fd < 0) {
+        char *lp = xasprintf("%s-runlock", st->path);
+        st->lock_fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+        if (st->lock_fd < 0) {
+            tg_errf(e, "%s: cannot open the run lock file: %s", lp, strerror(errno));
+            free(lp);
+            return -1;
+        }
+        free(lp);
+    }
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)run_id, .l_len = 1};
+    if (fcntl(st->lock_fd, F_SETLK, &fl) == 0) {
+        if (st->locked_run > 0) {
+            struct flock un = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = (off_t)st->locked_run,
+                               .l_len = 1};
+            fcntl(st->lock_fd, F_SETLK, &un);
+        }
+        st->locked_run = run_id;
+        return 0;
+    }
+    if (errno != EACCES && errno != EAGAIN)
+        return tg_errf(e, "%s-runlock: locking run %lld: %s", st->path, (long long)run_id, strerror(errno));
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)run_id, .l_len = 1};
+    long pid = 0;
+    if (fcntl(st->lock_fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK) pid = (long)q.l_pid;
+    if (holder) *holder = pid;
+    return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -740,28 +885,21 @@ void store_tops_free(store_tops *t)
 }
 
 /* Room for n steps (*cap_s) and m entries (*cap_m) in t, growing by
- * doubling. Returns 0 or -1 when out of memory. */
-static int tops_grow(store_tops *t, int n, int *cap_s, size_t m, size_t *cap_m)
+ * doubling (out of memory exits, common.h). Returns 0. */
+static void tops_grow(store_tops *t, int n, int *cap_s, size_t m, size_t *cap_m)
 {
     if (n > *cap_s) {
         int c = *cap_s ? 2 * *cap_s : 64;
-        int *a = realloc(t->step, sizeof *a * (size_t)c);
-        if (a) t->step = a;
-        int *b = realloc(t->n_top, sizeof *b * (size_t)c);
-        if (b) t->n_top = b;
-        size_t *o = realloc(t->off, sizeof *o * (size_t)c);
-        if (o) t->off = o;
-        if (!a || !b || !o) return -1;
+        t->step = xrealloc(t->step, sizeof *t->step * (size_t)c);
+        t->n_top = xrealloc(t->n_top, sizeof *t->n_top * (size_t)c);
+        t->off = xrealloc(t->off, sizeof *t->off * (size_t)c);
         *cap_s = c;
     }
     if (m > *cap_m) {
         size_t c = *cap_m ? 2 * *cap_m : 1024;
-        tg_top *p = realloc(t->top, sizeof *p * c);
-        if (!p) return -1;
-        t->top = p;
+        t->top = xrealloc(t->top, sizeof *t->top * c);
         *cap_m = c;
     }
-    return 0;
 }
 
 int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store_tops *out, tg_err *e)
@@ -816,10 +954,7 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
                         (long long)prompt_id, txt ? txt : "");
                 goto out;
             }
-            if (tops_grow(out, out->n + 1, &cap_s, m, &cap_m) < 0) {
-                tg_errf(e, "out of memory");
-                goto out;
-            }
+            tops_grow(out, out->n + 1, &cap_s, m, &cap_m);
             out->step[out->n] = (int)step;
             out->n_top[out->n] = 0;
             out->off[out->n] = m;
@@ -832,11 +967,11 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
             why = "ranks are not 1, 2, 3, ... without a gap";
         else if (k >= MAX_TOP)
             why = "more than 4096 entries";
-        if (why || tops_grow(out, out->n, &cap_s, m + 1, &cap_m) < 0 ||
-            column_top(s, 2, &out->top[m], &why) < 0) {
+        if (!why) tops_grow(out, out->n, &cap_s, m + 1, &cap_m);
+        if (why || column_top(s, 2, &out->top[m], &why) < 0) {
             tg_errf(e, "leg %lld prompt %lld step %lld: step_top rank %s of leg %lld: %s", (long long)leg_id,
                     (long long)prompt_id, (long long)step, sqlite3_column_text(s, 1) ? (const char *)sqlite3_column_text(s, 1) : "NULL",
-                    (long long)src, why ? why : "out of memory");
+                    (long long)src, why ? why : "not a top-k entry");
             goto out;
         }
         out->n_top[out->n - 1] = k + 1;
@@ -848,10 +983,7 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
         goto out;
     }
     /* t.top + t.off[k] is a valid pointer for every step, empty ones too */
-    if (out->n > 0 && !out->top && tops_grow(out, out->n, &cap_s, 1, &cap_m) < 0) {
-        tg_errf(e, "out of memory");
-        goto out;
-    }
+    if (out->n > 0 && !out->top) tops_grow(out, out->n, &cap_s, 1, &cap_m);
     rc = 0;
 out:
     sqlite3_finalize(s);
@@ -879,9 +1011,7 @@ static int ensure_buf(tg_store *st, size_t n, tg_err *e)
     if (st->buf_cap >= n) return 0;
     size_t cap = st->buf_cap ? st->buf_cap : 4096;
     while (cap < n) cap *= 2;
-    unsigned char *b = realloc(st->buf, cap);
-    if (!b) return tg_errf(e, "%s: out of memory (%zu bytes)", st->path, cap);
-    st->buf = b;
+    st->buf = xrealloc(st->buf, cap);
     st->buf_cap = cap;
     return 0;
 }
@@ -892,8 +1022,7 @@ static char *ids_json(const int32_t *ids, int n)
 {
     if (!ids || n < 0) return NULL;
     size_t cap = 3 + (size_t)n * 12;
-    char *s = malloc(cap);
-    if (!s) return NULL;
+    char *s = xmalloc(cap);
     size_t k = 0;
     s[k++] = '[';
     for (int i = 0; i < n; i++) k += (size_t)snprintf(s + k, cap - k, i ? ",%d" : "%d", ids[i]);
@@ -1093,10 +1222,9 @@ static int plan_leg(tg_store *st, const store_leg *leg, leg_plan *p, tg_err *e)
 {
     int n = leg->n_prompts;
     p->n = n;
-    p->pid = calloc((size_t)(n ? n : 1), sizeof *p->pid);
-    p->pord = calloc((size_t)(n ? n : 1), sizeof *p->pord);
-    p->order = calloc((size_t)(n ? n : 1), sizeof *p->order);
-    if (!p->pid || !p->pord || !p->order) return tg_errf(e, "%s: out of memory", st->path);
+    p->pid = xcalloc((size_t)n, sizeof *p->pid);
+    p->pord = xcalloc((size_t)n, sizeof *p->pord);
+    p->order = xcalloc((size_t)n, sizeof *p->order);
     for (int i = 0; i < n; i++) {
         const store_leg_prompt *lp = &leg->prompts[i];
         sqlite3_stmt *s = stmt(st, Q_PROMPT_FIND, e);
@@ -1110,8 +1238,7 @@ static int plan_leg(tg_store *st, const store_leg *leg, leg_plan *p, tg_err *e)
                            (long long)leg->run_id);
         if (lp->n_steps < 0 || (lp->n_steps > 0 && !lp->steps))
             return tg_errf(e, "prompt %s: n_steps %d without steps", lp->prompt_id, lp->n_steps);
-        p->order[i] = malloc(sizeof *p->order[i] * (size_t)(lp->n_steps ? lp->n_steps : 1));
-        if (!p->order[i]) return tg_errf(e, "%s: out of memory", st->path);
+        p->order[i] = xmalloc(sizeof *p->order[i] * (size_t)lp->n_steps);
         steps_order(lp, p->order[i]);
         int j = i;
         while (j > 0 && p->pid[p->pord[j - 1]] > p->pid[i]) p->pord[j] = p->pord[j - 1], j--;
@@ -1127,7 +1254,14 @@ int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e)
     if (leg->n_prompts < 0 || (leg->n_prompts > 0 && !leg->prompts))
         return tg_errf(e, "%s: leg of %s: n_prompts %d without prompts", st->path, leg->arm,
                        leg->n_prompts);
-    if (exec_q(st, Q_BEGIN, e) < 0) return -1;
+    if (exec_q(st, Q_BEGIN, e) < 0) {
+        if (sqlite3_errcode(st->db) == SQLITE_BUSY)
+            return tg_errf(e, "%s: leg %s/%d of run %lld not stored: another process held the store's write "
+                              "lock for %.0f s (BEGIN IMMEDIATE: database is locked; wait longer with "
+                              "TOKGATE_STORE_WAIT=SECONDS)", st->path, leg->arm, leg->leg,
+                           (long long)leg->run_id, st->waited_s);
+        return tg_err_prefix(e, "leg %s/%d of run %lld", leg->arm, leg->leg, (long long)leg->run_id);
+    }
     int64_t arm_id, bin_id = 0, leg_id, base_leg = 0;
     sqlite3_stmt *s = stmt(st, Q_ARM_FIND, e);
     if (!s) goto fail;

@@ -19,7 +19,16 @@ typedef struct tg_store tg_store;
 
 /* Opens (creating or migrating) the store at path. Returns 0 or -1 with e. */
 int store_open(tg_store **out, const char *path, tg_err *e);
-void store_close(tg_store *st);              /* NULL is a no-op */
+/* Opens the existing store at path read-only (report, step, trend): a
+ * missing path is "no such store: PATH (...)", nothing is created, and
+ * nothing is written, except that a store of an older schema version is
+ * migrated first as store_open does. Returns 0 or -1 with e. */
+int store_open_ro(tg_store **out, const char *path, tg_err *e);
+void store_close(tg_store *st);
+/* Removes the files of the store at path: the db, its -wal, -shm and
+ * -journal files and PATH-runlock (a store a failed command created, a
+ * previous attempt). Missing files are no error. */
+void store_remove_files(const char *path);              /* NULL is a no-op */
 /* The sqlite3 handle, for the modules that query it (compare, reports). */
 struct sqlite3 *store_db(tg_store *st);
 
@@ -119,6 +128,20 @@ typedef struct store_leg {
 int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e);
 /* Legs already stored for (run, arm, leg): 1 if present (for --resume). */
 int store_has_leg(tg_store *st, int64_t run_id, const char *arm, int leg);
+
+/* Takes the run lock of run_id for this process: a process that runs or
+ * resumes a run holds it until store_close (or its end, however it ends),
+ * so a second `tokgate gate --resume N` cannot write the same legs. Taking
+ * another run's lock releases the one held. Returns 0 (held now, or a
+ * ":memory:" store), 1 when another process holds it (*holder its pid, 0
+ * when the system does not say), -1 with e (the lock file PATH-runlock
+ * cannot be opened). */
+int store_run_lock(tg_store *st, int64_t run_id, long *holder, tg_err *e);
+
+/* How long a write waits for another connection's write lock before it
+ * fails with "database is locked", printing progress on stderr every 10 s:
+ * $TOKGATE_STORE_WAIT seconds when set, else this. */
+#define STORE_WAIT_DEFAULT_S 3600.0
 
 /* The latest run (highest id) of spec_name, or of any spec when spec_name is
  * NULL, into *run_id. Returns 1 found, 0 none, -1 with e on a store error. */

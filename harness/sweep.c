@@ -13,7 +13,6 @@
 
 #include <assert.h>
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <libfyaml.h>
 #include <limits.h>
@@ -25,10 +24,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "gate.h"
 #include "spec.h"
 #include "trend.h"
 #include "verdict.h"
+
+/* The largest sweep or spec file read (as spec.c reads specs). */
+#define SWEEP_MAX_FILE ((size_t)256 << 20)
 
 typedef struct sweep_entry {
     char *name;              /* spec name after overrides */
@@ -43,42 +46,6 @@ struct tg_sweep {
     int n;
     sweep_entry *e;
 };
-
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s ? s : "");
-    if (!d) abort();
-    return d;
-}
-
-/* Reads a whole file into a malloc'ed NUL-terminated buffer. Returns 0 or -1 with e. */
-static int slurp(const char *path, char **out, size_t *len, tg_err *e)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return tg_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    if (!b) abort();
-    size_t r;
-    while ((r = fread(b + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (cap - n - 1 == 0) {
-            cap *= 2;
-            b = realloc(b, cap);
-            if (!b) abort();
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return tg_errf(e, "%s: read error", path);
-    }
-    b[n] = 0;
-    *out = b;
-    if (len) *len = n;
-    return 0;
-}
 
 /* The absolute form of a spec path named in the sweep file: as given when
  * absolute, else relative to the sweep file's folder (never the current
@@ -306,7 +273,7 @@ static int resolve_entry(const char *swpath, int idx, struct fy_node *ent, struc
     se->path = resolve_path(swpath, spath);
     char *text;
     size_t len;
-    if (slurp(se->path, &text, &len, e) < 0) return tg_err_prefix(e, "%s: specs[%d].spec", where(swpath, sp, at, sizeof at), idx);
+    if (common_read_file(se->path, SWEEP_MAX_FILE, &text, &len, e) < 0) return tg_err_prefix(e, "%s: specs[%d].spec", where(swpath, sp, at, sizeof at), idx);
     int rc = -1;
     struct fy_document *d = build_doc(text, len);
     struct fy_node *root = d ? fy_document_root(d) : NULL;
@@ -368,9 +335,8 @@ int sweep_load(tg_sweep **out, const char *path, tg_err *e)
     *out = NULL;
     char *text;
     size_t len;
-    if (slurp(path, &text, &len, e) < 0) return -1;
-    tg_sweep *sw = calloc(1, sizeof *sw);
-    if (!sw) abort();
+    if (common_read_file(path, SWEEP_MAX_FILE, &text, &len, e) < 0) return -1;
+    tg_sweep *sw = xcalloc(1, sizeof *sw);
     sw->path = xstrdup(path);
     tg_sha256_buf(text, len, sw->sha256);
     int rc = -1;
@@ -404,8 +370,7 @@ int sweep_load(tg_sweep **out, const char *path, tg_err *e)
         goto done;
     }
     sw->n = fy_node_sequence_item_count(specs);
-    sw->e = calloc((size_t)sw->n, sizeof *sw->e);
-    if (!sw->e) abort();
+    sw->e = xcalloc((size_t)sw->n, sizeof *sw->e);
     it = NULL;
     struct fy_node *ent;
     for (int i = 0; (ent = fy_node_sequence_iterate(specs, &it)); i++)
@@ -649,7 +614,7 @@ static int parse_int(const char *s, int lo, int hi, int *v)
     return 0;
 }
 
-enum { O_DB = 1000, O_JOBS, O_ONLY, O_SHARDS, O_OUT, O_SHARD, O_CPUS };
+enum { O_DB = COMMON_CLI_FIRST_ID, O_JOBS, O_ONLY, O_SHARDS, O_OUT, O_SHARD, O_CPUS };
 static const struct option SWEEP_OPTS[] = {
     {"db", required_argument, NULL, O_DB}, {"jobs", required_argument, NULL, O_JOBS},
     {"only", required_argument, NULL, O_ONLY}, {NULL, 0, NULL, 0}};
@@ -660,52 +625,54 @@ static const struct option RUN_OPTS[] = {
     {"shard", required_argument, NULL, O_SHARD}, {"db", required_argument, NULL, O_DB},
     {"jobs", required_argument, NULL, O_JOBS}, {NULL, 0, NULL, 0}};
 
-/* Parses argv[2..] (getopt_long, options and the one positional argument in
- * any order) against the command's options lo and short options so.
- * Returns 0 or an exit code. */
+/* One option of sweep / plan / run into the sopts ud. Returns 0 or -1 with e. */
+static int on_opt(void *ud, int id, const char *v, tg_err *e)
+{
+    sopts *o = ud;
+    switch (id) {
+    case O_DB: o->db = v; break;
+    case 'o':
+    case O_OUT: o->out = v; break;
+    case O_ONLY: o->only = v; break;
+    case O_SHARD: o->shard = v; break;
+    case O_JOBS:
+        if (parse_int(v, 1, 256, &o->jobs) < 0) return tg_errf(e, "--jobs: expected an integer 1..256, got '%s'", v);
+        break;
+    case O_SHARDS:
+        if (parse_int(v, 1, 100000, &o->shards) < 0)
+            return tg_errf(e, "--shards: expected an integer >= 1, got '%s'", v);
+        break;
+    case O_CPUS:
+        if (parse_int(v, 1, 4096, &o->cpus) < 0)
+            return tg_errf(e, "--cpus-per-task: expected an integer 1..4096, got '%s'", v);
+        break;
+    }
+    return 0;
+}
+
+/* Parses argv[2..] with common_cli_parse (options and the one positional
+ * argument in any order) against the command's long options lo and short
+ * options so (NULL or "o:"). Returns 0, -1 when --help was answered, or an
+ * exit code after a message. */
 static int parse(int argc, char **argv, const char *so, const struct option *lo, sopts *o)
 {
     memset(o, 0, sizeof *o);
-    /* argv[1], the command, stands in for the program name */
-    int ac = argc - 1;
-    char **av = argv + 1;
-    optind = 0;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(ac, av, so, lo, NULL)) != -1) {
-        const char *v = optarg;
-        switch (c) {
-        case O_DB: o->db = v; break;
-        case 'o':
-        case O_OUT: o->out = v; break;
-        case O_ONLY: o->only = v; break;
-        case O_SHARD: o->shard = v; break;
-        case O_JOBS:
-            if (parse_int(v, 1, 256, &o->jobs) < 0) return usage("--jobs: expected an integer 1..256, got '%s'", v);
-            break;
-        case O_SHARDS:
-            if (parse_int(v, 1, 100000, &o->shards) < 0) return usage("--shards: expected an integer >= 1, got '%s'", v);
-            break;
-        case O_CPUS:
-            if (parse_int(v, 1, 4096, &o->cpus) < 0)
-                return usage("--cpus-per-task: expected an integer 1..4096, got '%s'", v);
-            break;
-        case ':': return usage("option '%s' needs a value", av[optind - 1]);
-        default: return usage("unknown option '%s' for this command", av[optind - 1]);
-        }
-    }
-    for (int i = optind; i < ac; i++) {
-        if (o->pos) return usage("unexpected argument '%s'", av[i]);
-        o->pos = av[i];
-    }
+    char help[96];
+    snprintf(help, sizeof help, "(see tokgate help %s)\n", argv[1]);
+    const common_cli cli = {argv[1], help, lo, 1, so};
+    const char *pos[1] = {NULL};
+    int np = 0;
+    int rc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, o, pos, &np);
+    if (rc) return rc == COMMON_CLI_HELP ? -1 : rc;
+    o->pos = np ? pos[0] : NULL;
     return 0;
 }
 
 int sweep_main(int argc, char **argv)
 {
     sopts o;
-    int rc = parse(argc, argv, ":", SWEEP_OPTS, &o);
-    if (rc) return rc;
+    int rc = parse(argc, argv, NULL, SWEEP_OPTS, &o);
+    if (rc) return rc < 0 ? 0 : rc;
     if (!o.pos) return usage("sweep: expected a SWEEP file%s", "");
     tg_err e;
     tg_sweep *sw;
@@ -721,8 +688,7 @@ int sweep_main(int argc, char **argv)
     }
     char bins[PATH_MAX];
     gate_bin_dir(bins, sizeof bins);
-    sweep_row *rows = calloc((size_t)sw->n, sizeof *rows);
-    if (!rows) abort();
+    sweep_row *rows = xcalloc((size_t)sw->n, sizeof *rows);
     int n = 0;
     for (int i = 0; i < sw->n; i++) {
         if (o.only && strcmp(o.only, sw->e[i].name)) continue;
@@ -749,8 +715,8 @@ int sweep_main(int argc, char **argv)
 int sweep_plan_main(int argc, char **argv)
 {
     sopts o;
-    int rc = parse(argc, argv, ":o:", PLAN_OPTS, &o);
-    if (rc) return rc;
+    int rc = parse(argc, argv, "o:", PLAN_OPTS, &o);
+    if (rc) return rc < 0 ? 0 : rc;
     if (!o.pos) return usage("plan: expected a SWEEP file%s", "");
     if (!o.shards) return usage("plan: --shards N is required%s", "");
     tg_err e;
@@ -765,7 +731,7 @@ int sweep_plan_main(int argc, char **argv)
                              "sweep_path", realpath(o.pos, real) ? real : o.pos,
                              "sweep_sha256", sw->sha256, "shards", o.shards);
     json_t *units = json_array();
-    if (!plan || !units) abort();
+    if (!plan || !units) common_out_of_memory(0);
     printf("plan of sweep %s: %d specs in %d shards\n", sw->name, sw->n, o.shards);
     printf("%-6s %-6s %7s %5s %5s  %s\n", "unit", "shard", "threads", "jobs", "cpus", "spec");
     int need = 1;
@@ -799,10 +765,16 @@ int sweep_plan_main(int argc, char **argv)
     printf("cpus-per-task: %d (%s)\n", per_task,
            o.cpus > 0 ? "as given; jobs capped to fit" : "the most threads x jobs of any unit");
     json_object_set_new(plan, "units", units);
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    if (json_dump_file(plan, tmp, JSON_INDENT(1)) != 0 || rename(tmp, out) != 0) {
-        fprintf(stderr, "tokgate: plan: cannot write %s: %s\n", out, strerror(errno));
+    common_out co = {0};
+    tg_err ce;
+    int wr = common_out_open(&co, out, NULL, "--out", &e);
+    if (wr == 0 && json_dumpf(plan, co.f, JSON_INDENT(1)) != 0) wr = tg_errf(&e, "%s: write error", out);
+    if (common_out_close(&co, wr == 0, &ce) < 0 && wr == 0) {
+        e = ce;
+        wr = -1;
+    }
+    if (wr < 0) {
+        fprintf(stderr, "tokgate: plan: cannot write %s\n", e.msg);
         rc = 2;
     } else
         fprintf(stderr, "tokgate: plan written to %s (run each shard with `tokgate run --shard I/%d %s`)\n",
@@ -812,22 +784,11 @@ int sweep_plan_main(int argc, char **argv)
     return rc;
 }
 
-/* Removes path and its SQLite -wal / -shm siblings (a previous attempt). */
-static void remove_store_files(const char *path)
-{
-    char p[PATH_MAX + 32];
-    unlink(path);
-    snprintf(p, sizeof p, "%s-wal", path);
-    unlink(p);
-    snprintf(p, sizeof p, "%s-shm", path);
-    unlink(p);
-}
-
 int sweep_run_main(int argc, char **argv)
 {
     sopts o;
-    int rc = parse(argc, argv, ":", RUN_OPTS, &o);
-    if (rc) return rc;
+    int rc = parse(argc, argv, NULL, RUN_OPTS, &o);
+    if (rc) return rc < 0 ? 0 : rc;
     if (!o.shard) return usage("run: --shard I/N is required%s", "");
     int si, sn;
     char a[32], b[32];
@@ -889,7 +850,7 @@ int sweep_run_main(int argc, char **argv)
     }
     char partial[PATH_MAX + 16];
     snprintf(partial, sizeof partial, "%s.partial", db);
-    remove_store_files(partial);
+    store_remove_files(partial);
     if (store_open(&st, partial, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
         json_decref(plan);
@@ -898,8 +859,7 @@ int sweep_run_main(int argc, char **argv)
     char bins[PATH_MAX];
     gate_bin_dir(bins, sizeof bins);
     size_t nu = json_array_size(units);
-    sweep_row *rows = calloc(nu + 1, sizeof *rows);
-    if (!rows) abort();
+    sweep_row *rows = xcalloc(nu + 1, sizeof *rows);
     int n = 0;
     for (size_t i = 0; i < nu; i++) {
         json_t *u = json_array_get(units, i);

@@ -12,7 +12,6 @@
 #include "trend.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <libfyaml.h>
 #include <limits.h>
@@ -27,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "svg.h"
 #include "verdict.h"
 
@@ -111,8 +111,7 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
         }
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) abort();
+        char *p = xrealloc(b->p, cap);
         if (!b->p) p[0] = 0;
         b->p = p;
         b->cap = cap;
@@ -121,10 +120,6 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
 
 static const char *sb_str(const sbuf *b) { return b->p ? b->p : ""; }
 
-static int sql_err(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "trend: %s: %s", what, sqlite3_errmsg(db));
-}
 
 static const char *col(sqlite3_stmt *s, int i)
 {
@@ -188,7 +183,7 @@ static int load_run(sqlite3 *db, history *h, run_pt *rp, int set_no, tg_err *e)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, "SELECT arm, key, value FROM verdict WHERE run_id=?1 AND set_no=?2"
                                " AND prompt IS NULL", -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "reading verdicts");
+        return common_sql_err(db, e, "reading verdicts");
     sqlite3_bind_int64(s, 1, rp->id);
     sqlite3_bind_int(s, 2, set_no);
     int scored[MAX_ARMS] = {0};
@@ -230,7 +225,7 @@ static int load_run(sqlite3 *db, history *h, run_pt *rp, int set_no, tg_err *e)
         if (sqlite3_prepare_v2(db, "SELECT max(ref_gap) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3"
                                    " AND leg=?4 AND class NOT IN ('EXACT', 'UNCOMPARABLE')",
                                -1, &s, NULL) != SQLITE_OK)
-            return sql_err(db, e, "reading compare rows");
+            return common_sql_err(db, e, "reading compare rows");
         sqlite3_bind_int64(s, 1, rp->id);
         sqlite3_bind_int(s, 2, set_no);
         sqlite3_bind_text(s, 3, h->arms[a], -1, SQLITE_STATIC);
@@ -253,7 +248,7 @@ static int load_fp(sqlite3 *db, history *h, run_pt *rp, tg_err *e)
                                "   WHERE run_id = a.run_id AND arm_id = a.id ORDER BY leg LIMIT 1)"
                                " LEFT JOIN binary b ON b.id = l.binary_id WHERE a.run_id = ?1 ORDER BY a.id",
                            -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "reading the arms of a run");
+        return common_sql_err(db, e, "reading the arms of a run");
     sqlite3_bind_int64(s, 1, rp->id);
     while (sqlite3_step(s) == SQLITE_ROW) {
         int a = arm_index(h, col(s, 0));
@@ -262,8 +257,7 @@ static int load_fp(sqlite3 *db, history *h, run_pt *rp, tg_err *e)
         f->in_run = 1;
         snprintf(f->role, sizeof f->role, "%s", col(s, 1));
         if (sqlite3_column_type(s, 2) != SQLITE_NULL) {
-            f->config = strdup(col(s, 2));
-            if (!f->config) abort();
+            f->config = xstrdup(col(s, 2));
         }
         snprintf(f->bin, sizeof f->bin, "%s", col(s, 3));
         const char *path = col(s, 4), *slash = strrchr(path, '/');
@@ -286,7 +280,7 @@ static int load_marks(sqlite3 *db, history *h, tg_err *e)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, "SELECT run_uid, action, reason, created, coalesce(who, '') FROM trend_mark"
                                " ORDER BY created, id", -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "reading trend_mark");
+        return common_sql_err(db, e, "reading trend_mark");
     while (sqlite3_step(s) == SQLITE_ROW)
         for (int i = 0; i < h->n; i++) {
             run_pt *r = &h->runs[i];
@@ -310,7 +304,7 @@ static int load_history(sqlite3 *db, const char *spec_name, history *h, tg_err *
                                " r.host, r.tokgate_version, (SELECT max(set_no) FROM verdict_set v WHERE v.run_id = r.id)"
                                " FROM run r JOIN spec s ON s.id = r.spec_id JOIN artifact a ON a.id = r.artifact_id"
                                " WHERE s.name = ?1 ORDER BY r.started, r.id", -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "listing runs");
+        return common_sql_err(db, e, "listing runs");
     sqlite3_bind_text(s, 1, spec_name, -1, SQLITE_STATIC);
     int cap = 0, rc = 1, any = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
@@ -318,8 +312,7 @@ static int load_history(sqlite3 *db, const char *spec_name, history *h, tg_err *
         if (sqlite3_column_type(s, 10) == SQLITE_NULL) continue;   /* never scored (an ERROR run) */
         if (h->n == cap) {
             cap = cap ? 2 * cap : 8;
-            run_pt *r = realloc(h->runs, sizeof *r * (size_t)cap);
-            if (!r) abort();
+            run_pt *r = xrealloc(h->runs, sizeof *r * (size_t)cap);
             h->runs = r;
         }
         run_pt *rp = &h->runs[h->n++];
@@ -330,8 +323,7 @@ static int load_history(sqlite3 *db, const char *spec_name, history *h, tg_err *
         snprintf(rp->mode, sizeof rp->mode, "%s", col(s, 3));
         snprintf(rp->reference, sizeof rp->reference, "%s", col(s, 4));
         snprintf(rp->spec_sha, sizeof rp->spec_sha, "%s", col(s, 5));
-        rp->spec_text = strdup(col(s, 6));
-        if (!rp->spec_text) abort();
+        rp->spec_text = xstrdup(col(s, 6));
         snprintf(rp->artifact_sha, sizeof rp->artifact_sha, "%s", col(s, 7));
         snprintf(rp->host, sizeof rp->host, "%s", col(s, 8));
         snprintf(rp->version, sizeof rp->version, "%s", col(s, 9));
@@ -586,7 +578,7 @@ static int compare_steps(sqlite3 *db, const history *h, int64_t x, int64_t y, to
                                " JOIN step s2 ON s2.leg_id = l2.id AND s2.prompt_id = p2.id AND s2.step = s.step"
                                " WHERE l.run_id = ?1 ORDER BY a.name, l.leg, p.no, s.step",
                            -1, &s, NULL) != SQLITE_OK)
-        return sql_err(db, e, "comparing steps");
+        return common_sql_err(db, e, "comparing steps");
     sqlite3_bind_int64(s, 1, x);
     sqlite3_bind_int64(s, 2, y);
     int rc;
@@ -610,7 +602,7 @@ static int compare_steps(sqlite3 *db, const history *h, int64_t x, int64_t y, to
                      (unsigned long long)sqlite3_column_int64(s, 5), (unsigned long long)sqlite3_column_int64(s, 7));
     }
     sqlite3_finalize(s);
-    return rc == SQLITE_DONE ? 0 : sql_err(db, e, "comparing steps");
+    return rc == SQLITE_DONE ? 0 : common_sql_err(db, e, "comparing steps");
 }
 
 /* ------------------------------------------------------------------ */
@@ -717,8 +709,7 @@ static int evaluate(sqlite3 *db, history *h, int i, const int *win, int nw, eval
  * run is excluded; its baseline in win_out / *nw_out). Returns 0 or -1 with e. */
 static int walk(sqlite3 *db, history *h, int window, eval *ev, int *latest, int *win_out, int *nw_out, tg_err *e)
 {
-    int *good = calloc((size_t)h->n + 1, sizeof *good);
-    if (!good) abort();
+    int *good = xcalloc((size_t)h->n + 1, sizeof *good);
     int ng = 0;
     *latest = -1;
     *nw_out = 0;
@@ -929,9 +920,8 @@ int trend_spec(tg_store *st, const char *spec_name, int md, int window, FILE *ou
         history_free(&h);
         return lr < 0 ? -1 : tg_errf(e, "trend: the store has no run of spec '%s'", spec_name);
     }
-    eval *ev = calloc(1, sizeof *ev);
-    int *win = calloc((size_t)h.n + 1, sizeof *win);
-    if (!ev || !win) abort();
+    eval *ev = xcalloc(1, sizeof *ev);
+    int *win = xcalloc((size_t)h.n + 1, sizeof *win);
     int latest, nw;
     if (walk(db, &h, window, ev, &latest, win, &nw, e) < 0) {
         free(ev);
@@ -1033,8 +1023,7 @@ int trend_svg(tg_store *st, const char *spec_name, FILE *out, tg_err *e)
         return lr < 0 ? -1 : tg_errf(e, "trend: the store has no run of spec '%s'", spec_name);
     }
     /* the runs drawn (excluded ones left out) and the arms scored in any of them */
-    int *vis = calloc((size_t)h.n + 1, sizeof *vis), nv = 0;
-    if (!vis) abort();
+    int *vis = xcalloc((size_t)h.n + 1, sizeof *vis), nv = 0;
     for (int i = 0; i < h.n; i++)
         if (h.runs[i].mark != MARK_EXCLUDE) vis[nv++] = i;
     int drawn[MAX_ARMS] = {0}, nd = 0;
@@ -1116,13 +1105,13 @@ int trend_svg(tg_store *st, const char *spec_name, FILE *out, tg_err *e)
 int trend_copy_marks(sqlite3 *db, tg_err *e)
 {
     if (!has_table(db, "src", "trend_mark")) return 0;
-    if (sqlite3_exec(db, MARK_SQL, NULL, NULL, NULL) != SQLITE_OK) return sql_err(db, e, "creating trend_mark");
+    if (sqlite3_exec(db, MARK_SQL, NULL, NULL, NULL) != SQLITE_OK) return common_sql_err(db, e, "creating trend_mark");
     if (sqlite3_exec(db, "INSERT INTO main.trend_mark(run_uid, action, reason, created, who)"
                          " SELECT s.run_uid, s.action, s.reason, s.created, s.who FROM src.trend_mark s"
                          " WHERE NOT EXISTS (SELECT 1 FROM main.trend_mark m WHERE m.run_uid = s.run_uid"
                          "   AND m.action = s.action AND m.reason = s.reason AND m.created = s.created)"
                          " ORDER BY s.created, s.id", NULL, NULL, NULL) != SQLITE_OK)
-        return sql_err(db, e, "copying trend_mark");
+        return common_sql_err(db, e, "copying trend_mark");
     return 0;
 }
 
@@ -1134,21 +1123,20 @@ static int usage(const char *cmd, const char *fmt, const char *arg)
     return 2;
 }
 
-/* Opens an existing store (a missing file is an error, not a new store).
- * Returns 0 or 2 after a message. */
-static int open_existing(const char *cmd, const char *db, tg_store **st)
+/* Opens an existing store (a missing file is "no such store", not a new
+ * store): read-only for trend, for writing for baseline. Returns 0 or 2
+ * after a message. */
+static int open_existing(const char *cmd, const char *db, int ro, tg_store **st)
 {
-    struct stat sb;
-    if (stat(db, &sb) != 0) {
-        fprintf(stderr, "tokgate: %s: %s: %s\n", cmd, db, strerror(errno));
-        return 2;
-    }
     tg_err e;
-    if (store_open(st, db, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
-        return 2;
-    }
-    return 0;
+    struct stat sb;
+    *st = NULL;
+    if (!ro && stat(db, &sb) != 0)
+        tg_errf(&e, "no such store: %s (%s; give --db FILE of an existing store)", db, strerror(errno));
+    else if ((ro ? store_open_ro(st, db, &e) : store_open(st, db, &e)) == 0)
+        return 0;
+    fprintf(stderr, "tokgate: %s: %s\n", cmd, e.msg);
+    return 2;
 }
 
 static int baseline_list(tg_store *st, const char *spec)
@@ -1259,28 +1247,49 @@ static int baseline_mark(tg_store *st, const char *action, int64_t run, const ch
     return 0;
 }
 
-enum { O_DB = 1000, O_FORMAT, O_OUT, O_SVG, O_WINDOW, O_PLAN, O_REASON };
+enum { O_DB = COMMON_CLI_FIRST_ID, O_FORMAT, O_OUT, O_SVG, O_WINDOW, O_PLAN, O_REASON };
+
+/* The options of trend and baseline, as common_cli_parse hands them over. */
+typedef struct topts {
+    const char *db, *format, *out, *svg, *plan, *reason;
+    int window;
+} topts;
+
+static int on_opt(void *ud, int id, const char *v, tg_err *e)
+{
+    topts *o = ud;
+    switch (id) {
+    case O_DB: o->db = v; break;
+    case O_FORMAT: o->format = v; break;
+    case O_OUT: o->out = v; break;
+    case O_SVG: o->svg = v; break;
+    case O_PLAN: o->plan = v; break;
+    case O_REASON: o->reason = v; break;
+    case O_WINDOW: {
+        char *end;
+        errno = 0;
+        long w = strtol(v, &end, 10);
+        if (!*v || *end || errno || w < 1 || w > 100000)
+            return tg_errf(e, "--window: expected a number of runs >= 1, got '%s'", v);
+        o->window = (int)w;
+        break;
+    }
+    }
+    return 0;
+}
 
 int trend_baseline_main(int argc, char **argv)
 {
     static const struct option lo[] = {{"db", required_argument, NULL, O_DB},
                                        {"reason", required_argument, NULL, O_REASON},
                                        {NULL, 0, NULL, 0}};
-    const char *db = "tokgate.db", *reason = NULL, *pos[3] = {0};
-    int np = 0, ac = argc - 1, c;
-    char **av = argv + 1;
-    optind = 0;
-    opterr = 0;
-    while ((c = getopt_long(ac, av, ":", lo, NULL)) != -1) {
-        if (c == O_DB) db = optarg;
-        else if (c == O_REASON) reason = optarg;
-        else if (c == ':') return usage("baseline", "option '%s' needs a value", av[optind - 1]);
-        else return usage("baseline", "unknown option '%s'", av[optind - 1]);
-    }
-    for (int i = optind; i < ac; i++) {
-        if (np == 3) return usage("baseline", "unexpected argument '%s'", av[i]);
-        pos[np++] = av[i];
-    }
+    static const common_cli cli = {"baseline", "(see tokgate help baseline)\n", lo, 3};
+    topts o = {.db = "tokgate.db"};
+    const char *pos[3] = {0};
+    int np = 0;
+    int rc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, &o, pos, &np);
+    if (rc) return rc == COMMON_CLI_HELP ? 0 : rc;
+    const char *db = o.db, *reason = o.reason;
     if (!np) return usage("baseline", "expected accept|exclude|clear RUN --reason TEXT, or list [SPEC]%s", "");
     const char *action = pos[0];
     int is_list = !strcmp(action, "list");
@@ -1299,25 +1308,11 @@ int trend_baseline_main(int argc, char **argv)
             return usage("baseline", "--reason TEXT is required (it is kept in the store with the decision)%s", "");
     }
     tg_store *st;
-    int rc = open_existing("baseline", db, &st);
+    rc = open_existing("baseline", db, 0, &st);
     if (rc) return rc;
     rc = is_list ? baseline_list(st, np > 1 ? pos[1] : NULL) : baseline_mark(st, action, run, reason);
     store_close(st);
     return rc;
-}
-
-/* mkdir -p: every missing folder of path. Returns 0 or -1 with errno. */
-static int make_dirs(const char *path)
-{
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", path);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
-            *s = '/';
-        }
-    return mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 /* Appends the unit names of the plan file to names. Returns 0 or -1 after a message. */
@@ -1336,9 +1331,8 @@ static int plan_names(const char *plan, char ***names, int *n)
     json_array_foreach(units, i, u) {
         const char *name = json_string_value(json_object_get(u, "name"));
         if (!name) continue;
-        *names = realloc(*names, sizeof **names * (size_t)(*n + 1));
-        if (!*names || !((*names)[*n] = strdup(name))) abort();
-        (*n)++;
+        *names = xrealloc(*names, sizeof **names * (size_t)(*n + 1));
+        (*names)[(*n)++] = xstrdup(name);
     }
     json_decref(p);
     return 0;
@@ -1351,60 +1345,46 @@ int trend_main(int argc, char **argv)
         {"out", required_argument, NULL, O_OUT},       {"svg", required_argument, NULL, O_SVG},
         {"window", required_argument, NULL, O_WINDOW}, {"plan", required_argument, NULL, O_PLAN},
         {NULL, 0, NULL, 0}};
-    const char *db = "tokgate.db", *format = "text", *outp = NULL, *svgdir = NULL, *plan = NULL;
-    int window = TREND_WINDOW, ac = argc - 1, c;
-    char **av = argv + 1;
-    char **names = NULL;
-    int n = 0;
-    optind = 0;
-    opterr = 0;
-    while ((c = getopt_long(ac, av, ":", lo, NULL)) != -1) {
-        switch (c) {
-        case O_DB: db = optarg; break;
-        case O_FORMAT: format = optarg; break;
-        case O_OUT: outp = optarg; break;
-        case O_SVG: svgdir = optarg; break;
-        case O_PLAN: plan = optarg; break;
-        case O_WINDOW: {
-            char *end;
-            errno = 0;
-            long w = strtol(optarg, &end, 10);
-            if (!*optarg || *end || errno || w < 1 || w > 100000)
-                return usage("trend", "--window: expected a number of runs >= 1, got '%s'", optarg);
-            window = (int)w;
-            break;
-        }
-        case ':': return usage("trend", "option '%s' needs a value", av[optind - 1]);
-        default: return usage("trend", "unknown option '%s'", av[optind - 1]);
-        }
+    const common_cli cli = {"trend", "(see tokgate help trend)\n", lo, argc};
+    topts o = {.db = "tokgate.db", .format = "text", .window = TREND_WINDOW};
+    const char **pos = xcalloc((size_t)argc + 1, sizeof *pos);
+    int np = 0;
+    int prc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, &o, pos, &np);
+    if (prc) {
+        free(pos);
+        return prc == COMMON_CLI_HELP ? 0 : prc;
     }
-    if (strcmp(format, "text") && strcmp(format, "md"))
+    const char *db = o.db, *format = o.format, *outp = o.out, *svgdir = o.svg, *plan = o.plan;
+    int window = o.window;
+    if (strcmp(format, "text") && strcmp(format, "md")) {
+        free(pos);
         return usage("trend", "--format: expected text or md, got '%s'", format);
-    for (int i = optind; i < ac; i++) {
-        names = realloc(names, sizeof *names * (size_t)(n + 1));
-        if (!names || !(names[n] = strdup(av[i]))) abort();
-        n++;
     }
+    char **names = xcalloc((size_t)np + 1, sizeof *names);
+    int n = 0;
+    for (int i = 0; i < np; i++) names[n++] = xstrdup(pos[i]);
+    free(pos);
     int rc = 0;
     if (plan && plan_names(plan, &names, &n) < 0) rc = 2;
     tg_store *st = NULL;
-    if (rc == 0) rc = open_existing("trend", db, &st);
+    if (rc == 0) rc = open_existing("trend", db, 1, &st);
+    common_out co = {0};
     FILE *out = NULL;
+    tg_err e;
     if (rc == 0) {
-        out = outp ? fopen(outp, "w") : stdout;
-        if (!out) {
-            fprintf(stderr, "tokgate: trend: --out %s: %s\n", outp, strerror(errno));
+        if (common_out_open(&co, outp, db, "--out", &e) < 0) {
+            fprintf(stderr, "tokgate: trend: %s\n", e.msg);
             rc = 2;
-        }
+        } else
+            out = co.f;
     }
     sqlite3_stmt *s = NULL;
     if (rc == 0 && n == 0 && !plan &&
         sqlite3_prepare_v2(store_db(st), "SELECT DISTINCT s.name FROM spec s JOIN run r ON r.spec_id = s.id"
                                          " ORDER BY s.name", -1, &s, NULL) == SQLITE_OK) {
         while (sqlite3_step(s) == SQLITE_ROW) {
-            names = realloc(names, sizeof *names * (size_t)(n + 1));
-            if (!names || !(names[n] = strdup(col(s, 0)))) abort();
-            n++;
+            names = xrealloc(names, sizeof *names * (size_t)(n + 1));
+            names[n++] = xstrdup(col(s, 0));
         }
         sqlite3_finalize(s);
     }
@@ -1412,13 +1392,12 @@ int trend_main(int argc, char **argv)
         fprintf(stderr, "tokgate: trend: the store %s has no runs%s\n", db, plan ? " of the plan's specs" : "");
         rc = 2;
     }
-    if (rc == 0 && svgdir && make_dirs(svgdir) < 0) {
-        fprintf(stderr, "tokgate: trend: --svg %s: %s\n", svgdir, strerror(errno));
+    if (rc == 0 && svgdir && common_mkdirs(svgdir, &e) < 0) {
+        fprintf(stderr, "tokgate: trend: --svg %s: %s\n", svgdir, e.msg);
         rc = 2;
     }
     int md = !strcmp(format, "md"), regress = 0;
     if (rc == 0 && md) fprintf(out, "# Trend of %s\n\n", n == 1 ? names[0] : "every spec");
-    tg_err e;
     for (int i = 0; i < n && rc == 0; i++) {
         trend_result tr;
         if (trend_spec(st, names[i], md, window, out, &tr, &e) < 0) {
@@ -1435,12 +1414,19 @@ int trend_main(int argc, char **argv)
             for (char *q = safe; *q; q++)
                 if (*q == '/') *q = '_';
             snprintf(path, sizeof path, "%s/%s-trend.svg", svgdir, safe);
-            FILE *f = fopen(path, "w");
-            if (!f || trend_svg(st, names[i], f, &e) < 0) {
-                fprintf(stderr, "tokgate: trend: %s: %s\n", path, f ? e.msg : strerror(errno));
+            common_out so;
+            if (common_out_open(&so, path, db, "--svg", &e) < 0) {
+                fprintf(stderr, "tokgate: trend: %s\n", e.msg);
                 rc = 2;
+                break;
             }
-            if (f && fclose(f) != 0) rc = 2;
+            int ok = trend_svg(st, names[i], so.f, &e) == 0;
+            if (!ok) fprintf(stderr, "tokgate: trend: %s: %s\n", path, e.msg);
+            if (common_out_close(&so, ok, &e) < 0) {
+                if (ok) fprintf(stderr, "tokgate: trend: --svg %s\n", e.msg);
+                ok = 0;
+            }
+            if (!ok) rc = 2;
         }
     }
     if (rc == 0) {
@@ -1449,7 +1435,10 @@ int trend_main(int argc, char **argv)
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
-    if (out && out != stdout && fclose(out) != 0) rc = 2;
+    if (common_out_close(&co, rc == 0 || rc == 1, &e) < 0) {
+        fprintf(stderr, "tokgate: trend: --out %s\n", e.msg);
+        rc = 2;
+    }
     store_close(st);
     return rc;
 }

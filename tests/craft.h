@@ -187,6 +187,8 @@ static inline void craft_store_drop(tg_store *st, const char *path)
     unlink(p);
     snprintf(p, sizeof p, "%s-shm", path);
     unlink(p);
+    snprintf(p, sizeof p, "%s-runlock", path);
+    unlink(p);
 }
 
 #endif

@@ -156,7 +156,8 @@ static void help_of_every_command(void **st)
 static void unknown_option_is_one_line(void **st)
 {
     (void)st;
-    static const char *const cmds[] = {"gate", "report", "step", "localize", "rescore", "bench", NULL};
+    static const char *const cmds[] = {"gate",  "report", "step",     "localize", "rescore", "bench",
+                                       "sweep", "trend",  "baseline", "plan",     "run",     "merge", NULL};
     for (int i = 0; cmds[i]; i++) {
         char err[4096], *out, want[128];
         const char *w[] = {cmds[i], "--frobnicate", "1", NULL};

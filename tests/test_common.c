@@ -260,6 +260,10 @@ static void out_refuses_the_store(void **st)
     char shm[PATH_MAX + 32];
     path_in(shm, sizeof shm, "s.db-shm");
     assert_int_equal(common_out_check(shm, db, "--out", &e), -1);
+    char lk[PATH_MAX + 32];
+    path_in(lk, sizeof lk, "s.db-runlock");   /* the run lock file beside the store */
+    assert_int_equal(common_out_check(lk, db, "--out", &e), -1);
+    assert_non_null(strstr(e.msg, "-runlock"));
     /* common_out_open refuses the same way and leaves the store alone */
     common_out o;
     assert_int_equal(common_out_open(&o, db, db, "--out", &e), -1);

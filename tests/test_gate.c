@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -57,7 +58,7 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "cut.gguf", NULL};
+    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "t.db-runlock", "cut.gguf", NULL};
     char p[2 * PATH_MAX];
     for (int i = 0; names[i]; i++) {
         snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
@@ -647,11 +648,10 @@ static void test_artifact_mismatch_stores_nothing(void **unused)
     store_close(st);
 }
 
-/* --resume: stored legs are skipped; a missing one is run again, forced
- * along the reference tokens read back from the store. */
-static void test_resume(void **unused)
+/* The spec of the --resume tests: ref and good (tg-fault-arm ok), 2 legs
+ * of `steps` steps over one prompt, teacher-forced. */
+static tg_spec *resume_spec(int steps)
 {
-    (void)unused;
     char sha[65];
     make_model(sha);
     char m[2 * PATH_MAX];
@@ -660,16 +660,36 @@ static void test_resume(void **unused)
     char *t;
     assert_true(asprintf(&t,
                          "name: resume\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-                         "steps: 4\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "steps: %d\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-                         m, sha, fa, fa) > 0);
+                         m, sha, steps, fa, fa) > 0);
     tg_spec *s = write_spec(t);
     free(t);
+    return s;
+}
+
+/* The first run of the resume tests: *s the spec (resume_spec(4)), *r its
+ * result; returns the store it went into. */
+static tg_store *resume_first_run(tg_spec **s, gate_result *r)
+{
+    *s = resume_spec(4);
     tg_store *st = open_db();
     gate_options o = opts();
-    gate_result r;
     tg_err e;
-    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    if (gate_run(st, *s, &o, r, &e) < 0) fail_msg("the first run: %s", e.msg);
+    return st;
+}
+
+/* --resume: stored legs are skipped; a missing one is run again, forced
+ * along the reference tokens read back from the store. */
+static void test_resume(void **unused)
+{
+    (void)unused;
+    tg_spec *s;
+    gate_result r;
+    tg_store *st = resume_first_run(&s, &r);
+    gate_options o = opts();
+    tg_err e;
     assert_int_equal(r.legs_run, 4);
     o.resume_run = r.run_id;
     gate_result r2;
@@ -695,15 +715,79 @@ static void test_resume(void **unused)
                            "AND g.forced = f.token", r.run_id, "good"), 4);
     /* a run of another spec text cannot be resumed */
     spec_free(s);
-    assert_true(asprintf(&t,
-                         "name: resume\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-                         "steps: 5\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-                         m, sha, fa, fa) > 0);
-    s = write_spec(t);
-    free(t);
+    s = resume_spec(5);
     assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
     assert_non_null(strstr(e.msg, "another spec text"));
+    assert_integrity(st);
+    store_close(st);
+    spec_free(s);
+}
+
+/* Two gates on one run: while another process holds run N's lock (as a
+ * `tokgate gate --resume N` running it does), a second resume of N stops
+ * before running or writing anything, names that process, and leaves the
+ * run as it was (it used to fail with "UNIQUE constraint failed" and both
+ * marked the run ERROR). Once the holder is gone the resume goes ahead. */
+static void test_resume_locked(void **unused)
+{
+    (void)unused;
+    tg_spec *s;
+    gate_result r;
+    tg_store *st = resume_first_run(&s, &r);
+    gate_options o = opts();
+    tg_err e;
+    int64_t run = r.run_id;
+    char *err = NULL;
+    char sql[256];
+    snprintf(sql, sizeof sql, "DELETE FROM leg WHERE run_id = %lld AND leg = 2", (long long)run);
+    assert_int_equal(sqlite3_exec(store_db(st), sql, NULL, NULL, &err), SQLITE_OK);
+    long long legs0 = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x");
+    store_close(st);                          /* this process's gate held the lock until here */
+    st = open_db();
+
+    /* the other process: takes the run's lock, says so, holds it until told */
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char p[2 * PATH_MAX];
+        path_in(p, sizeof p, "t.db");
+        tg_store *other;
+        tg_err oe;
+        long h;
+        char c = store_open(&other, p, &oe) == 0 && store_run_lock(other, run, &h, &oe) == 0 ? 'L' : 'E';
+        if (write(up[1], &c, 1) != 1) _exit(3);
+        if (read(down[0], &c, 1) < 0) _exit(3);
+        _exit(0);
+    }
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1);
+    assert_int_equal(c, 'L');
+
+    o.resume_run = run;
+    gate_result r2;
+    assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
+    char want[96];
+    snprintf(want, sizeof want, "run %lld is being resumed by process %ld", (long long)run, (long)pid);
+    if (!strstr(e.msg, want)) fail_msg("expected \"%s\" in: %s", want, e.msg);
+    assert_int_equal(r2.run_id, 0);           /* main marks nothing */
+    assert_int_equal(r2.legs_run, 0);
+    assert_int_equal(q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x"), legs0);
+
+    /* the holder ends: the lock goes with it, and the resume runs the two legs */
+    assert_int_equal(write(down[1], "x", 1), 1);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    close(up[0]);
+    close(up[1]);
+    close(down[0]);
+    close(down[1]);
+    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+    assert_int_equal(r2.legs_run, 2);
+    assert_int_equal(r2.legs_skipped, 2);
     assert_integrity(st);
     store_close(st);
     spec_free(s);
@@ -894,6 +978,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_locked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_gate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_gate_dumps, setup, teardown),
     };

@@ -63,7 +63,7 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "m.db", "m.db-wal", "m.db-shm",
+    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "t.db-runlock", "m.db", "m.db-wal", "m.db-shm",
                            "tiny.gguf", "tiny.yaml", "trained.yaml", NULL};
     char p[2 * PATH_MAX];
     for (int i = 0; names[i]; i++) {

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -367,6 +368,36 @@ static void test_merge_bad_input(void **state)
     if (!strstr(e.msg, "d.db")) fail_msg("should name the bad file: %s", e.msg);
 }
 
+/* `tokgate merge` that fails leaves no output file it created (the db and
+ * its -wal/-shm are removed again); an output that existed stays, the
+ * failed input rolled back. Also: -o and --out, an unknown option. */
+static void test_merge_failed_leaves_no_output(void **state)
+{
+    (void)state;
+    make_run("a.db", "s1", -1);
+    char pa[2 * PATH_MAX], pn[2 * PATH_MAX], pout[2 * PATH_MAX], pw[2 * PATH_MAX + 8];
+    path_in(pa, sizeof pa, "a.db");
+    path_in(pn, sizeof pn, "nope.db");
+    path_in(pout, sizeof pout, "d.db");
+    char *argv1[] = {"tokgate", "merge", pa, pn, "-o", pout, NULL};
+    assert_int_equal(merge_main(6, argv1), 2);
+    struct stat sb;
+    assert_int_not_equal(lstat(pout, &sb), 0);
+    snprintf(pw, sizeof pw, "%s-wal", pout);
+    assert_int_not_equal(lstat(pw, &sb), 0);
+    snprintf(pw, sizeof pw, "%s-shm", pout);
+    assert_int_not_equal(lstat(pw, &sb), 0);
+    /* an existing output is kept, with what merged before the failure */
+    char *argv2[] = {"tokgate", "merge", pa, "--out", pout, NULL};
+    assert_int_equal(merge_main(5, argv2), 0);
+    char *argv3[] = {"tokgate", "merge", pn, "-o", pout, NULL};
+    assert_int_equal(merge_main(5, argv3), 2);
+    assert_int_equal(lstat(pout, &sb), 0);
+    assert_int_equal(count("d.db", "SELECT count(*) FROM run"), 1);
+    char *argv4[] = {"tokgate", "merge", pa, "--frob", "-o", pout, NULL};
+    assert_int_equal(merge_main(6, argv4), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -376,6 +407,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_merge_idempotent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_merge_failed_leaves_no_output, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

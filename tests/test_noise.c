@@ -59,7 +59,7 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "r.db", "r.db-wal", "r.db-shm",
+    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "t.db-runlock", "r.db", "r.db-wal", "r.db-shm",
                            "s.yaml", "prompts.txt", NULL};
     char p[2 * PATH_MAX];
     for (int i = 0; names[i]; i++) {

@@ -75,7 +75,7 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", NULL};
+    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "t.db-runlock", NULL};
     char p[2 * PATH_MAX];
     for (int i = 0; names[i]; i++) {
         snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);

@@ -14,8 +14,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <sqlite3.h>
 #include <zstd.h>
 
@@ -565,6 +568,134 @@ static void test_leg_all_or_nothing(void **state)
     assert_int_equal(count(c->st, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
 }
 
+/* A second connection (a long merge, a database browser) holding a write
+ * transaction for hold_s seconds, from its own thread. */
+typedef struct holder {
+    const char *path;
+    double hold_s;
+    int began;                 /* 1 once BEGIN IMMEDIATE succeeded, -1 on failure */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} holder;
+
+static void *hold_write_lock(void *ud)
+{
+    holder *h = ud;
+    sqlite3 *db = NULL;
+    int ok = sqlite3_open(h->path, &db) == SQLITE_OK &&
+             sqlite3_exec(db, "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS busy_t(x)", NULL, NULL, NULL) ==
+                 SQLITE_OK;
+    pthread_mutex_lock(&h->mu);
+    h->began = ok ? 1 : -1;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    if (ok) {
+        usleep((useconds_t)(h->hold_s * 1e6));
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    }
+    sqlite3_close(db);
+    return NULL;
+}
+
+/* Starts a holder of the write lock and returns once it holds it. */
+static void holder_start(holder *h, pthread_t *th, const char *path, double hold_s)
+{
+    *h = (holder){.path = path, .hold_s = hold_s};
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    assert_int_equal(pthread_create(th, NULL, hold_write_lock, h), 0);
+    pthread_mutex_lock(&h->mu);
+    while (!h->began) pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    assert_int_equal(h->began, 1);
+}
+
+/* Runs craft_leg with stderr sent to a file; returns its result and the
+ * stderr text in err[cap]. */
+static int leg_capturing_stderr(tg_store *st, int64_t run, int leg, const craft_lp *lp, tg_err *e,
+                                char *err, size_t cap)
+{
+    char tmp[] = "/tmp/tg-store-err-XXXXXX";
+    int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    int r = craft_leg(st, run, "cpu", leg, 1, lp, NULL, e);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ssize_t n = pread(fd, err, cap - 1, 0);
+    err[n > 0 ? n : 0] = 0;
+    close(fd);
+    unlink(tmp);
+    return r;
+}
+
+/* A write lock held by another connection for over 10 s is waited out (it
+ * used to abort the gate with "BEGIN IMMEDIATE: database is locked"), with
+ * progress on stderr; past $TOKGATE_STORE_WAIT the leg fails with a message
+ * naming the leg and the run, and the store is as it was. */
+static void test_write_lock_waited(void **state)
+{
+    ctx *c = *state;
+    int64_t run = craft_run(c->st, "s", "a", "teacher-forced", "llama-cpu", "exact", 0.2, 2, 2, ARMS, 1);
+    int32_t t[4] = {10, 20, 30, 40};
+    craft_lp lp[1] = {craft_prompt(4, t)};
+    tg_err e = {{0}};
+    char err[4096];
+    holder h;
+    pthread_t th;
+    holder_start(&h, &th, c->path, 12.0);
+    double t0 = tg_now();
+    int r = leg_capturing_stderr(c->st, run, 1, lp, &e, err, sizeof err);
+    double waited = tg_now() - t0;
+    pthread_join(th, NULL);
+    if (r < 0) fail_msg("the leg was not stored: %s", e.msg);
+    assert_true(waited >= 11.0);
+    if (!strstr(err, "tokgate: waiting for the store's write lock (10 s): another process holds it"))
+        fail_msg("no progress line on stderr: '%s'", err);
+    assert_int_equal(store_has_leg(c->st, run, "cpu", 1), 1);
+
+    /* a short limit: the leg gives up, names itself, and nothing is written */
+    setenv("TOKGATE_STORE_WAIT", "1", 1);
+    tg_store *st2;
+    assert_int_equal(store_open(&st2, c->path, &e), 0);
+    unsetenv("TOKGATE_STORE_WAIT");
+    holder_start(&h, &th, c->path, 3.0);
+    r = leg_capturing_stderr(st2, run, 2, lp, &e, err, sizeof err);
+    pthread_join(th, NULL);
+    assert_int_equal(r, -1);
+    if (!strstr(e.msg, "leg cpu/2 of run") || !strstr(e.msg, "not stored") ||
+        !strstr(e.msg, "database is locked") || !strstr(e.msg, "TOKGATE_STORE_WAIT"))
+        fail_msg("unexpected message: %s", e.msg);
+    assert_int_equal(store_has_leg(st2, run, "cpu", 2), 0);
+    store_close(st2);
+    assert_int_equal(count(c->st, "SELECT count(*) FROM leg"), 1);
+}
+
+/* store_open_ro: a missing path is "no such store" and nothing is created;
+ * the store is read, never written. */
+static void test_open_read_only(void **state)
+{
+    ctx *c = *state;
+    int64_t run = craft_run(c->st, "s", "a", "teacher-forced", "llama-cpu", "exact", 0.2, 1, 2, ARMS, 1);
+    tg_store *ro;
+    tg_err e;
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s-missing", c->path);
+    assert_int_equal(store_open_ro(&ro, missing, &e), -1);
+    if (strncmp(e.msg, "no such store: ", 15) || !strstr(e.msg, missing)) fail_msg("%s", e.msg);
+    assert_int_not_equal(access(missing, F_OK), 0);
+    if (store_open_ro(&ro, c->path, &e) < 0) fail_msg("%s", e.msg);
+    int64_t latest = 0;
+    assert_int_equal(store_latest_run(ro, NULL, &latest, &e), 1);
+    assert_int_equal(latest, run);
+    assert_int_equal(sqlite3_exec(store_db(ro), "DELETE FROM run", NULL, NULL, NULL), SQLITE_READONLY);
+    store_close(ro);
+    assert_int_equal(count(c->st, "SELECT count(*) FROM run"), 1);
+}
+
 static void test_dumps_stderr_lookups(void **state)
 {
     ctx *c = *state;
@@ -885,6 +1016,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_leg_all_or_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_identical_legs_stored_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dumps_stderr_lookups, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_lock_waited, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_open_read_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_begin_run_validates, setup, teardown),
         cmocka_unit_test(test_doc_queries),
     };

@@ -550,6 +550,21 @@ static void test_trend_history(void **state)
     if (!strstr(out, ">cpu</text>")) fail_with(out, "cpu is not in the SVG legend");
     if (!strstr(out, "<title>cpu: no data (NOT_MEASURABLE)</title>")) fail_with(out, "no marker for the night without data");
     if (strstr(out, ">1.000</text>")) fail_with(out, "the axis is stretched to 1 by the night it does not draw");
+
+    /* trend reads the store read-only: a --db typo is "no such store", nothing created;
+     * a trend that fails leaves no --out file (written through a temporary) */
+    char nodb[2 * PATH_MAX], bad_out[2 * PATH_MAX];
+    snprintf(nodb, sizeof nodb, "%s/m.db-typo", g_dir);
+    snprintf(bad_out, sizeof bad_out, "%s/trend-bad.txt", g_dir);
+    assert_int_equal(tokgate(trend_main, "tokgate", "trend", "--db", nodb, NULL), 2);
+    assert_int_not_equal(access(nodb, F_OK), 0);
+    assert_int_equal(tokgate(trend_main, "tokgate", "trend", "--db", db, "--plan", nodb, "--out", bad_out, NULL), 2);
+    assert_int_equal(tokgate(trend_main, "tokgate", "trend", "no-such-spec", "--db", db, "--out", bad_out, NULL), 2);
+    assert_int_not_equal(access(bad_out, F_OK), 0);
+    assert_int_equal(tokgate(trend_main, "tokgate", "trend", "--db", db, "--window", "0", NULL), 2);
+    assert_int_equal(tokgate(trend_main, "tokgate", "trend", "--db", db, "--frob", NULL), 2);
+    assert_int_equal(tokgate(trend_baseline_main, "tokgate", "baseline", "list", "--db", nodb, NULL), 2);
+    assert_int_not_equal(access(nodb, F_OK), 0);
 }
 
 int main(void)
