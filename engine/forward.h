@@ -13,6 +13,7 @@
 #define TG_FORWARD_H
 
 #include "model.h"
+#include "replay.h"
 
 typedef struct tg_tier_impl {
     /* Allocates the tier state into s->tier. Returns 0 or -1 with e. */
@@ -37,6 +38,7 @@ struct tg_session {
     tg_ops ops;
     tg_dump_fn dump_fn;
     void *dump_ud;
+    tg_replay *replay;       /* a stage replay in progress, or NULL (replay.h) */
     const tg_tier_impl *impl;
     void *tier;              /* the tier's state */
     char device[96];
@@ -84,6 +86,21 @@ void tg_round_bf16(float *x, int64_t n);
 static inline int tg_dump(tg_session *s, int layer, int stage, const float *x, int64_t n, tg_err *e)
 {
     return s->dump_fn ? s->dump_fn(s->dump_ud, layer, stage, x, n, e) : 0;
+}
+
+/* The stage replay hooks (replay.h): no-ops unless a replay is running. */
+static inline void tg_hook(tg_session *s, int layer, int stage, int pos0, int nb, float *x, int64_t stride,
+                           int64_t c0, int64_t c1)
+{
+    if (s->replay)
+        tg_replay_f32(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
+}
+
+static inline void tg_hook_f64(tg_session *s, int layer, int stage, int pos0, int nb, double *x, int64_t stride,
+                               int64_t c0, int64_t c1)
+{
+    if (s->replay)
+        tg_replay_f64(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
 }
 
 /* Whether (layer, stage) is the perturbed one. */

@@ -465,6 +465,11 @@ const float *tg_session_logits(const tg_session *s)
     return s->logits;
 }
 
+void tg_session_set_replay(tg_session *s, tg_replay *r)
+{
+    s->replay = r;
+}
+
 void tg_session_set_dump(tg_session *s, tg_dump_fn fn, void *ud)
 {
     s->dump_fn = fn;

@@ -26,6 +26,7 @@
 #include "model.h"
 #include "proto.h"
 #include "quant.h"
+#include "replay.h"
 #include "tokenizer.h"
 #include "util.h"
 #ifdef TG_WITH_GPU
@@ -70,6 +71,20 @@ static int need_model(worker *w, tg_err *e)
     return w->model ? 0 : tg_errf(e, "no model loaded (send a load request first)");
 }
 
+/* The numerics a tier declares (docs/protocol.md, "numerics"): what it
+ * rounds, so that the exact arbiter can apply the same roundings. */
+static json_t *numerics_json(enum tg_tier tier, int kv_f32)
+{
+    if (tier == TG_TIER_REF)
+        return json_pack("{s:b,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "exact", 1, "act", "f32", "kv", "f32", "attn_q",
+                         "f32", "attn_acc", "f64", "rope", "f64", "accum", "f64", "silu", "f64");
+    if (tier == TG_TIER_CPU)
+        return json_pack("{s:b,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "exact", 0, "act", "vec_dot", "kv",
+                         kv_f32 ? "f32" : "f16", "attn_q", "kv", "attn_acc", "kv", "rope", "ggml-f32", "accum",
+                         "f32", "silu", "ggml-expf");
+    return json_object();
+}
+
 static int on_hello(void *ud, json_t *arm, tg_err *e)
 {
     worker *w = ud;
@@ -90,6 +105,9 @@ static int on_hello(void *ud, json_t *arm, tg_err *e)
     json_object_set_new(arm, "device", json_string(dev));
     json_object_set_new(arm, "binary_sha256", json_string(sha));
     json_object_set_new(arm, "logits", json_string("raw"));
+    json_object_set_new(arm, "replay", json_boolean(w->tier != TG_TIER_GPU));
+    if (w->tier != TG_TIER_GPU)
+        json_object_set_new(arm, "numerics", numerics_json(w->tier, 0));
     return 0;
 }
 
@@ -184,6 +202,8 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     json_object_set_new(out, "tier", json_string(tg_tier_name(w->tier)));
     json_object_set_new(out, "device", json_string(devname));
     json_object_set_new(out, "kv_type", json_string(w->tier == TG_TIER_REF || o.kv_f32 ? "f32" : "f16"));
+    if (w->tier != TG_TIER_GPU)
+        json_object_set_new(out, "numerics", numerics_json(w->tier, o.kv_f32));
     json_object_set_new(out, "ms_load", json_real(w->ms_load));
     fprintf(stderr, "tg-engine: loaded %s (%s, %d layers, %d vocab) on %s in %.0f ms\n", path, hp->arch_name,
             hp->n_layer, hp->n_vocab, devname, w->ms_load);
@@ -398,6 +418,74 @@ out:
     return rc;
 }
 
+/* Applies a replay request's numerics (the roundings another arm declares)
+ * to n. Only the ref tier (the exact arbiter) applies them. Returns 0 or -1
+ * with e naming the key and the values expected. */
+static int parse_numerics(const worker *w, const json_t *j, tg_replay_num *n, tg_err *e)
+{
+    if (!j)
+        return 0;
+    if (w->tier != TG_TIER_REF)
+        return tg_errf(e, "field 'numerics': only the ref tier applies another arm's numerics");
+    static const char *const known[] = {"exact", "act", "kv", "attn_q", "attn_acc", "rope", "accum", "silu",
+                                        NULL};
+    if (proto_opt_known(j, known, e))
+        return tg_err_prefix(e, "field 'numerics'");
+    static const char *const act[] = {"f32", "vec_dot", NULL}, *const kv[] = {"f32", "f16", NULL},
+                             *const aq[] = {"f32", "kv", NULL}, *const acc[] = {"f64", "f32", "f16", "kv", NULL},
+                             *const rope[] = {"f64", "ggml-f32", NULL};
+    int a = 0, k = 0, q = 0, c = 0, r = 0;
+    if (proto_opt_enum(j, "act", act, &a, e) || proto_opt_enum(j, "kv", kv, &k, e) ||
+        proto_opt_enum(j, "attn_q", aq, &q, e) || proto_opt_enum(j, "attn_acc", acc, &c, e) ||
+        proto_opt_enum(j, "rope", rope, &r, e))
+        return tg_err_prefix(e, "field 'numerics'");
+    n->act_vec_dot = a == 1;
+    n->kv_f16 = k == 1;
+    n->attn_q_kv = q == 1;
+    n->attn_acc = c == 1 ? 32 : c == 2 ? 16 : c == 3 ? (k == 1 ? 16 : 32) : 0;
+    n->rope_ggml = r == 1;
+    return 0;
+}
+
+/* replay: the tokens from an empty cache with the stage hooks (replay.h). */
+static int on_replay(void *ud, const proto_replay_req *req, json_t *result, tg_err *e)
+{
+    worker *w = ud;
+    if (need_model(w, e))
+        return -1;
+    if (!w->sess)
+        return tg_errf(e, "tier %s cannot replay yet (its hello says \"replay\": false)", tg_tier_name(w->tier));
+    if (proto_check_ids(req->tokens, req->n_tokens, w->model->hp.n_vocab, "tokens", e))
+        return -1;
+    if (req->n_tokens > tg_session_n_ctx(w->sess))
+        return tg_errf(e, "%d tokens exceed the context of %d (option n_ctx)", req->n_tokens,
+                       tg_session_n_ctx(w->sess));
+    tg_replay *r;
+    if (tg_replay_new(&r, w->model, req->n_tokens, req->in, e))
+        return -1;
+    if (parse_numerics(w, req->numerics, tg_replay_numerics(r), e)) {
+        tg_replay_free(r);
+        return -1;
+    }
+    tg_session *s = w->sess;
+    tg_session_reset(s);
+    tg_session_set_replay(s, r);
+    double t0 = tg_now();
+    int rc = tg_session_eval(s, req->tokens, req->n_tokens, e);
+    double t1 = tg_now();
+    tg_session_set_replay(s, NULL);
+    tg_session_reset(s);
+    int n_rec = rc ? -1 : tg_replay_write(r, req->out, e);
+    if (n_rec >= 0) {
+        json_object_set_new(result, "records", json_integer(n_rec));
+        json_object_set_new(result, "overwritten", json_integer(tg_replay_n_overwritten(r)));
+        json_object_set_new(result, "n_tokens", json_integer(req->n_tokens));
+        json_object_set_new(result, "ms", json_real((t1 - t0) * 1e3));
+    }
+    tg_replay_free(r);
+    return n_rec >= 0 ? 0 : -1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tg-engine --tier ref|cpu|gpu [--threads N]\n"
@@ -442,7 +530,7 @@ int main(int argc, char **argv)
         return 2;
     }
     proto_ops ops = {.ud = &w, .hello = on_hello, .load = on_load, .tokenize = on_tokenize,
-                     .detokenize = on_detokenize, .decode = on_decode};
+                     .detokenize = on_detokenize, .decode = on_decode, .replay = on_replay};
     int rc = proto_serve(stdin, stdout, &ops);
     unload(&w);
 #ifdef TG_WITH_GPU
