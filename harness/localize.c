@@ -22,6 +22,7 @@
 
 #include "arm.h"
 #include "gate.h"
+#include "replay.h"
 #include "svg.h"
 
 /* ------------------------------------------------------------------ */
@@ -649,6 +650,77 @@ static int write_evidence(const loc_request *q, loc_arm *arms, int n_arms, const
 }
 
 /* ------------------------------------------------------------------ */
+/* Stage replay (replay.h)                                             */
+
+/* Replays arm B (and arm A unless its numerics are exact) against the exact
+ * arbiter over the prefix, prints each table, the OVER_BUDGET lines and
+ * the attribution of B's gap shift; sets *replayed when some arm replayed
+ * and then res->first_* from the replay (first stage over budget in
+ * forward order, B's before A's). Returns 0, or -1 with e. */
+static int replay_localize(const loc_request *q, loc_arm *arms, const int32_t *ids, int n_ids,
+                           const int32_t *force, FILE *out, loc_outcome *res, int *replayed, tg_err *e)
+{
+    const tg_spec *s = q->spec;
+    int n = n_ids + q->step;
+    int32_t *tok = malloc(sizeof *tok * (size_t)(n > 0 ? n : 1));
+    if (!tok) return tg_errf(e, "out of memory");
+    memcpy(tok, ids, sizeof *tok * (size_t)n_ids);
+    memcpy(tok + n_ids, force, sizeof *tok * (size_t)q->step);
+    int first_set = 0, first_layer = -2;
+    char first_stage[16] = "";
+    for (int k = 1; k >= 0; k--) {
+        loc_arm *la = &arms[k];
+        if (s->arms[la->index].kind != SPEC_ARM_ENGINE && s->arms[la->index].kind != SPEC_ARM_EXEC) continue;
+        if (k == 0 && s->arms[la->index].tier && !strcmp(s->arms[la->index].tier, "ref")) continue;
+        /* the other arm's token, for the gap: A's top-1 for B */
+        int tok2 = -1;
+        const loc_arm *other = &arms[1 - k];
+        if (other->have_res && other->res.n_steps > q->step) tok2 = other->res.steps[q->step].token;
+        rp_request rq = {.spec = s, .bin_dir = q->bin_dir, .arm = la->index, .tokens = tok, .n_tokens = n,
+                         .attribute = k == 1, .tok2 = tok2};
+        rp_table *t = NULL;
+        rp_attr *at = NULL;
+        char why[256];
+        int r = replay_run(&rq, &t, k == 1 ? &at : NULL, why, sizeof why, e);
+        if (r < 0) {
+            free(tok);
+            return tg_err_prefix(e, "replay of %s", la->name);
+        }
+        if (r == 0) {
+            fprintf(out, "\nstage replay: %s\n", why);
+            continue;
+        }
+        *replayed = 1;
+        fprintf(out, "\nstage replay: %s against the exact arbiter (ref tier with %s's declared roundings), %d positions;"
+                     " budget = %g x noise model\n", la->name, la->name, n, RP_MARGIN);
+        replay_table_print(out, t, 0);
+        for (int i = 0; i < t->n_rows; i++) {
+            const rp_row *rw = &t->rows[i];
+            if (!rw->over) continue;
+            fprintf(out, "OVER_BUDGET=%s layer %d %s\n", la->name, rw->layer, replay_stage_name(rw->stage));
+            if (!first_set) {
+                first_set = 1;
+                first_layer = rw->layer;
+                snprintf(first_stage, sizeof first_stage, "%s", replay_stage_name(rw->stage));
+            }
+        }
+        if (at) {
+            fprintf(out, "\nattribution of %s's gap shift to layers (each layer of %s on exact inputs, every other layer exact):\n",
+                    la->name, la->name);
+            replay_attr_print(out, at, 0);
+        }
+        replay_table_free(t);
+        replay_attr_free(at);
+    }
+    free(tok);
+    if (*replayed) {
+        res->first_layer = first_layer;
+        snprintf(res->first_stage, sizeof res->first_stage, "%s", first_stage);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
 
 int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res, tg_err *e)
 {
@@ -729,7 +801,14 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
     print_logits(out, q, arms, n_arms, 0);
     fputc('\n', out);
     print_table(out, q, t, 0);
-    if (t->first >= 0)
+    int replayed = 0;
+    if (!q->no_replay && replay_localize(q, arms, ids, n_ids, force, out, res, &replayed, e) < 0) goto out;
+    if (replayed) {
+        if (res->first_layer != -2)
+            fprintf(out, "FIRST_OVER_FLOOR=layer %d %s\n", res->first_layer, res->first_stage);
+        else
+            fprintf(out, "FIRST_OVER_FLOOR=NONE\n");
+    } else if (t->first >= 0)
         fprintf(out, "FIRST_OVER_FLOOR=layer %d %s\n", res->first_layer, res->first_stage);
     else
         fprintf(out, "FIRST_OVER_FLOOR=NONE\n");
@@ -758,7 +837,7 @@ static int usage(const char *fmt, const char *arg)
     fprintf(stderr, "tokgate localize: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: tokgate localize P/S [RUN] --arms A,B [--third C] [--spec FILE]"
-                    " [--db FILE] [--evidence DIR] [--top N]\n");
+                    " [--db FILE] [--evidence DIR] [--top N] [--no-replay]\n");
     return 2;
 }
 
@@ -792,8 +871,13 @@ int localize_main(int argc, char **argv)
     const char *db = "tokgate.db", *arms = NULL, *third = NULL, *spec_path = NULL, *evidence = NULL;
     const char *pos[2] = {NULL, NULL};
     int n_pos = 0, top = 8;
+    int no_replay = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "--no-replay")) {
+            no_replay = 1;
+            continue;
+        }
         if (a[0] != '-' || !a[1]) {
             if (n_pos >= 2) return usage("unexpected argument '%s'", a);
             pos[n_pos++] = a;
@@ -869,7 +953,7 @@ int localize_main(int argc, char **argv)
     gate_bin_dir(bins, sizeof bins);
     loc_request q = {.spec = spec, .bin_dir = bins, .prompt_id = prompt, .step = step,
                      .arm_a = a_name, .arm_b = b_name, .third = third, .run_id = run,
-                     .evidence_dir = evidence, .show_top = top};
+                     .evidence_dir = evidence, .show_top = top, .no_replay = no_replay};
     loc_outcome res;
     if (localize_run(st, &q, stdout, &res, &e) < 0) goto fail;
     if (res.evidence_path[0]) fprintf(stderr, "tokgate: evidence written to %s\n", res.evidence_path);

@@ -84,6 +84,7 @@ typedef struct loc_request {
     int64_t run_id;          /* > 0: the prefix is this run's reference tokens */
     const char *evidence_dir;/* NULL: no markdown evidence */
     int show_top;            /* top-k rows shown per arm (0: 8) */
+    int no_replay;           /* skip the stage replay (--no-replay) */
 } loc_request;
 
 typedef struct loc_outcome {
