@@ -169,6 +169,12 @@ test: setup
 	 else echo "make test: no aarch64 cross compiler: the qemu tests will skip"; fi
 	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS) $(SHELL_TESTS)
 
+# The stage replay's mutation suite (tests/mutants/replay/) and its panel of
+# legitimate variants alone (also part of make test).
+.PHONY: mutants
+mutants: all
+	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) $(BUILD)/tests/test_replay
+
 # ASan+UBSan flavour of the unit tests, in its own build folder, then one
 # small gate on the shipped model with the sanitized tokgate and workers.
 asan:

@@ -13,7 +13,7 @@
 #define TG_FORWARD_H
 
 #include "model.h"
-#include "replay.h"
+#include "replay_hook.h"
 
 typedef struct tg_tier_impl {
     /* Allocates the tier state into s->tier. Returns 0 or -1 with e. */
@@ -38,7 +38,7 @@ struct tg_session {
     tg_ops ops;
     tg_dump_fn dump_fn;
     void *dump_ud;
-    tg_replay *replay;       /* a stage replay in progress, or NULL (replay.h) */
+    tg_replay *replay;       /* a stage replay in progress, or NULL (replay_hook.h) */
     const tg_tier_impl *impl;
     void *tier;              /* the tier's state */
     char device[96];
@@ -88,7 +88,7 @@ static inline int tg_dump(tg_session *s, int layer, int stage, const float *x, i
     return s->dump_fn ? s->dump_fn(s->dump_ud, layer, stage, x, n, e) : 0;
 }
 
-/* The stage replay hooks (replay.h): no-ops unless a replay is running. */
+/* The stage replay hooks (replay_hook.h): no-ops unless a replay is running. */
 static inline void tg_hook(tg_session *s, int layer, int stage, int pos0, int nb, float *x, int64_t stride,
                            int64_t c0, int64_t c1)
 {

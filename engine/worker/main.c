@@ -26,7 +26,7 @@
 #include "model.h"
 #include "proto.h"
 #include "quant.h"
-#include "replay.h"
+#include "replay_hook.h"
 #include "tokenizer.h"
 #include "util.h"
 #ifdef TG_WITH_GPU
@@ -447,7 +447,7 @@ static int parse_numerics(const worker *w, const json_t *j, tg_replay_num *n, tg
     return 0;
 }
 
-/* replay: the tokens from an empty cache with the stage hooks (replay.h). */
+/* replay: the tokens from an empty cache with the stage hooks (replay_hook.h). */
 static int on_replay(void *ud, const proto_replay_req *req, json_t *result, tg_err *e)
 {
     worker *w = ud;

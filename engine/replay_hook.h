@@ -1,5 +1,5 @@
 /*
- * replay.h: stage replay (docs/protocol.md, "replay"; docs/localize.md).
+ * replay_hook.h: stage replay (docs/protocol.md, "replay"; docs/localize.md).
  *
  * A replay evaluates one token sequence (positions 0..T-1) with a hook at
  * every stage boundary of every layer. The hook records the tier's own
@@ -27,8 +27,8 @@
  *   token t has n_head * (t+1) values (head by head, positions 0..t), and
  *   out_norm and logits, which hold the last token only.
  */
-#ifndef TG_REPLAY_H
-#define TG_REPLAY_H
+#ifndef TG_REPLAY_HOOK_H
+#define TG_REPLAY_HOOK_H
 
 #include <stdint.h>
 

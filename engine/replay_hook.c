@@ -1,5 +1,5 @@
 /*
- * replay.c: the stage replay's record, input and file format (replay.h).
+ * replay_hook.c: the stage replay's record, input and file format (replay_hook.h).
  *
  * Every (layer, stage) slot has a record buffer for all tokens, filled with
  * NaN, so a value a tier never wrote (a position the attention skipped)
@@ -7,7 +7,7 @@
  * slots the input file has. Hooks touch disjoint ranges from pool threads;
  * the "seen" flags are atomic stores.
  */
-#include "replay.h"
+#include "replay_hook.h"
 
 #include <errno.h>
 #include <math.h>
