@@ -332,6 +332,12 @@ out:
     return rc;
 }
 
+int localize_prefix(tg_store *st, int64_t run, const char *prompt, int step, int32_t **ids, int *n_ids,
+                    int32_t **force, tg_err *e)
+{
+    return run_prefix(st, run, prompt, step, ids, n_ids, force, e);
+}
+
 /* The dumps of step `step` as tensors (pointing into res). *n set. */
 static loc_tensor *tensors_of(const arm_decode_res *res, int step, int *n)
 {

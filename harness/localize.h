@@ -107,6 +107,12 @@ int localize_run(tg_store *st, const loc_request *req, FILE *out, loc_outcome *r
  * floor, 1 when one does, 2 on a usage, input or arm error. */
 int localize_main(int argc, char **argv);
 
+/* The prefix of a stored run's prompt at step: the reference's leg-1
+ * prompt ids (*ids, *n_ids) and the step tokens it appended before step
+ * (*force, step ids), both malloc'ed. Returns 0 or -1 with e. */
+int localize_prefix(tg_store *st, int64_t run, const char *prompt, int step, int32_t **ids, int *n_ids,
+                    int32_t **force, tg_err *e);
+
 /* Shuffles n f32 values bytewise (plane b holds byte b of every value) and
  * compresses with zstd. *blob malloc'ed. Returns 0 or -1 with e. */
 int localize_pack(const float *x, int64_t n, void **blob, size_t *len, tg_err *e);

@@ -17,6 +17,7 @@
 
 #include "arm.h"
 #include "gate.h"
+#include "replay.h"
 #include "report.h"
 #include "spec.h"
 #include "store.h"
@@ -272,6 +273,18 @@ static int cmd_gate(int argc, char **argv)
         store_close(st);
         spec_free(spec);
         return EXIT_USAGE;
+    }
+    int replay_failed = 0;
+    if (replay_gate(st, spec, gr.run_id, vr.set, bins, stderr, &replay_failed, &e) < 0) {
+        fprintf(stderr, "tokgate: replay: %s\n", e.msg);
+        store_finish_run(st, gr.run_id, "ERROR", NULL);
+        store_close(st);
+        spec_free(spec);
+        return EXIT_USAGE;
+    }
+    if (replay_failed) {
+        snprintf(vr.verdict, sizeof vr.verdict, "FAIL");
+        vr.exit_code = EXIT_FAIL;
     }
     if (store_finish_run(st, gr.run_id, vr.verdict, &e) < 0) fprintf(stderr, "tokgate: %s\n", e.msg);
     rc = vr.exit_code;

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "localize.h"
+#include <sqlite3.h>
 
 static const char *const RS_NAMES[RP_N_STAGES] = {
     "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope",
@@ -490,4 +492,139 @@ out:
     free(can);
     arm_dump_dir_remove(dir);
     return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* In the gate                                                         */
+
+/* Inserts a verdict key row of the set. Returns 0 or -1 with e. */
+static int put_key(sqlite3 *db, int64_t run, int set, const char *arm, const char *prompt, const char *key,
+                   const char *val, tg_err *e)
+{
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(db,
+                                "INSERT INTO verdict(run_id, set_no, arm, prompt, key, value, band, policy)"
+                                " SELECT ?1, ?2, ?3, ?4, ?5, ?6, band, policy FROM verdict_set"
+                                " WHERE run_id=?1 AND set_no=?2",
+                                -1, &q, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(q, 1, run);
+        sqlite3_bind_int(q, 2, set);
+        if (arm) sqlite3_bind_text(q, 3, arm, -1, SQLITE_TRANSIENT); else sqlite3_bind_null(q, 3);
+        if (prompt) sqlite3_bind_text(q, 4, prompt, -1, SQLITE_TRANSIENT); else sqlite3_bind_null(q, 4);
+        sqlite3_bind_text(q, 5, key, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(q, 6, val, -1, SQLITE_TRANSIENT);
+        rc = sqlite3_step(q) == SQLITE_DONE ? SQLITE_OK : SQLITE_ERROR;
+    }
+    sqlite3_finalize(q);
+    return rc == SQLITE_OK ? 0 : tg_errf(e, "store: verdict key %s: %s", key, sqlite3_errmsg(db));
+}
+
+/* The last step at which arm's leg-1 token differs from the reference's, -1 none. */
+static int last_contested(sqlite3 *db, int64_t run, int set, const char *arm, const char *prompt)
+{
+    sqlite3_stmt *q = NULL;
+    int v = -1;
+    if (sqlite3_prepare_v2(db,
+                           "SELECT max(step) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND leg=1"
+                           " AND prompt=?4 AND ref_token IS NOT NULL AND token != ref_token",
+                           -1, &q, NULL) == SQLITE_OK) {
+        sqlite3_bind_int64(q, 1, run);
+        sqlite3_bind_int(q, 2, set);
+        sqlite3_bind_text(q, 3, arm, -1, SQLITE_STATIC);
+        sqlite3_bind_text(q, 4, prompt, -1, SQLITE_STATIC);
+        if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL) v = sqlite3_column_int(q, 0);
+    }
+    sqlite3_finalize(q);
+    return v;
+}
+
+int replay_gate(tg_store *st, const tg_spec *s, int64_t run, int set, const char *bin_dir, FILE *log,
+                int *fail_gate, tg_err *e)
+{
+    *fail_gate = 0;
+    if (!s->replay) return 0;
+    sqlite3 *db = store_db(st);
+    int any_fail = 0, any_pass = 0;
+    double t0 = tg_now();
+    for (int i = 0; i < s->n_arms; i++) {
+        const spec_arm *sa = &s->arms[i];
+        if (sa->kind != SPEC_ARM_ENGINE && sa->kind != SPEC_ARM_EXEC) continue;
+        if (sa->role && !strcmp(sa->role, "custody")) continue;
+        if (sa->kind == SPEC_ARM_ENGINE && sa->tier && !strcmp(sa->tier, "ref")) {
+            /* the arbiter's own code: replaying it against itself proves nothing */
+            if (put_key(db, run, set, sa->name, NULL, "REPLAY", "ARBITER", e) < 0) return -1;
+            continue;
+        }
+        const char *verdict = "PASS";
+        for (int p = 0; p < s->n_prompts; p++) {
+            int S = s->replay_steps, c = last_contested(db, run, set, sa->name, s->prompts[p].id);
+            if (c > S) S = c;
+            if (S > s->steps) S = s->steps;
+            int32_t *ids = NULL, *force = NULL;
+            int n_ids = 0;
+            if (localize_prefix(st, run, s->prompts[p].id, S, &ids, &n_ids, &force, e) < 0)
+                return tg_err_prefix(e, "replay of %s, prompt %s", sa->name, s->prompts[p].id);
+            int n = n_ids + S;
+            int32_t *tok = malloc(sizeof *tok * (size_t)(n > 0 ? n : 1));
+            if (!tok) { free(ids), free(force); return tg_errf(e, "out of memory"); }
+            memcpy(tok, ids, sizeof *tok * (size_t)n_ids);
+            memcpy(tok + n_ids, force, sizeof *tok * (size_t)S);
+            free(ids), free(force);
+            rp_request q = {.spec = s, .bin_dir = bin_dir, .arm = i, .tokens = tok, .n_tokens = n, .tok2 = -1};
+            rp_table *t = NULL;
+            char why[256];
+            int r = replay_run(&q, &t, NULL, why, sizeof why, e);
+            free(tok);
+            if (r < 0) return tg_err_prefix(e, "replay of %s, prompt %s", sa->name, s->prompts[p].id);
+            if (r == 0) {
+                if (log) fprintf(log, "tokgate: replay: %s\n", why);
+                verdict = "NONE";
+                break;
+            }
+            double worst = 0;
+            int wi = -1;
+            for (int k = 0; k < t->n_rows; k++)
+                if (t->rows[k].ratio > worst) worst = t->rows[k].ratio, wi = k;
+            if (log) {
+                fprintf(log, "tokgate: replay %s %s (%d positions): %s, %d stage(s) over budget", sa->name,
+                        s->prompts[p].id, n, t->n_over ? "FAIL" : "PASS", t->n_over);
+                if (wi >= 0)
+                    fprintf(log, ", largest ratio %.3g (layer %d %s)", worst, t->rows[wi].layer,
+                            replay_stage_name(t->rows[wi].stage));
+                fputc('\n', log);
+                for (int k = 0; k < t->n_rows; k++)
+                    if (t->rows[k].over)
+                        fprintf(log, "tokgate: replay %s %s: OVER_BUDGET=layer %d %s (%.3g of budget at position %d)\n",
+                                sa->name, s->prompts[p].id, t->rows[k].layer, replay_stage_name(t->rows[k].stage),
+                                t->rows[k].ratio, t->rows[k].worst_pos);
+            }
+            char pv[64];
+            snprintf(pv, sizeof pv, "%s", t->n_over ? "FAIL" : "PASS");
+            if (t->n_over) verdict = "FAIL";
+            replay_table_free(t);
+            if (put_key(db, run, set, sa->name, s->prompts[p].id, "REPLAY", pv, e) < 0) return -1;
+        }
+        if (!strcmp(verdict, "FAIL")) any_fail = 1;
+        if (!strcmp(verdict, "PASS")) any_pass = 1;
+        if (put_key(db, run, set, sa->name, NULL, "REPLAY", verdict, e) < 0) return -1;
+    }
+    const char *overall = any_fail ? "FAIL" : any_pass ? "PASS" : "NONE";
+    if (log) fprintf(log, "tokgate: replay: %s in %.1f s\n", overall, tg_now() - t0);
+    if (put_key(db, run, set, NULL, NULL, "REPLAY", overall, e) < 0) return -1;
+    if (any_fail && s->replay_gate) {
+        *fail_gate = 1;
+        char *err = NULL;
+        char sql[256];
+        snprintf(sql, sizeof sql,
+                 "UPDATE verdict SET value='FAIL' WHERE run_id=%lld AND set_no=%d AND arm IS NULL AND prompt IS NULL"
+                 " AND key='TOKEN_GATE'; UPDATE verdict_set SET overall='FAIL' WHERE run_id=%lld AND set_no=%d;",
+                 (long long)run, set, (long long)run, set);
+        if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
+            tg_errf(e, "store: replay verdict: %s", err ? err : "?");
+            sqlite3_free(err);
+            return -1;
+        }
+    }
+    return 0;
 }

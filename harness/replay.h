@@ -28,6 +28,7 @@
 #include <stdio.h>
 
 #include "spec.h"
+#include "store.h"
 #include "util.h"
 
 #define RP_MARGIN 16.0        /* budget = RP_MARGIN x the noise model */
@@ -128,5 +129,16 @@ typedef struct rp_request {
  * asked), 0 when the arm cannot replay (its hello says so: *why says it),
  * -1 with e. */
 int replay_run(const rp_request *q, rp_table **table, rp_attr **attr, char *why, size_t why_n, tg_err *e);
+
+/* The gate's replay (spec field replay: {steps: N, gate: B}): every engine
+ * or exec arm but the ref tier (the arbiter's own code) and custody arms,
+ * over each prompt's reference prefix of max(N, the arm's last contested
+ * step) steps. Adds verdict keys to set `set` of run: REPLAY per arm and
+ * prompt (PASS | FAIL), per arm (PASS | FAIL | NONE: cannot replay |
+ * ARBITER) and overall; with gate, a FAIL sets the overall TOKEN_GATE and
+ * the set's verdict to FAIL and *fail_gate. Progress and OVER_BUDGET lines
+ * go to log (NULL: none). No-op without the field. Returns 0 or -1 with e. */
+int replay_gate(tg_store *st, const tg_spec *s, int64_t run, int set, const char *bin_dir, FILE *log,
+                int *fail_gate, tg_err *e);
 
 #endif
