@@ -92,6 +92,8 @@ static inline int tg_dump(tg_session *s, int layer, int stage, const float *x, i
 static inline void tg_hook(tg_session *s, int layer, int stage, int pos0, int nb, float *x, int64_t stride,
                            int64_t c0, int64_t c1)
 {
+    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == stage)
+        tg_pert_f32(&s->o, pos0, nb, x, stride, c0, c1);
     if (s->replay)
         tg_replay_f32(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
 }
@@ -99,8 +101,18 @@ static inline void tg_hook(tg_session *s, int layer, int stage, int pos0, int nb
 static inline void tg_hook_f64(tg_session *s, int layer, int stage, int pos0, int nb, double *x, int64_t stride,
                                int64_t c0, int64_t c1)
 {
+    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == stage)
+        tg_pert_f64(&s->o, pos0, nb, x, stride, c0, c1);
     if (s->replay)
         tg_replay_f64(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
+}
+
+/* The score hook: the perturbation, then the replay. */
+static inline double tg_hook_score(tg_session *s, int layer, int pos, int head, int j, double v)
+{
+    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == TG_RS_SCORES)
+        v = tg_pert_value(&s->o, v, pos, head * 65536 + j);
+    return s->replay ? tg_replay_score_f64(s->replay, layer, pos, head, j, v) : v;
 }
 
 /* Whether (layer, stage) is the perturbed one. */

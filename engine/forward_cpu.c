@@ -407,8 +407,8 @@ static void attn_chunk(void *ctx, int t, int ith)
     for (int j = 0; j <= pos; j++) {
         const size_t off = (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
         float sj = fa_dot(c->kv_type, d, (const char *)c->kc + off, qc) * scale;
-        if (s->replay)
-            sj = tg_replay_score(s->replay, a->layer, pos, h, j, sj);
+        if (s->replay || s->o.pert_kind)
+            sj = (float)tg_hook_score(s, a->layer, pos, h, j, sj);
         const void *vj = (const char *)c->vc + off;
         float ms = 1.0f, vs = 1.0f;
         if (sj > M) {

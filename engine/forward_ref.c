@@ -519,8 +519,8 @@ static void attention_emul(tg_session *s, int layer, double *out, const double *
             for (int i = 0; i < d; i++)
                 dot += qr[i] * kj[i];
             double sj = dot * scale;
-            if (s->replay)
-                sj = tg_replay_score_f64(s->replay, layer, pos, h, j, sj);
+            if (s->replay || s->o.pert_kind)
+                sj = tg_hook_score(s, layer, pos, h, j, sj);
             double ms = 1.0, vs = 1.0;
             if (sj > M) {
                 const double Mold = M;
@@ -566,8 +566,8 @@ static void attention(tg_session *s, int layer, double *out, const double *q, co
             for (int i = 0; i < d; i++)
                 dot += qh[i] * kj[i];
             r->sc[j] = dot * scale;
-            if (s->replay)
-                r->sc[j] = tg_replay_score_f64(s->replay, layer, pos, h, j, r->sc[j]);
+            if (s->replay || s->o.pert_kind)
+                r->sc[j] = tg_hook_score(s, layer, pos, h, j, r->sc[j]);
             if (r->sc[j] > mx)
                 mx = r->sc[j];
         }

@@ -9,6 +9,8 @@
  */
 #include "replay_hook.h"
 
+#include "quant.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -339,4 +341,49 @@ double tg_replay_score_f64(tg_replay *r, int layer, int pos, int head, int j, do
     }
     r->rec[slot][off] = (float)v;
     return r->in[slot] ? (double)r->in[slot][off] : v;
+}
+
+/* f64 values of the ref tier stay f32 values after a perturbation. */
+static double s_round(double v)
+{
+    return (double)(float)v;
+}
+
+double tg_pert_value(const tg_opts *o, double v, int pos, int64_t col)
+{
+    switch (o->pert_kind) {
+    case 1:
+        return tg_bf16_to_f32(tg_f32_to_bf16((float)v));
+    case 2:
+        return tg_half_to_f32(tg_f32_to_half((float)v));
+    case 3:
+        return v * (1.0 + o->pert_eps);
+    case 4: {
+        // splitmix64 of (pos, col): u uniform in [-sqrt 3, sqrt 3) (unit variance)
+        uint64_t z = ((uint64_t)(uint32_t)pos << 32 ^ (uint64_t)col) + 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        double u = ((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0) * 1.7320508075688772;
+        return v * (1.0 + o->pert_eps * u);
+    }
+    default:
+        return v;
+    }
+}
+
+void tg_pert_f32(const tg_opts *o, int pos0, int nb, float *x, int64_t stride, int64_t c0, int64_t c1)
+{
+    for (int b = 0; b < nb; b++)
+        for (int64_t i = c0; i < c1; i++)
+            x[(int64_t)b * stride + i] = (float)tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
+}
+
+void tg_pert_f64(const tg_opts *o, int pos0, int nb, double *x, int64_t stride, int64_t c0, int64_t c1)
+{
+    for (int b = 0; b < nb; b++)
+        for (int64_t i = c0; i < c1; i++) {
+            double v = tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
+            x[(int64_t)b * stride + i] = s_round(v);
+        }
 }

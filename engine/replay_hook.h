@@ -110,4 +110,10 @@ void tg_replay_f64(tg_replay *r, int layer, int stage, int pos0, int nb, double 
 float tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, float v);
 double tg_replay_score_f64(tg_replay *r, int layer, int pos, int head, int j, double v);
 
+/* The calibrated perturbation of o (model.h, pert_*) of one value at
+ * (pos, col), and of rows as the hooks take them. */
+double tg_pert_value(const tg_opts *o, double v, int pos, int64_t col);
+void tg_pert_f32(const tg_opts *o, int pos0, int nb, float *x, int64_t stride, int64_t c0, int64_t c1);
+void tg_pert_f64(const tg_opts *o, int pos0, int nb, double *x, int64_t stride, int64_t c0, int64_t c1);
+
 #endif

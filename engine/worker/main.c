@@ -137,7 +137,7 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     json_t *pt = json_object_get(options, "perturb");
     if (pt) {
         if (!json_is_string(pt))
-            return tg_errf(e, "option 'perturb' must be a string \"bf16:STAGE:LAYER\"");
+            return tg_errf(e, "option 'perturb' must be a string \"KIND:STAGE:LAYER\" (engine/model.h)");
         if (tg_opts_parse_perturb(&o, json_string_value(pt), e) != 0)
             return -1;
     }
@@ -148,7 +148,7 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
         return -1;
 #ifdef TG_WITH_GPU
     if (w->tier == TG_TIER_GPU) {
-        if (o.perturb_layer >= 0) {
+        if (o.perturb_layer >= 0 || o.pert_kind) {
             unload(w);
             return tg_errf(e, "option 'perturb': not available on the gpu tier (use cpu or ref)");
         }
