@@ -17,6 +17,7 @@
 
 #include "arm.h"
 #include "gate.h"
+#include "power.h"
 #include "replay.h"
 #include "report.h"
 #include "spec.h"
@@ -40,6 +41,7 @@ static const char USAGE[] =
     "                           the report of a run (default: the latest)\n"
     "  step P/S [RUN] [--db FILE] [--set N]\n"
     "                           one step of one prompt across all arms and oracle variants\n"
+    "  power SPEC [--arm NAME] [--layer L] [--kind scale|noise] [--stages S,...] [--steps N]\n"
     "  localize P/S [RUN] --arms A,B [--third C] [--spec FILE] [--db FILE] [--evidence DIR]\n"
     "                           per layer and stage error of B against A over the same\n"
     "                           prefix; names the first stage over the noise floor\n"
@@ -515,6 +517,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "run")) return sweep_run_main(argc, argv);
     if (!strcmp(c, "merge")) return merge_main(argc, argv);
     if (!strcmp(c, "localize")) return localize_main(argc, argv);
+    if (!strcmp(c, "power")) return power_main(argc, argv);
     if (!strcmp(c, "version") || !strcmp(c, "--version")) {
         printf("tokgate %s\n", TOKGATE_VERSION);
         return 0;

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <spawn.h>
@@ -554,13 +555,65 @@ static void test_mutants(void **st)
     assert_int_equal(named, tested);
 }
 
+/* tokgate power: replay detects a stage's scale error far below what the gate needs. */
+static void test_power(void **st)
+{
+    (void)st;
+    if (!have_engine()) skip_msg("tg-engine or the shipped model missing");
+    char spec[PATH_MAX + 32], outp[PATH_MAX + 32], tg[PATH_MAX + 32];
+    snprintf(spec, sizeof spec, "%s/power.yaml", g_dir);
+    snprintf(outp, sizeof outp, "%s/power.out", g_dir);
+    snprintf(tg, sizeof tg, "%s/bin/tokgate", g_build);
+    char sha[65];
+    tg_err e;
+    if (tg_sha256_file(g_model, sha, &e) < 0) fail_msg("%s", e.msg);
+    FILE *f = fopen(spec, "w");
+    assert_non_null(f);
+    fprintf(f, "name: power\nmodel: {path: %s, sha256: %s}\nprompts:\n"
+               "  - {id: p1, text: \"The following options are supported:\"}\n"
+               "  - {id: p2, text: \"def main(argv):\"}\n"
+               "steps: 16\ntop_k: 4\nlegs: 1\nreference: ref\npolicy: {kind: near-tie, band: 0.2}\n"
+               "arms:\n  - {name: cpu, engine: cpu, options: {threads: 2}}\n  - {name: ref, engine: ref}\n",
+            g_model, sha);
+    fclose(f);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    char *argv[] = {tg, "power", spec, "--stages", "q_rope,ffn_out", "--layer", "3", NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, tg, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    int ws;
+    assert_true(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    char *out = slurp(outp, NULL);
+    assert_non_null(out);
+    printf("%s", out);
+    const char *stages[] = {"q_rope", "ffn_out"};
+    for (int i = 0; i < 2; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "POWER.%s.REPLAY=", stages[i]);
+        const char *r = strstr(out, key);
+        assert_non_null(r);
+        double re = strtod(r + strlen(key), NULL);
+        snprintf(key, sizeof key, "POWER.%s.GATE=", stages[i]);
+        const char *g = strstr(out, key);
+        assert_non_null(g);
+        g += strlen(key);
+        double ge = *g == '>' ? INFINITY : strtod(g, NULL);
+        /* the budgets sit near 1e-5: a scale of 1e-4 must be seen; the gate needs far more */
+        assert_true(re > 0 && re <= 1e-4);
+        assert_true(ge >= 100 * re);
+    }
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_roundtrip), cmocka_unit_test(test_compare_crafted),
         cmocka_unit_test(test_noise_model),    cmocka_unit_test(test_ref_exact),
         cmocka_unit_test(test_panel),          cmocka_unit_test(test_cannot_replay),
-        cmocka_unit_test(test_mutants),
+        cmocka_unit_test(test_mutants),        cmocka_unit_test(test_power),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
