@@ -218,6 +218,40 @@ static void test_noise_model(void **st)
     assert_int_equal(replay_numerics_parse("[1]", &cpu, &e), -1);
 }
 
+/* The spec field replay: {steps: N, gate: B}. */
+static void test_spec_field(void **st)
+{
+    (void)st;
+    const char *base = "name: x\nmodel: {path: m.gguf, sha256: 0000000000000000000000000000000000000000000000000000000000000000}\n"
+                       "prompts:\n  - {id: p1, text: a}\nsteps: 8\ntop_k: 4\nlegs: 1\nreference: cpu\n"
+                       "policy: {kind: exact}\narms:\n  - {name: cpu, engine: cpu}\n";
+    char text[1024];
+    tg_spec *s = NULL;
+    tg_err e;
+    snprintf(text, sizeof text, "%s", base);
+    assert_int_equal(spec_parse(&s, "x.yaml", text, strlen(text), &e), 0);
+    assert_int_equal(s->replay, 0);
+    spec_free(s);
+    snprintf(text, sizeof text, "%sreplay: {steps: 8}\n", base);
+    assert_int_equal(spec_parse(&s, "x.yaml", text, strlen(text), &e), 0);
+    assert_true(s->replay && s->replay_steps == 8 && s->replay_gate == 1);
+    spec_free(s);
+    snprintf(text, sizeof text, "%sreplay: {steps: 0, gate: false}\n", base);
+    assert_int_equal(spec_parse(&s, "x.yaml", text, strlen(text), &e), 0);
+    assert_true(s->replay && s->replay_steps == 0 && s->replay_gate == 0);
+    spec_free(s);
+    const char *bad[] = {"replay: {steps: 9}", "replay: {gate: true}", "replay: {steps: 2, gate: maybe}",
+                         "replay: {steps: 2, when: always}", "replay: 4"};
+    const char *want[] = {"replay.steps", "replay.steps", "replay.gate", "replay", "replay"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(text, sizeof text, "%s%s\n", base, bad[i]);
+        s = NULL;
+        assert_int_equal(spec_parse(&s, "x.yaml", text, strlen(text), &e), -1);
+        printf("%s -> %s\n", bad[i], e.msg);
+        assert_non_null(strstr(e.msg, want[i]));
+    }
+}
+
 /* ------------------------------------------------------------------ */
 /* Real runs                                                           */
 
@@ -562,6 +596,7 @@ static void test_power(void **st)
     if (!have_engine()) skip_msg("tg-engine or the shipped model missing");
     char spec[PATH_MAX + 32], outp[PATH_MAX + 32], tg[PATH_MAX + 32];
     snprintf(spec, sizeof spec, "%s/power.yaml", g_dir);
+
     snprintf(outp, sizeof outp, "%s/power.out", g_dir);
     snprintf(tg, sizeof tg, "%s/bin/tokgate", g_build);
     char sha[65];
@@ -607,13 +642,76 @@ static void test_power(void **st)
     free(out);
 }
 
+/* Runs `tokgate ARGS` with stdout into outp; returns its exit status. */
+static int run_tokgate(char *const *args, const char *outp)
+{
+    char tg[PATH_MAX + 32];
+    snprintf(tg, sizeof tg, "%s/bin/tokgate", g_build);
+    char *argv[16] = {tg};
+    int n = 1;
+    for (; args[n - 1] && n < 15; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    int rc = posix_spawn(&pid, tg, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) return -1;
+    int ws;
+    if (waitpid(pid, &ws, 0) != pid || !WIFEXITED(ws)) return -1;
+    return WEXITSTATUS(ws);
+}
+
+/* The gate's replay: a cpu arm perturbed below anything the token gate
+ * sees fails REPLAY and, with gate: true, TOKEN_GATE; gate: false keeps
+ * TOKEN_GATE. */
+static void test_gate_replay(void **st)
+{
+    (void)st;
+    if (!have_engine()) skip_msg("tg-engine or the shipped model missing");
+    char sha[65];
+    tg_err e;
+    if (tg_sha256_file(g_model, sha, &e) < 0) fail_msg("%s", e.msg);
+    for (int gate = 1; gate >= 0; gate--) {
+        char spec[PATH_MAX + 32], outp[PATH_MAX + 32], db[PATH_MAX + 32];
+        snprintf(spec, sizeof spec, "%s/g%d.yaml", g_dir, gate);
+        snprintf(outp, sizeof outp, "%s/g%d.out", g_dir, gate);
+        snprintf(db, sizeof db, "%s/g%d.db", g_dir, gate);
+        FILE *f = fopen(spec, "w");
+        assert_non_null(f);
+        fprintf(f, "name: gate-replay\nmodel: {path: %s, sha256: %s}\nprompts:\n"
+                   "  - {id: p1, text: \"The following options are supported:\"}\n"
+                   "steps: 6\ntop_k: 4\nlegs: 2\nreference: ref\npolicy: {kind: near-tie, band: 0.2}\n"
+                   "replay: {steps: 6, gate: %s}\n"
+                   "arms:\n  - {name: cpu, engine: cpu, options: {threads: 2, perturb: \"scale=1e-4:k_norm:2\"}}\n"
+                   "  - {name: ref, engine: ref}\n",
+                g_model, sha, gate ? "true" : "false");
+        fclose(f);
+        char *args[] = {"gate", spec, "--db", db, NULL};
+        int rc = run_tokgate(args, outp);
+        char *out = slurp(outp, NULL);
+        assert_non_null(out);
+        printf("gate: %s, exit %d: %s", gate ? "true" : "false", rc, strstr(out, "REPLAY=") ? strstr(out, "REPLAY=") : "(no key)\n");
+        assert_non_null(strstr(out, "\nREPLAY=FAIL\n"));
+        assert_non_null(strstr(out, "ARM.cpu.REPLAY=FAIL"));
+        assert_non_null(strstr(out, "ARM.ref.REPLAY=ARBITER"));
+        assert_non_null(strstr(out, gate ? "\nTOKEN_GATE=FAIL\n" : "\nTOKEN_GATE=PASS\n"));
+        assert_int_equal(rc, gate ? 1 : 0);
+        free(out);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_roundtrip), cmocka_unit_test(test_compare_crafted),
-        cmocka_unit_test(test_noise_model),    cmocka_unit_test(test_ref_exact),
+        cmocka_unit_test(test_noise_model),    cmocka_unit_test(test_spec_field),
+        cmocka_unit_test(test_ref_exact),
         cmocka_unit_test(test_panel),          cmocka_unit_test(test_cannot_replay),
         cmocka_unit_test(test_mutants),        cmocka_unit_test(test_power),
+        cmocka_unit_test(test_gate_replay),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
