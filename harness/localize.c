@@ -664,7 +664,7 @@ static int write_evidence(const loc_request *q, loc_arm *arms, int n_arms, const
  * and then res->first_* from the replay (first stage over budget in
  * forward order, B's before A's). Returns 0, or -1 with e. */
 static int replay_localize(const loc_request *q, loc_arm *arms, const int32_t *ids, int n_ids,
-                           const int32_t *force, FILE *out, loc_outcome *res, int *replayed, tg_err *e)
+                           const int32_t *force, FILE *out, FILE *md, loc_outcome *res, int *replayed, tg_err *e)
 {
     const tg_spec *s = q->spec;
     int n = n_ids + q->step;
@@ -694,12 +694,18 @@ static int replay_localize(const loc_request *q, loc_arm *arms, const int32_t *i
         }
         if (r == 0) {
             fprintf(out, "\nstage replay: %s\n", why);
+            if (md) fprintf(md, "\n%s\n", why);
             continue;
         }
         *replayed = 1;
         fprintf(out, "\nstage replay: %s against the exact arbiter (ref tier with %s's declared roundings), %d positions;"
                      " budget = %g x noise model\n", la->name, la->name, n, RP_MARGIN);
         replay_table_print(out, t, 0);
+        if (md) {
+            fprintf(md, "\n### %s against the exact arbiter (%d positions, budget = %g x noise model)\n\n", la->name, n,
+                    RP_MARGIN);
+            replay_table_print(md, t, 1);
+        }
         for (int i = 0; i < t->n_rows; i++) {
             const rp_row *rw = &t->rows[i];
             if (!rw->over) continue;
@@ -714,6 +720,10 @@ static int replay_localize(const loc_request *q, loc_arm *arms, const int32_t *i
             fprintf(out, "\nattribution of %s's gap shift to layers (each layer of %s on exact inputs, every other layer exact):\n",
                     la->name, la->name);
             replay_attr_print(out, at, 0);
+            if (md) {
+                fprintf(md, "\n### Attribution of %s's gap shift to layers\n", la->name);
+                replay_attr_print(md, at, 1);
+            }
         }
         replay_table_free(t);
         replay_attr_free(at);
@@ -805,10 +815,18 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
     else fprintf(out, ", noise floor from the earlier layers' trend x%g", LOC_TREND_FACTOR);
     fprintf(out, " (prefix: %s)\n", q->run_id > 0 ? "stored run's reference" : "first arm's greedy tokens");
     print_logits(out, q, arms, n_arms, 0);
-    fputc('\n', out);
-    print_table(out, q, t, 0);
     int replayed = 0;
-    if (!q->no_replay && replay_localize(q, arms, ids, n_ids, force, out, res, &replayed, e) < 0) goto out;
+    char *mdbuf = NULL;
+    size_t mdlen = 0;
+    FILE *md = q->evidence_dir ? open_memstream(&mdbuf, &mdlen) : NULL;
+    int rrc = q->no_replay ? 0 : replay_localize(q, arms, ids, n_ids, force, out, md, res, &replayed, e);
+    if (md) fclose(md);
+    if (rrc < 0) {
+        free(mdbuf);
+        goto out;
+    }
+    fprintf(out, "\naccumulated activations at step %d (dumps), %s vs %s:\n", q->step, q->arm_b, q->arm_a);
+    print_table(out, q, t, 0);
     if (replayed) {
         if (res->first_layer != -2)
             fprintf(out, "FIRST_OVER_FLOOR=layer %d %s\n", res->first_layer, res->first_stage);
@@ -820,8 +838,19 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
         fprintf(out, "FIRST_OVER_FLOOR=NONE\n");
     if (q->evidence_dir &&
         write_evidence(q, arms, n_arms, t, res->localize_id, res->evidence_path,
-                       sizeof res->evidence_path, e) < 0)
+                       sizeof res->evidence_path, e) < 0) {
+        free(mdbuf);
         goto out;
+    }
+    if (q->evidence_dir && replayed && mdbuf) {
+        FILE *f = fopen(res->evidence_path, "a");
+        if (!f || fprintf(f, "\n## Stage replay (docs/localize.md)\n%s", mdbuf) < 0 || fclose(f) != 0) {
+            free(mdbuf);
+            tg_errf(e, "--evidence %s: write error", res->evidence_path);
+            goto out;
+        }
+    }
+    free(mdbuf);
     rc = 0;
 out:
     for (int i = 0; i < n_arms; i++) {
