@@ -32,6 +32,10 @@ LLAMA_CPP_DIR ?= $(CACHE)/llama.cpp
 PKGS     := sqlite3 libzstd libpcre2-8 jansson libfyaml libcrypto libxxhash
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# libcurl (Debian libcurl4-openssl-dev) for tg-http alone, apart from PKGS
+# so that a machine without it still builds everything else.
+CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
+CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null)
 
 CPPFLAGS += -D_GNU_SOURCE -I$(TOP)/engine -I$(TOP)/harness -I$(TOP)/oracles
 CFLAGS   += -std=gnu11 -g $(OPT) $(SAN) -Wall -Wextra -Wno-unused-parameter \
@@ -72,6 +76,9 @@ ifneq ($(wildcard oracles/llama/tg-llama.c),)
 endif
 ifneq ($(wildcard harness/main.c),)
   BINS += $(BUILD)/bin/tokgate
+endif
+ifneq ($(wildcard oracles/http/tg-http.c),)
+  BINS += $(BUILD)/bin/tg-http
 endif
 
 .PHONY: synthetic-gate all deps setup fetch test asan gate bench aarch64 hip gpu gpu-test clean \
@@ -151,6 +158,13 @@ $(BUILD)/bin/tg-llama: $(BUILD)/obj/oracles/llama/tg-llama.o $(LIB_ORACLE) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# tg-http: the arm worker over an inference server's HTTP API (libcurl).
+$(BUILD)/obj/oracles/http/%.o: CPPFLAGS += $(CURL_CFLAGS)
+$(BUILD)/bin/tg-http: $(BUILD)/obj/oracles/http/tg-http.o $(LIB_ENGINE)
+	@mkdir -p $(dir $@)
+	@[ -n "$(CURL_LIBS)" ] || { echo "tg-http needs libcurl: apt-get install libcurl4-openssl-dev (scripts/setup-deps.sh)" >&2; exit 1; }
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CURL_LIBS)
+
 # Set-up on a fresh machine: Debian packages (only those missing, so this is
 # cheap once done) and the pinned npm packages. Skipped with NO_SETUP=1.
 setup:
@@ -192,7 +206,7 @@ valgrind: all
 # FUZZ_SECONDS each from the kept corpus (scripts/fuzz.sh). The kept corpus
 # is also replayed under gcc by tests/test_fuzz_replay in make test.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := gguf tokenizer spec proto
+FUZZ_TARGETS := gguf tokenizer spec proto store
 FUZZ_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 fuzz:
 	$(MAKE) BUILD=build/fuzz CC=clang OPT=-O1 SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" NO_SETUP=1 fuzz-bins
@@ -215,7 +229,7 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(BUILD)/lib/libtg_f
 gate: setup
 	$(MAKE) all
 	$(MAKE) aarch64
-	$(BUILD)/bin/tokgate gate specs/default.yaml --evidence evidence
+	$(BUILD)/bin/tokgate gate specs/default.yaml --evidence $(BUILD)/evidence
 
 # The synthetic spec's model: tg-mkmodel tiny Q4_K_M, seed 1, real Qwen3
 # tokenizer (same seed, same bytes: specs/synthetic-qwen3.yaml pins them).
@@ -268,4 +282,5 @@ bench-gpu:
 clean:
 	rm -rf build
 
--include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d)
+-include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d) \
+         $(BUILD)/obj/oracles/http/tg-http.d

@@ -9,12 +9,14 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 struct proto_conn {
     FILE *out;
@@ -320,7 +322,8 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 
 /* ---- answers ---- */
 
-/* Writes one step line from an ordered top list and a digest. */
+/* Writes one step line from an ordered top list and a digest (NULL or "":
+ * no "digest" member, for a worker that never sees the whole logit vector). */
 static void write_step(proto_conn *c, int step, const tg_top *top, int k, const char *dig)
 {
     c->len = 0;
@@ -332,7 +335,8 @@ static void write_step(proto_conn *c, int step, const tg_top *top, int k, const 
         else if (isinf(v)) cbuf_printf(c, "%s[%d,\"%sinf\"]", sep, top[i].id, v < 0 ? "-" : "");
         else cbuf_printf(c, "%s[%d,%.9g]", sep, top[i].id, (double)v);
     }
-    cbuf_printf(c, "],\"digest\":\"%s\"}", dig);
+    if (dig && *dig) cbuf_printf(c, "],\"digest\":\"%s\"}", dig);
+    else cbuf_printf(c, "]}");
     cbuf_flush(c);
 }
 
@@ -748,6 +752,65 @@ int proto_handle_line(proto_conn *c, const proto_ops *ops, const char *line, siz
     if (failed) write_error(c, e.msg);
     if (c->werr) return -1;
     return rc;
+}
+
+/* The private answer stream of proto_private_out: fopencookie callbacks. */
+typedef struct priv_out {
+    int fd;
+    const char *prog;
+} priv_out;
+
+static ssize_t priv_write(void *cookie, const char *buf, size_t n)
+{
+    priv_out *p = cookie;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(p->fd, buf + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            /* nobody reads the answers any more: stop at once */
+            fprintf(stderr, "%s: writing the protocol stream failed (%s): exiting\n", p->prog,
+                    w < 0 ? strerror(errno) : "no progress");
+            _exit(1);
+        }
+        done += (size_t)w;
+    }
+    return (ssize_t)n;
+}
+
+static int priv_close(void *cookie)
+{
+    priv_out *p = cookie;
+    int rc = close(p->fd);
+    free(p);
+    return rc;
+}
+
+FILE *proto_private_out(const char *prog, tg_err *e)
+{
+    fflush(stdout);
+    int fd = fcntl(1, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0) {
+        tg_errf(e, "%s: cannot duplicate stdout: %s", prog, strerror(errno));
+        return NULL;
+    }
+    if (dup2(2, 1) < 0) {
+        tg_errf(e, "%s: cannot point stdout at stderr: %s", prog, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    priv_out *p = malloc(sizeof *p);
+    cookie_io_functions_t io = {.write = priv_write, .close = priv_close};
+    FILE *f = p ? fopencookie(p, "w", io) : NULL;
+    if (!f) {
+        tg_errf(e, "%s: out of memory", prog);
+        free(p);
+        close(fd);
+        return NULL;
+    }
+    p->fd = fd;
+    p->prog = prog;
+    return f;
 }
 
 int proto_serve(FILE *in, FILE *out, const proto_ops *ops)

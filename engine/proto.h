@@ -101,6 +101,17 @@ typedef struct proto_ops {
  * pipe). Ignores SIGPIPE so that a vanished reader is a write error. */
 int proto_serve(FILE *in, FILE *out, const proto_ops *ops);
 
+/* The protocol's own descriptor, for a worker's main() before
+ * proto_serve(stdin, out, ...): duplicates fd 1 to a private descriptor
+ * (close-on-exec) and points fd 1 at stderr, so that what a library prints
+ * to stdout (ggml's crash handler runs gdb, which prints a backtrace on fd
+ * 1) lands in stderr instead of corrupting the answer stream. The FILE
+ * returned writes to the private descriptor and ends the process (exit
+ * status 1, a line on stderr naming prog) at the first failed write: with
+ * the harness gone nobody reads the answers, and a long decode must not
+ * run on. Returns NULL with e when a descriptor call fails. */
+FILE *proto_private_out(const char *prog, tg_err *e);
+
 /* Records step `step` of a decode: writes the step line (the argmax of
  * logits as "token", the top req->top_k as [[id,logit],...] by logit
  * descending, ties by lower id, and the XXH3-64 digest of all n logits).
@@ -112,7 +123,8 @@ int32_t proto_step(proto_conn *c, const proto_decode_req *req, int step, const f
 /* proto_step for a worker that selects the top-k itself (the GPU arm, on
  * the device): top[0..k-1] ordered as tg_topk orders them (k at most
  * req->top_k, top[0] the argmax), digest the 16-hex-digit XXH3-64 of all
- * logits. Writes the same step line (k is clamped to req->top_k; k >= 1);
+ * logits, or NULL for a worker that never sees them all (tg-http: the step
+ * line then has no "digest"). Writes the same step line (k is clamped to req->top_k; k >= 1);
  * returns the token to append next (force[step] under teacher forcing,
  * else top[0].id). */
 int32_t proto_step_top(proto_conn *c, const proto_decode_req *req, int step, const tg_top *top, int k,

@@ -14,7 +14,10 @@
  */
 #include "arm.h"
 
+#include "common.h"
+
 #include <assert.h>
+#include <limits.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -72,18 +75,47 @@ struct tg_arm {
     pid_t pgid;              /* the worker's process group until it is killed, else -1 */
 };
 
-static char *xstrdup(const char *s)
+/* ---- interruption ---- */
+
+/* The process groups of the workers alive now (0: a free slot), for
+ * arm_interrupt to kill from a signal handler. */
+#define MAX_LIVE 1024
+static volatile pid_t live_groups[MAX_LIVE];
+static volatile sig_atomic_t interrupted_by;
+
+void arm_interrupt(int sig)
 {
-    char *d = strdup(s ? s : "");
-    if (!d) abort();
-    return d;
+    if (!interrupted_by) interrupted_by = sig ? sig : SIGTERM;
+    for (int i = 0; i < MAX_LIVE; i++) {
+        pid_t g = __atomic_load_n(&live_groups[i], __ATOMIC_SEQ_CST);
+        if (g > 0) kill(-g, SIGKILL);
+    }
 }
 
-static void *xrealloc(void *p, size_t n)
+int arm_interrupted(void)
 {
-    void *q = realloc(p, n ? n : 1);
-    if (!q) abort();
-    return q;
+    return interrupted_by;
+}
+
+/* Records a worker's process group as alive; kills it at once when an
+ * interruption came first (the handler may have run before the record). */
+static void group_register(pid_t g)
+{
+    for (int i = 0; i < MAX_LIVE; i++) {
+        pid_t zero = 0;
+        if (__atomic_compare_exchange_n(&live_groups[i], &zero, g, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            break;
+    }
+    if (interrupted_by) kill(-g, SIGKILL);
+}
+
+static void group_unregister(pid_t g)
+{
+    for (int i = 0; i < MAX_LIVE; i++) {
+        pid_t want = g;
+        if (__atomic_compare_exchange_n(&live_groups[i], &want, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            break;
+    }
 }
 
 static const char *signame(int sig)
@@ -207,12 +239,12 @@ static int pump(tg_arm *a, double deadline, int want_in)
     }
     int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
     int r = poll(p, (nfds_t)n, ms);
-    if (r < 0) return errno == EINTR ? 1 : 0;
-    if (r == 0) return tg_now() < deadline;
+    if (r < 0) return errno == EINTR && !interrupted_by ? 1 : 0;
+    if (r == 0) return !interrupted_by && tg_now() < deadline;
     if (oo >= 0 && p[oo].revents) stdout_read(a);
     if (eo >= 0 && p[eo].revents) stderr_read(a);
     (void)io;
-    return 1;
+    return !interrupted_by;   /* tokgate is stopping: no more waiting */
 }
 
 /* ---- process control ---- */
@@ -269,7 +301,10 @@ static void close_in(tg_arm *a)
  * by another group (a pid is not reused while its group has members). */
 static void kill_group(tg_arm *a)
 {
-    if (a->pgid > 0) kill(-a->pgid, SIGKILL);
+    if (a->pgid > 0) {
+        kill(-a->pgid, SIGKILL);
+        group_unregister(a->pgid);
+    }
     a->pgid = -1;
 }
 
@@ -305,6 +340,8 @@ static void fail(tg_arm *a, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    if (interrupted_by)   /* the worker was killed by us, not by its own fault */
+        snprintf(buf, sizeof buf, "interrupted: tokgate got %s", signame(interrupted_by));
     a->failed = 1;
     free(a->cause);
     a->cause = xstrdup(buf);
@@ -389,7 +426,7 @@ static int send_bytes(tg_arm *a, const char *op, const char *p, size_t n, double
 static int send_json(tg_arm *a, const char *op, json_t *req, double deadline)
 {
     char *s = json_dumps(req, JSON_COMPACT);
-    if (!s) abort();
+    if (!s) common_out_of_memory(0);   /* a packed request fails to dump only without memory */
     size_t n = strlen(s);
     s = xrealloc(s, n + 2);
     s[n] = '\n';
@@ -469,7 +506,12 @@ static int answer_ok(tg_arm *a, const char *op, json_t *j, tg_err *e)
         fail(a, "protocol: %s: an error answer without an \"error\" string", op);
         return -1;
     }
-    tg_errf(e, "arm %s: %s: %s", a->name, op, msg);
+    /* the worker names the op itself ("load: ..."): said once; and its
+     * text never reaches a terminal with escapes in it */
+    size_t k = strlen(op);
+    while (!strncmp(msg, op, k) && !strncmp(msg + k, ": ", 2)) msg += k + 2;
+    char safe[900];
+    tg_errf(e, "arm %s: %s: %s", a->name, op, common_text_safe(msg, safe, sizeof safe));
     return 0;
 }
 
@@ -502,8 +544,10 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
 {
     *out = NULL;
     assert(cfg && cfg->argv && cfg->argv[0]);
-    tg_arm *a = calloc(1, sizeof *a);
-    if (!a) abort();
+    if (interrupted_by)
+        return tg_errf(e, "arm %s: not started: tokgate got %s", cfg->name ? cfg->name : cfg->argv[0],
+                       signame(interrupted_by));
+    tg_arm *a = xcalloc(1, sizeof *a);
     a->name = xstrdup(cfg->name ? cfg->name : cfg->argv[0]);
     a->pid = -1;
     a->fd_in = a->fd_out = a->fd_err = -1;
@@ -515,8 +559,7 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
     a->max_stderr = cfg->max_stderr ? cfg->max_stderr : DEFAULT_MAX_STDERR;
     a->eline = xrealloc(NULL, SCAN_LINE_MAX + 1);
     a->n_patterns = cfg->n_fault_patterns;
-    a->patterns = calloc((size_t)a->n_patterns + 1, sizeof *a->patterns);
-    if (!a->patterns) abort();
+    a->patterns = xcalloc((size_t)a->n_patterns + 1, sizeof *a->patterns);
     for (int i = 0; i < a->n_patterns; i++) a->patterns[i] = xstrdup(cfg->fault_patterns[i]);
     a->ebuf = xrealloc(NULL, 1);
     a->ebuf[0] = 0;
@@ -570,6 +613,7 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
     }
     a->pid = pid;
     a->pgid = pid;
+    group_register(pid);
     a->leg_deadline = cfg->timeout_leg > 0 ? a->t_start + cfg->timeout_leg : INFINITY;
     *out = a;
     return 0;
@@ -756,6 +800,32 @@ void arm_decode_res_free(arm_decode_res *r)
     memset(r, 0, sizeof *r);
 }
 
+/* A logit of a "top" pair: a JSON number, or the strings "nan", "inf",
+ * "-inf" the protocol uses for non-finite values. Returns 0 or -1. */
+static int logit_of(json_t *v, float *out)
+{
+    if (json_is_number(v)) {
+        *out = (float)json_number_value(v);
+        return 0;
+    }
+    const char *s = json_string_value(v);
+    if (!s) return -1;
+    if (!strcmp(s, "nan")) *out = NAN;
+    else if (!strcmp(s, "inf")) *out = INFINITY;
+    else if (!strcmp(s, "-inf")) *out = -INFINITY;
+    else return -1;
+    return 0;
+}
+
+/* The protocol's order of a top list: a before b when a's logit is larger,
+ * or equal with the lower id; NaN after every number. */
+static int top_before(tg_top a, tg_top b)
+{
+    if (isnan(a.logit) || isnan(b.logit)) return isnan(a.logit) && isnan(b.logit) ? a.id < b.id : isnan(b.logit);
+    if (a.logit != b.logit) return a.logit > b.logit;
+    return a.id < b.id;
+}
+
 /* Validates a step line into st. Returns NULL, or what was wrong. */
 static const char *parse_step(json_t *j, int expect, int top_k, arm_step *st, char *why, size_t wn)
 {
@@ -785,16 +855,16 @@ static const char *parse_step(json_t *j, int expect, int top_k, arm_step *st, ch
     for (int i = 0; i < st->n_top; i++) {
         json_t *p = json_array_get(top, (size_t)i);
         json_t *id = json_array_get(p, 0), *lg = json_array_get(p, 1);
-        if (!json_is_array(p) || json_array_size(p) != 2 || !json_is_integer(id) || !json_is_number(lg) ||
+        float logit;
+        if (!json_is_array(p) || json_array_size(p) != 2 || !json_is_integer(id) || logit_of(lg, &logit) < 0 ||
             json_integer_value(id) < 0 || json_integer_value(id) > INT32_MAX) {
-            snprintf(why, wn, "expected \"top\"[%d]: [id, logit]", i);
+            snprintf(why, wn, "expected \"top\"[%d]: [id, logit] (a number, or \"nan\", \"inf\", \"-inf\")", i);
             return why;
         }
         st->top[i].id = (int32_t)json_integer_value(id);
-        st->top[i].logit = (float)json_number_value(lg);
-        if (i > 0 && (st->top[i].logit > st->top[i - 1].logit ||
-                      (st->top[i].logit == st->top[i - 1].logit && st->top[i].id <= st->top[i - 1].id))) {
-            snprintf(why, wn, "expected \"top\" ordered by logit descending, ties by lower id (entry %d)", i);
+        st->top[i].logit = logit;
+        if (i > 0 && !top_before(st->top[i - 1], st->top[i])) {
+            snprintf(why, wn, "expected \"top\" ordered by logit descending, ties by lower id, NaN last (entry %d)", i);
             return why;
         }
     }
@@ -827,9 +897,14 @@ int arm_parse_step_line(const char *line, size_t len, int expect, int top_k, arm
     return 0;
 }
 
-/* Reads a dump line's file into du. Returns NULL or what was wrong. */
+/* Reads a dump line's file into du. Only a decode that asked for dumps
+ * may send dump lines, and a dump file must lie directly in the folder the
+ * harness gave it (its real path's folder is the folder's real path): a
+ * worker cannot make the harness read any other file. Returns NULL or what
+ * was wrong. */
 static const char *parse_dump(json_t *j, const char *dir, arm_dump *du, char *why, size_t wn)
 {
+    if (!dir) return "a dump line, but this decode asked for no dumps";
     json_t *o = json_object_get(j, "dump");
     json_t *s = json_object_get(o, "step"), *l = json_object_get(o, "layer"), *g = json_object_get(o, "stage"),
            *n = json_object_get(o, "n"), *f = json_object_get(o, "file");
@@ -841,11 +916,24 @@ static const char *parse_dump(json_t *j, const char *dir, arm_dump *du, char *wh
     du->layer = (int)json_integer_value(l);
     snprintf(du->stage, sizeof du->stage, "%s", json_string_value(g));
     du->n = json_integer_value(n);
-    char path[4096];
+    char path[4096], real[PATH_MAX], real_dir[PATH_MAX];
     const char *fn = json_string_value(f);
     if (fn[0] == '/') snprintf(path, sizeof path, "%s", fn);
-    else snprintf(path, sizeof path, "%s/%s", dir ? dir : ".", fn);
-    FILE *fp = fopen(path, "rb");
+    else snprintf(path, sizeof path, "%s/%s", dir, fn);
+    if (!realpath(dir, real_dir)) {
+        snprintf(why, wn, "the dump folder %.160s is gone: %s", dir, strerror(errno));
+        return why;
+    }
+    if (!realpath(path, real)) {
+        snprintf(why, wn, "dump file %.160s cannot be opened: %s", path, strerror(errno));
+        return why;
+    }
+    char *slash = strrchr(real, '/');
+    if (!slash || (size_t)(slash - real) != strlen(real_dir) || strncmp(real, real_dir, strlen(real_dir))) {
+        snprintf(why, wn, "dump file %.100s is outside the dump folder %.100s", path, dir);
+        return why;
+    }
+    FILE *fp = fopen(real, "rb");
     if (!fp) {
         snprintf(why, wn, "dump file %.160s cannot be opened: %s", path, strerror(errno));
         return why;
@@ -926,7 +1014,7 @@ int arm_decode(tg_arm *a, const arm_decode_req *q, arm_decode_res *res,
             res->dumps = xrealloc(res->dumps, (size_t)(res->n_dumps + 1) * sizeof *res->dumps);
             arm_dump *du = &res->dumps[res->n_dumps];
             memset(du, 0, sizeof *du);
-            const char *bad = parse_dump(j, q->dump_path, du, why, sizeof why);
+            const char *bad = parse_dump(j, q->n_dump_steps > 0 ? q->dump_path : NULL, du, why, sizeof why);
             json_decref(j);
             res->n_dumps++;
             if (bad) {

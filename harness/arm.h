@@ -174,6 +174,16 @@ void arm_free(tg_arm *a);
 /* The worker's process id (for tests), or -1 once reaped. */
 pid_t arm_pid(const tg_arm *a);
 
+/* Interruption (tokgate got SIGINT or SIGTERM). arm_interrupt is
+ * async-signal-safe, for a signal handler: it records sig and sends
+ * SIGKILL to the process group of every worker started by arm_start (or
+ * arm_run_command) that is not reaped yet, so no worker outlives tokgate.
+ * From then on every wait ends at once, every failure's cause reads
+ * "interrupted: SIGINT", and arm_start refuses to start a worker.
+ * arm_interrupted() returns the recorded signal, 0 when none. */
+void arm_interrupt(int sig);
+int arm_interrupted(void);
+
 /* Runs argv once (a command arm): stdin /dev/null, stdout captured as the
  * result (up to max_out bytes; 0 = 64 MiB), stderr captured like an arm's,
  * killed after timeout seconds. Returns 0 when it exited 0 (*out, *out_len

@@ -17,10 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "noise.h"
 
 static const char *const CLASS_NAMES[CMP_N_CLASSES] = {
-    "EXACT", "NEAR_TIE", "RANK2", "TOPK", "OUTSIDE", "WITHIN_NOISE", "UNCOMPARABLE"};
+    "EXACT", "NEAR_TIE", "RANK2", "TOPK", "OUTSIDE", "WITHIN_NOISE", "DEGENERATE", "UNCOMPARABLE"};
 
 const char *compare_class_name(cmp_class c)
 {
@@ -31,7 +32,7 @@ const char *compare_class_name(cmp_class c)
 int compare_class_ok(cmp_class c, const char *policy)
 {
     if (c == CMP_EXACT || c == CMP_UNCOMPARABLE) return 1;
-    if (!strcmp(policy, "exact")) return 0;
+    if (c == CMP_DEGENERATE || !strcmp(policy, "exact")) return 0;
     if (!strcmp(policy, "noise")) return c == CMP_WITHIN_NOISE;
     return c == CMP_NEAR_TIE;
 }
@@ -39,12 +40,7 @@ int compare_class_ok(cmp_class c, const char *policy)
 static char *dup_col(sqlite3_stmt *s, int i)
 {
     const unsigned char *t = sqlite3_column_text(s, i);
-    return t ? strdup((const char *)t) : NULL;
-}
-
-static int db_fail(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "store: %s: %s", what, sqlite3_errmsg(db));
+    return t ? xstrdup((const char *)t) : NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -95,11 +91,11 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
     int rc = -1;
     if (sqlite3_prepare_v2(db,
                            "SELECT spec.name, spec.sha256, artifact.sha256, artifact.path,"
-                           " run.mode, run.reference, run.steps, run.top_k"
+                           " run.mode, run.reference, run.steps, run.top_k, run.legs"
                            " FROM run JOIN spec ON spec.id = run.spec_id"
                            " JOIN artifact ON artifact.id = run.artifact_id WHERE run.id = ?1",
                            -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading the run");
+        return common_sql_err(db, e, "reading the run");
     sqlite3_bind_int64(s, 1, r->run_id);
     int st = sqlite3_step(s);
     if (st == SQLITE_ROW) {
@@ -111,11 +107,12 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
         r->reference = dup_col(s, 5);
         r->steps = sqlite3_column_int(s, 6);
         r->top_k = sqlite3_column_int(s, 7);
+        r->legs = sqlite3_column_type(s, 8) == SQLITE_NULL ? 0 : sqlite3_column_int(s, 8);
         rc = 0;
     } else if (st == SQLITE_DONE) {
         tg_errf(e, "store: no run %lld", (long long)r->run_id);
     } else {
-        db_fail(db, e, "reading the run");
+        common_sql_err(db, e, "reading the run");
     }
     sqlite3_finalize(s);
     return rc;
@@ -126,18 +123,13 @@ static int load_prompts(sqlite3 *db, cmp_run *r, tg_err *e)
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT id, name, text FROM prompt WHERE run_id=?1 ORDER BY no",
                            -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading prompts");
+        return common_sql_err(db, e, "reading prompts");
     sqlite3_bind_int64(s, 1, r->run_id);
     int cap = 0, rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (r->n_prompts == cap) {
             cap = cap ? 2 * cap : 8;
-            cmp_prompt *p = realloc(r->prompts, sizeof *p * (size_t)cap);
-            if (!p) {
-                sqlite3_finalize(s);
-                return tg_errf(e, "out of memory");
-            }
-            r->prompts = p;
+            r->prompts = xrealloc(r->prompts, sizeof *r->prompts * (size_t)cap);
         }
         cmp_prompt *p = &r->prompts[r->n_prompts++];
         p->id = sqlite3_column_int64(s, 0);
@@ -145,7 +137,7 @@ static int load_prompts(sqlite3 *db, cmp_run *r, tg_err *e)
         p->text = dup_col(s, 2);
     }
     sqlite3_finalize(s);
-    if (rc != SQLITE_DONE) return db_fail(db, e, "reading prompts");
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, "reading prompts");
     return 0;
 }
 
@@ -168,19 +160,14 @@ static int load_arms(sqlite3 *db, cmp_run *r, tg_err *e)
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT id, name, kind, role, config FROM arm WHERE run_id=?1 ORDER BY id",
                            -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading arms");
+        return common_sql_err(db, e, "reading arms");
     sqlite3_bind_int64(s, 1, r->run_id);
     int cap = 0, rc;
     r->ref = -1;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (r->n_arms == cap) {
             cap = cap ? 2 * cap : 8;
-            cmp_arm *a = realloc(r->arms, sizeof *a * (size_t)cap);
-            if (!a) {
-                sqlite3_finalize(s);
-                return tg_errf(e, "out of memory");
-            }
-            r->arms = a;
+            r->arms = xrealloc(r->arms, sizeof *r->arms * (size_t)cap);
         }
         cmp_arm *a = &r->arms[r->n_arms++];
         memset(a, 0, sizeof *a);
@@ -203,7 +190,7 @@ static int load_arms(sqlite3 *db, cmp_run *r, tg_err *e)
         json_str(a->config, NULL, "engine", a->tier, sizeof a->tier);
     }
     sqlite3_finalize(s);
-    if (rc != SQLITE_DONE) return db_fail(db, e, "reading arms");
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, "reading arms");
     if (r->ref < 0)
         return tg_errf(e, "run %lld: the reference \"%s\" is not one of its arms",
                        (long long)r->run_id, r->reference ? r->reference : "");
@@ -220,12 +207,7 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (n == cap) {
             cap = cap ? 2 * cap : 64;
-#define GROW(f)                                                  \
-    do {                                                         \
-        void *q_ = realloc(lp->f, sizeof *lp->f * (size_t)cap);  \
-        if (!q_) return tg_errf(e, "out of memory");             \
-        lp->f = q_;                                              \
-    } while (0)
+#define GROW(f) lp->f = xrealloc(lp->f, sizeof *lp->f * (size_t)cap)
             GROW(token); GROW(forced); GROW(step_no); GROW(has_digest); GROW(digest);
             GROW(n_top); GROW(top);
 #undef GROW
@@ -241,19 +223,15 @@ static int load_steps(sqlite3 *db, sqlite3_stmt *s, int64_t leg_id, int64_t prom
         n++;
     }
     lp->n_steps = n;
-    if (rc != SQLITE_DONE) return db_fail(db, e, "reading steps");
+    if (rc != SQLITE_DONE) return common_sql_err(db, e, "reading steps");
     if (n == 0) return 0;
-    /* the top-k of every step, from the leg's chunk */
+    /* the top-k of every step, from its step_top rows */
     store_tops t;
     if (store_tops_read(db, leg_id, prompt_id, &t, e) < 0) return -1;
     for (int i = 0; i < n; i++) {
         int k = store_tops_find(&t, lp->step_no[i]);
         if (k < 0) continue;
-        lp->top[i] = malloc(sizeof(tg_top) * (size_t)(t.n_top[k] ? t.n_top[k] : 1));
-        if (!lp->top[i]) {
-            store_tops_free(&t);
-            return tg_errf(e, "out of memory");
-        }
+        lp->top[i] = xcalloc((size_t)t.n_top[k], sizeof(tg_top));
         memcpy(lp->top[i], t.top + t.off[k], sizeof(tg_top) * (size_t)t.n_top[k]);
         lp->n_top[i] = t.n_top[k];
     }
@@ -280,7 +258,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
                            "SELECT step, token, forced, digest FROM step"
                            " WHERE leg_id=?1 AND prompt_id=?2 ORDER BY step",
                            -1, &ss, NULL) != SQLITE_OK) {
-        db_fail(db, e, "preparing leg queries");
+        common_sql_err(db, e, "preparing leg queries");
         goto out;
     }
     for (int a = 0; a < r->n_arms; a++) {
@@ -291,12 +269,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
         while ((st = sqlite3_step(sl)) == SQLITE_ROW) {
             if (arm->n_legs == cap) {
                 cap = cap ? 2 * cap : 8;
-                cmp_leg *g = realloc(arm->legs, sizeof *g * (size_t)cap);
-                if (!g) {
-                    tg_errf(e, "out of memory");
-                    goto out;
-                }
-                arm->legs = g;
+                arm->legs = xrealloc(arm->legs, sizeof *arm->legs * (size_t)cap);
             }
             cmp_leg *g = &arm->legs[arm->n_legs++];
             memset(g, 0, sizeof *g);
@@ -312,11 +285,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
             g->host_ops = sqlite3_column_int64(sl, 9);
             g->binary_sha256 = dup_col(sl, 10);
             g->binary_path = dup_col(sl, 11);
-            g->lp = calloc((size_t)(r->n_prompts ? r->n_prompts : 1), sizeof *g->lp);
-            if (!g->lp) {
-                tg_errf(e, "out of memory");
-                goto out;
-            }
+            g->lp = xcalloc((size_t)r->n_prompts, sizeof *g->lp);
             if (!arm->tier[0]) json_str(g->hello, "arm", "tier", arm->tier, sizeof arm->tier);
             for (int p = 0; p < r->n_prompts; p++) {
                 cmp_lp *lp = &g->lp[p];
@@ -326,7 +295,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
                 int s2 = sqlite3_step(sp);
                 if (s2 == SQLITE_DONE) continue;
                 if (s2 != SQLITE_ROW) {
-                    db_fail(db, e, "reading leg prompts");
+                    common_sql_err(db, e, "reading leg prompts");
                     goto out;
                 }
                 lp->present = 1;
@@ -342,7 +311,7 @@ static int load_legs(sqlite3 *db, cmp_run *r, tg_err *e)
             }
         }
         if (st != SQLITE_DONE) {
-            db_fail(db, e, "reading legs");
+            common_sql_err(db, e, "reading legs");
             goto out;
         }
     }
@@ -378,10 +347,27 @@ static int64_t ref_tier_hits(const char *counters)
     {
         size_t len = strlen(k);
         if (len >= 4 && !strcmp(k + len - 4, "/ref") && json_is_integer(v))
-            n += json_integer_value(v);
+            n = common_add_sat(n, json_integer_value(v));
     }
     json_decref(root);
     return n;
+}
+
+/* A reference top-k no verdict can rest on: a NaN or infinite logit, or
+ * every logit equal (a flat distribution has no argmax to test against). */
+static int ref_degenerate(const tg_top *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!isfinite(t[i].logit)) return 1;
+    return n >= 2 && t[0].logit == t[n - 1].logit;
+}
+
+/* An arm's own top-k with a NaN or infinite logit. */
+static int arm_nonfinite(const tg_top *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!isfinite(t[i].logit)) return 1;
+    return 0;
 }
 
 static void judge_legs(cmp_run *r)
@@ -393,19 +379,26 @@ static void judge_legs(cmp_run *r)
             if (arm->legs[l].device_ops > 0) arm->is_device = 1;
         for (int l = 0; l < arm->n_legs; l++) {
             cmp_leg *g = &arm->legs[l];
-            arm->device_ops += g->device_ops;
-            arm->host_ops += g->host_ops;
-            if (strcmp(arm->tier, "ref")) arm->reference_tier_hits += ref_tier_hits(g->counters);
+            /* a worker's counters are its word: sums saturate, never wrap */
+            arm->device_ops = common_add_sat(arm->device_ops, g->device_ops);
+            arm->host_ops = common_add_sat(arm->host_ops, g->host_ops);
+            if (strcmp(arm->tier, "ref"))
+                arm->reference_tier_hits = common_add_sat(arm->reference_tier_hits, ref_tier_hits(g->counters));
             g->clean = 1;
-            if (g->term_signal)
+            /* the stored cause first: "killed by signal 15" is usually the
+             * harness ending a worker that timed out, the cause says so */
+            if (!empty(g->cause))
+                snprintf(g->why, sizeof g->why, "%s", g->cause), g->clean = 0;
+            else if (g->term_signal)
                 snprintf(g->why, sizeof g->why, "killed by signal %d", g->term_signal), g->clean = 0;
             else if (g->exit_status != 0)
                 snprintf(g->why, sizeof g->why, "exit status %d", g->exit_status), g->clean = 0;
-            if (g->clean && !empty(g->cause))
-                snprintf(g->why, sizeof g->why, "%s", g->cause), g->clean = 0;
-            if (g->clean && !empty(g->fault_lines))
-                snprintf(g->why, sizeof g->why, "fault lines in stderr: %.200s", g->fault_lines),
-                    g->clean = 0;
+            if (g->clean && !empty(g->fault_lines)) {
+                char safe[220];
+                snprintf(g->why, sizeof g->why, "fault lines in stderr: %s",
+                         common_text_safe(g->fault_lines, safe, sizeof safe));
+                g->clean = 0;
+            }
             if (g->clean && arm->is_device && g->host_ops > 0)
                 snprintf(g->why, sizeof g->why, "device arm fell back to the host for %lld ops",
                          (long long)g->host_ops), g->clean = 0;
@@ -423,6 +416,23 @@ static void judge_legs(cmp_run *r)
             }
         }
         if (arm->scoring < 0 && arm->n_legs > 0) arm->scoring = 0;
+        /* the denominators come from the run's plan: a leg never stored
+         * (the run was interrupted) counts as not clean, and the run as
+         * unfinished */
+        arm->legs_expected = r->legs > arm->n_legs ? r->legs : arm->n_legs;
+        int stored = 0;
+        for (int k = 1; k <= arm->legs_expected; k++) {
+            int have = 0;
+            for (int l = 0; l < arm->n_legs; l++) have |= arm->legs[l].leg == k;
+            stored += have;
+        }
+        if (stored < arm->legs_expected && !r->unfinished) {
+            r->unfinished = 1;
+            snprintf(r->unfinished_why, sizeof r->unfinished_why,
+                     "run %lld is unfinished: arm %.60s has %d of %d legs stored; resume it with --resume %lld",
+                     (long long)r->run_id, arm->name, stored, arm->legs_expected, (long long)r->run_id);
+        }
+        arm->identical_known = arm->legs_clean >= 2;
         /* identical: every clean leg equals the first clean one */
         arm->legs_identical = 1;
         cmp_leg *base = NULL;
@@ -469,6 +479,11 @@ static void judge_legs(cmp_run *r)
         }
     }
     cmp_arm *ref = &r->arms[r->ref];
+    if (ref->n_legs && ref->legs[0].leg == 1)
+        for (int p = 0; p < r->n_prompts; p++) {
+            const cmp_lp *y = &ref->legs[0].lp[p];
+            for (int i = 0; i < y->n_steps; i++) r->n_degenerate += ref_degenerate(y->top[i], y->n_top[i]);
+        }
     r->ref_ok = 0;
     if (ref->n_legs == 0 || ref->legs[0].leg != 1)
         snprintf(r->ref_why, sizeof r->ref_why, "reference %s has no leg 1", ref->name);
@@ -496,11 +511,16 @@ static double gap_of(const tg_top *t, int n)
 
 /* KL(P || Q): P = softmax of the reference logits over the reference top-k,
  * Q = softmax of the arm's logits over the same ids, an id missing from the
- * arm's top-k taking the arm's lowest top-k logit. NaN when either list is
- * empty or a logit is not finite. */
+ * arm's top-k taking the arm's lowest top-k logit. An arm whose list is
+ * shorter (a server that answers at most 20 log-probabilities) is compared
+ * over the reference's first na ids: its missing ids would otherwise all
+ * take its floor. Values that are log-probabilities (logits minus a
+ * per-step constant) give the same KL. NaN when either list is empty or a
+ * logit is not finite. */
 static double kl_topk(const tg_top *ref, int nr, const tg_top *arm, int na)
 {
     if (nr < 1 || na < 1) return NAN;
+    if (na < nr) nr = na;
     double floor_l = arm[na - 1].logit, pm = -INFINITY, qm = -INFINITY;
     double q[4096];
     for (int i = 0; i < nr; i++) {
@@ -543,8 +563,7 @@ static int compare_leg(cmp_run *r, cmp_arm *arm, cmp_leg *g, tg_err *e)
     if (!rl || rl == g) return 0;
     int total = 0;
     for (int p = 0; p < r->n_prompts; p++) total += g->lp[p].n_steps;
-    g->rows = calloc((size_t)(total ? total : 1), sizeof *g->rows);
-    if (!g->rows) return tg_errf(e, "out of memory");
+    g->rows = xcalloc((size_t)total, sizeof *g->rows);
     for (int p = 0; p < r->n_prompts; p++) {
         cmp_lp *x = &g->lp[p], *y = &rl->lp[p];
         int prefix_ok = x->present && y->present && x->decoded_from && y->decoded_from &&
@@ -580,7 +599,10 @@ static int compare_leg(cmp_run *r, cmp_arm *arm, cmp_leg *g, tg_err *e)
                     row->rank = k + 1;
                     break;
                 }
-            if (row->token == row->ref_token) {
+            row->degenerate = ref_degenerate(rt, nr) ? 1 : arm_nonfinite(x->top[i], x->n_top[i]) ? 2 : 0;
+            if (row->degenerate) {
+                row->cls = CMP_DEGENERATE;
+            } else if (row->token == row->ref_token) {
                 row->cls = CMP_EXACT;
                 if (!row->rank) row->rank = 1;
             } else if (row->rank >= 2) {
@@ -738,9 +760,7 @@ static int contest(cmp_run *r, tg_err *e)
                     }
             if (r->n_contested == cap) {
                 cap = cap ? 2 * cap : 16;
-                cmp_contested *c = realloc(r->contested, sizeof *c * (size_t)cap);
-                if (!c) return tg_errf(e, "out of memory");
-                r->contested = c;
+                r->contested = xrealloc(r->contested, sizeof *r->contested * (size_t)cap);
             }
             cmp_contested *c = &r->contested[r->n_contested++];
             c->prompt = p;
@@ -752,9 +772,8 @@ static int contest(cmp_run *r, tg_err *e)
             for (int j = 0; j < n && k < sizeof tokens; j++)
                 k += (size_t)snprintf(tokens + k, sizeof tokens - k, "%s%s=%d", j ? " " : "",
                                       names[j], tok[j]);
-            c->sentence = strdup(sentence);
-            c->tokens = strdup(tokens);
-            if (!c->sentence || !c->tokens) return tg_errf(e, "out of memory");
+            c->sentence = xstrdup(sentence);
+            c->tokens = xstrdup(tokens);
         }
     }
     return 0;
@@ -825,9 +844,7 @@ static int noise_pass(cmp_run *r, tg_err *e)
             noise_band(v, n, &ns);
             if (r->n_bands == cap) {
                 cap = cap ? 2 * cap : 64;
-                struct cmp_band *b = realloc(r->bands, sizeof *b * (size_t)cap);
-                if (!b) return tg_errf(e, "out of memory");
-                r->bands = b;
+                r->bands = xrealloc(r->bands, sizeof *r->bands * (size_t)cap);
             }
             struct cmp_band *b = &r->bands[r->n_bands++];
             b->prompt = p, b->step = step, b->n_views = ns.n_views;
@@ -845,7 +862,9 @@ static int noise_pass(cmp_run *r, tg_err *e)
                 for (int l = 0; l < arm->n_legs; l++) {
                     cmp_leg *g = &arm->legs[l];
                     cmp_row *row = find_row(g, p, step);
-                    if (!row || row->cls == CMP_EXACT || row->cls == CMP_UNCOMPARABLE) continue;
+                    if (!row || row->cls == CMP_EXACT || row->cls == CMP_UNCOMPARABLE ||
+                        row->cls == CMP_DEGENERATE)
+                        continue;
                     int k = lp_index(&g->lp[p], step);
                     if (k < 0) continue;
                     row->noise = (int)noise_judge(w, m, row->token, g->lp[p].top[k], g->lp[p].n_top[k],
@@ -889,8 +908,7 @@ static int arm_prompts(cmp_run *r, tg_err *e)
     cmp_leg *rl = ref->n_legs && ref->legs[0].leg == 1 ? &ref->legs[0] : NULL;
     for (int a = 0; a < r->n_arms; a++) {
         cmp_arm *arm = &r->arms[a];
-        arm->ap = calloc((size_t)(r->n_prompts ? r->n_prompts : 1), sizeof *arm->ap);
-        if (!arm->ap) return tg_errf(e, "out of memory");
+        arm->ap = xcalloc((size_t)r->n_prompts, sizeof *arm->ap);
         for (int p = 0; p < r->n_prompts; p++) {
             cmp_arm_prompt *ap = &arm->ap[p];
             ap->first_diff = ap->first_bad = -1;
@@ -951,7 +969,7 @@ static int oracle_repro(sqlite3 *db, cmp_run *r, tg_err *e)
                            " WHERE step.leg_id = ?1 AND prompt.name = ?2 AND prompt.text = ?3"
                            " ORDER BY step.step",
                            -1, &t, NULL) != SQLITE_OK) {
-        db_fail(db, e, "preparing ORACLE_REPRO queries");
+        common_sql_err(db, e, "preparing ORACLE_REPRO queries");
         goto out;
     }
     for (int a = 0; a < r->n_arms; a++) {
@@ -978,7 +996,7 @@ static int oracle_repro(sqlite3 *db, cmp_run *r, tg_err *e)
             continue;
         }
         if (st != SQLITE_ROW) {
-            db_fail(db, e, "ORACLE_REPRO lookup");
+            common_sql_err(db, e, "ORACLE_REPRO lookup");
             goto out;
         }
         arm->repro_run = sqlite3_column_int64(s, 0);
@@ -1006,7 +1024,7 @@ static int oracle_repro(sqlite3 *db, cmp_run *r, tg_err *e)
                 i++, compared++;
             }
             if (st2 != SQLITE_ROW && st2 != SQLITE_DONE) {
-                db_fail(db, e, "ORACLE_REPRO steps");
+                common_sql_err(db, e, "ORACLE_REPRO steps");
                 goto out;
             }
             if (same && i > 0 && i != x->n_steps) {
@@ -1042,8 +1060,7 @@ int compare_run(tg_store *st, int64_t run_id, const char *policy, double band, c
 {
     *out = NULL;
     sqlite3 *db = store_db(st);
-    cmp_run *r = calloc(1, sizeof *r);
-    if (!r) return tg_errf(e, "out of memory");
+    cmp_run *r = xcalloc(1, sizeof *r);
     r->run_id = run_id;
     snprintf(r->policy, sizeof r->policy, "%s", policy);
     r->band = band;

@@ -28,6 +28,8 @@ typedef enum cmp_class {
     CMP_TOPK,
     CMP_OUTSIDE,
     CMP_WITHIN_NOISE,   /* policy noise: an oracle variant emits it, inside the band (noise.h) */
+    CMP_DEGENERATE,     /* the reference's top-k has a NaN/inf or is all equal, or the arm's
+                         * has a NaN/inf: nothing to judge the token by; fails every policy */
     CMP_UNCOMPARABLE,   /* prefix differs from the reference's: not scored */
     CMP_N_CLASSES
 } cmp_class;
@@ -52,6 +54,7 @@ typedef struct cmp_row {
     double kl;               /* KL(ref || arm) over the reference top-k, NaN if unknown */
     cmp_class cls;
     int oracle_split;        /* the oracle arms disagree at this (prompt, step) */
+    int degenerate;          /* DEGENERATE: 1 the reference's logits, 2 the arm's */
     int noise;               /* noise_call (noise.h): 0 none, 1 within, 2 search hit only */
     double noise_dev, noise_band; /* the arm's deviation and band(token); NaN when unknown */
 } cmp_row;
@@ -106,8 +109,10 @@ typedef struct cmp_arm {
     char tier[16];            /* from hello/config: gpu | cpu | ref | "" */
     int n_legs;
     cmp_leg *legs;            /* ordered by leg number */
+    int legs_expected;        /* the run's legs (the spec's), or n_legs when unknown */
     int legs_clean;
     int legs_identical;       /* clean legs byte-identical (1 with fewer than 2) */
+    int identical_known;      /* at least 2 clean legs: legs_identical means something */
     char identical_why[256];
     int scoring;              /* index of the scoring leg (first clean, else first), -1 none */
     cmp_arm_prompt *ap;       /* one per run prompt */
@@ -139,6 +144,9 @@ typedef struct cmp_run {
     char policy[16];          /* policy scored with */
     double band;              /* band scored with */
     int steps, top_k;
+    int legs;                 /* legs per arm the run was planned with (0: unknown) */
+    int unfinished;           /* an arm has fewer legs stored than planned */
+    char unfinished_why[320]; /* "run 7 is unfinished: ...; resume it with --resume 7" */
     int n_prompts;
     cmp_prompt *prompts;
     int n_arms;
@@ -148,6 +156,7 @@ typedef struct cmp_run {
     char ref_why[256];
     int n_contested;
     cmp_contested *contested;
+    int n_degenerate;         /* steps of the reference's leg 1 whose top-k is degenerate */
     int n_variants;           /* oracle variants of the reference (noise band views - 1) */
     int n_bands;              /* steps of the reference's leg 1 with at least two views */
     struct cmp_band {

@@ -10,6 +10,7 @@
 #include "gate.h"
 
 #include <assert.h>
+#include <sched.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -23,6 +24,8 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "common.h"
+#include "gguf.h"
 
 /* The reference's leg-1 answer for one prompt (teacher forcing). */
 typedef struct ref_prompt {
@@ -42,7 +45,10 @@ typedef struct gate_ctx {
     ref_prompt *ref;         /* (n_prompts), teacher mode */
     char (*bin_sha)[65];     /* per arm */
     char **bin_path;         /* per arm */
-    pthread_mutex_t mu;      /* store, progress, counters */
+    pthread_mutex_t mu;      /* store, progress, counters, the CPU budget */
+    pthread_cond_t cv;       /* a leg gave its threads back */
+    int budget, in_use;      /* CPU budget (0: none) and the threads the running legs hold */
+    int *threads;            /* per arm: gate_arm_threads */
     int next_task, n_tasks;
     int *task_arm, *task_leg;
     gate_result *res;
@@ -50,20 +56,6 @@ typedef struct gate_ctx {
     tg_err store_err;
     double t0;
 } gate_ctx;
-
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s ? s : "");
-    if (!d) abort();
-    return d;
-}
-
-static void *xcalloc(size_t n, size_t sz)
-{
-    void *p = calloc(n ? n : 1, sz ? sz : 1);
-    if (!p) abort();
-    return p;
-}
 
 void gate_host(char *buf, size_t n)
 {
@@ -153,7 +145,8 @@ static void counters_add(json_t *dst, json_t *src)
         json_t *d = json_object_get(dst, k);
         if (json_is_integer(v)) {
             json_int_t base = json_is_integer(d) ? json_integer_value(d) : 0;
-            json_object_set_new(dst, k, json_integer(base + json_integer_value(v)));
+            /* a worker's counters near INT64_MAX must not wrap: saturate */
+            json_object_set_new(dst, k, json_integer(common_add_sat(base, json_integer_value(v))));
         } else if (json_is_real(v)) {
             double base = json_is_number(d) ? json_number_value(d) : 0;
             json_object_set_new(dst, k, json_real(base + json_real_value(v)));
@@ -178,6 +171,16 @@ static void set_cause(leg_buf *b, const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     b->cause = xstrdup(buf);
+}
+
+/* msg without its leading "arm NAME: " (an arm layer message): the leg's
+ * cause is stored with the leg of that arm already ("load: arm cpu: load:
+ * load: ..." became "load: ..."). */
+static const char *leg_msg(const char *msg, const char *arm)
+{
+    size_t n = strlen(arm);
+    if (!strncmp(msg, "arm ", 4) && !strncmp(msg + 4, arm, n) && !strncmp(msg + 4 + n, ": ", 2)) return msg + 6 + n;
+    return msg;
 }
 
 /* Progress on stderr (terminal only), throttled. */
@@ -286,7 +289,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
                       .n_fault_patterns = s->n_fault_patterns, .fault_patterns = s->fault_patterns};
     tg_arm *a = NULL;
     if (arm_start(&a, &cfg, &e) < 0) {
-        set_cause(b, "start: %s", e.msg);
+        set_cause(b, "start: %s", leg_msg(e.msg, sa->name));
         b->leg.exit_status = -1;
         for (int p = 0; p < s->n_prompts; p++) b->p[p].error = xstrdup(b->cause);
         spec_argv_free(argv);
@@ -295,7 +298,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
     spec_argv_free(argv);
     *arm_out = a;
     int up = arm_hello(a, &b->hello, &e) == 0;
-    if (!up) set_cause(b, "hello: %s", e.msg);
+    if (!up) set_cause(b, "%s", leg_msg(e.msg, sa->name));
     if (up) {
         const char *d = arm_hello_field(a, "device"), *v = arm_hello_field(a, "version");
         b->device = d ? xstrdup(d) : NULL;
@@ -308,7 +311,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         }
         pthread_mutex_unlock(&c->mu);
         up = arm_load(a, s->model_path, sa->options_json, &b->model, &e) == 0;
-        if (!up) set_cause(b, "load: %s", e.msg);
+        if (!up) set_cause(b, "%s", leg_msg(e.msg, sa->name));
     }
     double nan_ms = NAN;
     b->ms_load = b->ms_prefill = b->ms_decode = nan_ms;
@@ -322,8 +325,8 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         int32_t *own = NULL;
         int n_own = 0;
         if (arm_tokenize(a, sp->text, 0, &own, &n_own, &e) < 0) {
-            q->error = xstrdup(e.msg);
-            set_cause(b, "%s: %s", sp->id, e.msg);
+            q->error = xstrdup(leg_msg(e.msg, sa->name));
+            set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
             continue;
         }
         q->ids = own;
@@ -352,8 +355,8 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         char ddir[600] = "";
         if (spec_dumps_prompt(s, p)) {
             if (arm_dump_dir_make(ddir, sizeof ddir, "gate", &e) < 0) {
-                q->error = xstrdup(e.msg);
-                set_cause(b, "%s: %s", sp->id, e.msg);
+                q->error = xstrdup(leg_msg(e.msg, sa->name));
+                set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
                 continue;
             }
             req.dump_steps = s->dump_steps;
@@ -366,8 +369,8 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
         arm_dump_dir_remove(ddir);
         take_steps(q, &r, force, s);
         if (rc < 0) {
-            q->error = xstrdup(e.msg);
-            set_cause(b, "%s: %s", sp->id, e.msg);
+            q->error = xstrdup(leg_msg(e.msg, sa->name));
+            set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
         } else {
             if (r.counters_json) {
                 json_t *j = json_loads(r.counters_json, 0, NULL);
@@ -385,7 +388,7 @@ static void run_protocol_leg(gate_ctx *c, int ai, int legno, leg_buf *b, ref_pro
                 char *text;
                 size_t tl;
                 if (arm_detokenize(a, toks, r.n_steps, 0, &text, &tl, &e) == 0) q->text = text;
-                else set_cause(b, "%s: %s", sp->id, e.msg);
+                else set_cause(b, "%s: %s", sp->id, leg_msg(e.msg, sa->name));
                 if (ref_out && !arm_failed(a)) {
                     ref_prompt *rp = &ref_out[p];
                     rp->ok = 1;
@@ -442,7 +445,7 @@ static void run_command_leg(gate_ctx *c, int ai, int legno, leg_buf *b, arm_exit
         }
         if (rc == 0) q->text = out;
         else {
-            q->error = xstrdup(e.msg);
+            q->error = xstrdup(leg_msg(e.msg, sa->name));
             set_cause(b, "%s: %s", s->prompts[p].id, x.cause ? x.cause : e.msg);
             if (acc->exit_status == 0 && acc->term_signal == 0) {
                 acc->exit_status = x.exit_status;
@@ -454,8 +457,7 @@ static void run_command_leg(gate_ctx *c, int ai, int legno, leg_buf *b, arm_exit
         size_t need = len + x.stderr_len + 64;
         if (need + 1 > cap) {
             cap = need * 2;
-            err = realloc(err, cap);
-            if (!err) abort();
+            err = xrealloc(err, cap);
         }
         len += (size_t)snprintf(err + len, cap - len, "== %s\n", s->prompts[p].id);
         memcpy(err + len, x.stderr_text, x.stderr_len);
@@ -465,8 +467,7 @@ static void run_command_leg(gate_ctx *c, int ai, int legno, leg_buf *b, arm_exit
             size_t fl = strlen(x.fault_lines);
             if (flen + fl + 1 > fcap) {
                 fcap = (flen + fl + 1) * 2;
-                faults = realloc(faults, fcap);
-                if (!faults) abort();
+                faults = xrealloc(faults, fcap);
             }
             memcpy(faults + flen, x.fault_lines, fl + 1);
             flen += fl;
@@ -544,7 +545,8 @@ static int run_leg(gate_ctx *c, int ai, int legno, ref_prompt *ref_out)
     pthread_mutex_lock(&c->mu);
     L->binary_sha256 = c->bin_sha[ai][0] ? c->bin_sha[ai] : NULL;
     tg_err e;
-    int rc = store_put_leg(c->st, L, &e);
+    /* a leg cut short by tokgate's own interruption is not stored: --resume runs it again */
+    int rc = arm_interrupted() ? 0 : store_put_leg(c->st, L, &e);
     if (rc < 0 && !c->store_failed) {
         c->store_failed = 1;
         c->store_err = e;
@@ -571,10 +573,26 @@ static void *job_thread(void *ud)
     gate_ctx *c = ud;
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        int t = c->store_failed ? c->n_tasks : c->next_task++;
+        int t = c->store_failed || arm_interrupted() ? c->n_tasks : c->next_task++;
+        int need = 0;
+        if (t < c->n_tasks && c->budget > 0) {
+            /* the CPU budget: wait until this arm's threads fit beside the running legs */
+            need = c->threads[c->task_arm[t]];
+            if (need > c->budget) need = c->budget;
+            while (c->in_use + need > c->budget && !arm_interrupted()) pthread_cond_wait(&c->cv, &c->mu);
+            c->in_use += need;
+        } else if (t < c->n_tasks) {
+            need = c->threads[c->task_arm[t]];
+            c->in_use += need;
+        }
+        if (c->in_use > c->res->peak_threads) c->res->peak_threads = c->in_use;
         pthread_mutex_unlock(&c->mu);
         if (t >= c->n_tasks) return NULL;
         run_leg(c, c->task_arm[t], c->task_leg[t], NULL);
+        pthread_mutex_lock(&c->mu);
+        c->in_use -= need;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
     }
 }
 
@@ -590,7 +608,7 @@ static int load_ref_from_store(gate_ctx *c, tg_err *e)
     const char *q2 = "SELECT token FROM step WHERE leg_id = ?1 AND prompt_id = ?2 ORDER BY step";
     sqlite3_stmt *a = NULL, *b = NULL;
     if (sqlite3_prepare_v2(db, q1, -1, &a, NULL) != SQLITE_OK || sqlite3_prepare_v2(db, q2, -1, &b, NULL) != SQLITE_OK) {
-        tg_errf(e, "resume: reading the reference's leg 1: %s", sqlite3_errmsg(db));
+        common_sql_err(db, e, "resume: reading the reference's leg 1");
         sqlite3_finalize(a);
         sqlite3_finalize(b);
         return -1;
@@ -637,7 +655,7 @@ static int run_spec_sha(tg_store *st, int64_t run, char out[65], tg_err *e)
     sqlite3_stmt *q = NULL;
     if (sqlite3_prepare_v2(db, "SELECT s.sha256 FROM run r JOIN spec s ON s.id = r.spec_id WHERE r.id = ?1", -1, &q,
                            NULL) != SQLITE_OK)
-        return tg_errf(e, "resume: %s", sqlite3_errmsg(db));
+        return common_sql_err(db, e, "resume: reading the run's spec");
     sqlite3_bind_int64(q, 1, run);
     int rc = 0;
     if (sqlite3_step(q) == SQLITE_ROW) {
@@ -648,13 +666,42 @@ static int run_spec_sha(tg_store *st, int64_t run, char out[65], tg_err *e)
     return rc;
 }
 
+/* Checks, before anything runs, what would only fail later: engine and
+ * llama arms need a model that is a whole GGUF file (a text file or a
+ * truncated download made every leg fail, a run NOT_MEASURABLE instead of
+ * an input error), and scoring holds every step's top-k of every leg in
+ * memory, which steps x top_k can put far beyond the machine. Returns 0 or
+ * -1 with e. */
+static int gate_precheck(const tg_spec *s, tg_err *e)
+{
+    for (int i = 0; i < s->n_arms; i++) {
+        if (s->arms[i].kind != SPEC_ARM_ENGINE && s->arms[i].kind != SPEC_ARM_LLAMA) continue;
+        gguf *g = NULL;
+        if (gguf_open(&g, s->model_path, e) < 0)
+            return tg_err_prefix(e, "%s: model.path: expected a whole GGUF file for arm %s", s->path, s->arms[i].name);
+        gguf_close(g);
+        break;
+    }
+    /* what compare_run holds: every leg's steps with their top-k (8 bytes
+     * an entry) and about 48 bytes of bookkeeping a step */
+    double need = (double)s->n_arms * s->legs * s->n_prompts * s->steps * ((double)s->top_k * sizeof(tg_top) + 48);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double have = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+    if (have > 0 && need > have)
+        return tg_errf(e, "%s: steps x top_k: scoring this run needs about %.1f GiB of memory (%d arms x %d legs x "
+                          "%d prompts x %d steps x top-%d), more than this machine's %.1f GiB; lower steps, "
+                          "top_k, legs or the prompts", s->path, need / 1073741824.0, s->n_arms, s->legs,
+                       s->n_prompts, s->steps, s->top_k, have / 1073741824.0);
+    return 0;
+}
+
 int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_result *res, tg_err *e)
 {
     memset(res, 0, sizeof *res);
     res->legs_planned = s->n_arms * s->legs;
     char art[65];
     int64_t art_size = 0;
-    if (spec_check_artifact(s, art, &art_size, e) < 0) return -1;
+    if (spec_check_artifact(s, art, &art_size, e) < 0 || gate_precheck(s, e) < 0) return -1;
 
     gate_ctx c;
     memset(&c, 0, sizeof c);
@@ -669,6 +716,7 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
     gate_arm_binaries(s, opt->bin_dir, c.bin_sha, c.bin_path);
     c.ref = xcalloc((size_t)s->n_prompts, sizeof *c.ref);
     pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
     int rc = -1;
 
     if (opt->resume_run > 0) {
@@ -716,6 +764,7 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
             *e = c.store_err;
             goto done;
         }
+        if (arm_interrupted()) goto interrupted;
     }
     /* then everything else, leg by leg, up to jobs at a time */
     c.task_arm = xcalloc((size_t)res->legs_planned, sizeof *c.task_arm);
@@ -732,6 +781,11 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
             c.n_tasks++;
         }
     int jobs = opt->jobs > 0 ? opt->jobs : s->jobs;
+    res->jobs = jobs;
+    c.budget = opt->jobs > 0 ? 0 : gate_cpus();
+    res->cpu_budget = c.budget;
+    c.threads = xcalloc((size_t)s->n_arms, sizeof *c.threads);
+    for (int i = 0; i < s->n_arms; i++) c.threads[i] = gate_arm_threads(s, i, gate_cpus());
     if (jobs > c.n_tasks) jobs = c.n_tasks;
     if (jobs <= 1) job_thread(&c);
     else {
@@ -749,6 +803,13 @@ int gate_run(tg_store *st, const tg_spec *s, const gate_options *opt, gate_resul
         goto done;
     }
     rc = 0;
+interrupted:
+    if (arm_interrupted()) {
+        res->interrupted = arm_interrupted();
+        tg_errf(e, "interrupted by signal %d: run %lld left unfinished; resume it with --resume %lld",
+                res->interrupted, (long long)c.run_id, (long long)c.run_id);
+        rc = -1;
+    }
 done:
     if (opt->progress) {
         fprintf(stderr, "\r\033[K");
@@ -765,8 +826,33 @@ done:
     free(c.bin_sha);
     free(c.task_arm);
     free(c.task_leg);
+    free(c.threads);
+    pthread_cond_destroy(&c.cv);
     pthread_mutex_destroy(&c.mu);
     return rc;
+}
+
+int gate_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int gate_arm_threads(const tg_spec *s, int i, int nc)
+{
+    const spec_arm *a = &s->arms[i];
+    if (a->kind == SPEC_ARM_LLAMA && a->n_wrap > 0) return 1;   /* tg-llama under qemu uses 1 */
+    int t = 1;
+    json_t *o = json_loads(a->options_json ? a->options_json : "{}", 0, NULL);
+    json_t *th = json_object_get(o, "threads");
+    if (json_is_integer(th) && json_integer_value(th) > 0)
+        t = json_integer_value(th) > 1 << 20 ? 1 << 20 : (int)json_integer_value(th);
+    else if (a->kind == SPEC_ARM_ENGINE && a->tier && !strcmp(a->tier, "cpu")) t = nc;
+    else if (a->kind == SPEC_ARM_LLAMA) t = nc < 16 ? nc : 16;
+    json_decref(o);
+    return t;
 }
 
 /* The folder of tokgate's executables (where the worker binaries live):

@@ -28,7 +28,7 @@
 
 typedef struct gate_options {
     const char *bin_dir;     /* folder of tg-engine / tg-llama (required) */
-    int jobs;                /* legs side by side; <= 0: the spec's jobs */
+    int jobs;                /* legs side by side; <= 0: the spec's jobs within a CPU budget (below) */
     int64_t resume_run;      /* > 0: continue this run, skipping stored legs */
     int progress;            /* 1: progress lines on stderr */
     double grace;            /* seconds between SIGTERM and SIGKILL; <= 0: 2 */
@@ -40,10 +40,35 @@ typedef struct gate_result {
     int legs_run;            /* run now (faulted ones included) */
     int legs_skipped;        /* already stored (--resume) */
     int legs_faulted;        /* run now and stored with a cause */
+    int interrupted;         /* the signal that stopped the run (arm_interrupt), else 0 */
+    int jobs;                /* legs run side by side at most */
+    int cpu_budget;          /* threads all running legs may use together, 0: no limit (--jobs) */
+    int peak_threads;        /* the most threads the running legs held at once */
 } gate_result;
 
-/* Re-hashes the artifact, opens a run (or resumes opt->resume_run, which
+/* Without --jobs the legs run up to the spec's jobs at a time, and a leg
+ * starts only when its arm's threads fit in what the running legs leave of
+ * the CPUs this process may use (llama.cpp's and the cpu tier's threads
+ * spin: two 2-thread legs on 2 cores ran 4x slower than one after the
+ * other), so the threads of running legs never exceed the CPUs; an arm
+ * wanting more than all of them runs alone. --jobs N runs N legs at a time
+ * with no budget. */
+
+/* CPUs this process may run on (its affinity mask), at least 1. */
+int gate_cpus(void);
+/* Threads arm i of spec uses: its `threads` option, else its worker's
+ * default (engine cpu: every CPU; llama: every CPU up to 16; engine ref and
+ * gpu, exec and command arms: 1); 1 for a llama arm under a wrap (tg-llama
+ * uses one thread under qemu-user). cpus: gate_cpus(). At least 1. */
+int gate_arm_threads(const tg_spec *spec, int i, int cpus);
+
+/* Re-hashes the artifact, checks that engine and llama arms get a whole
+ * GGUF file and that scoring the run fits in the machine's memory (input
+ * errors: nothing is stored), opens a run (or resumes opt->resume_run, which
  * must be a run of the same spec text), runs every leg and stores it.
+ * After arm_interrupt (tokgate got SIGINT/SIGTERM) no leg is started or
+ * stored any more (a leg cut short by our own signal is not evidence): it
+ * returns -1 with res->interrupted set and e saying how to resume.
  * Returns 0 when every leg was attempted and stored (faulted legs
  * included), or -1 with e: an input error (artifact hash mismatch or
  * missing file, a resume run of another spec; nothing is stored then) or

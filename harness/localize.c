@@ -18,9 +18,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zstd.h>
 
 #include "arm.h"
+#include "common.h"
 #include "gate.h"
 #include "replay.h"
 #include "svg.h"
@@ -78,13 +78,8 @@ int localize_table(loc_table **out, const loc_tensor *a, int na, const loc_tenso
                    const loc_tensor *c, int nc, tg_err *e)
 {
     *out = NULL;
-    loc_table *t = calloc(1, sizeof *t);
-    if (!t) return tg_errf(e, "out of memory");
-    t->rows = calloc((size_t)(na > 0 ? na : 1), sizeof *t->rows);
-    if (!t->rows) {
-        free(t);
-        return tg_errf(e, "out of memory");
-    }
+    loc_table *t = xcalloc(1, sizeof *t);
+    t->rows = xcalloc((size_t)(na > 0 ? na : 1), sizeof *t->rows);
     t->first = -1;
     snprintf(t->rule, sizeof t->rule, "%s", c ? "third-pair" : "trend");
     for (int i = 0; i < na; i++) {
@@ -139,55 +134,6 @@ void localize_table_free(loc_table *t)
     if (!t) return;
     free(t->rows);
     free(t);
-}
-
-/* ------------------------------------------------------------------ */
-/* Dump blobs                                                          */
-
-int localize_pack(const float *x, int64_t n, void **blob, size_t *len, tg_err *e)
-{
-    *blob = NULL;
-    *len = 0;
-    if (n < 0 || n > (1ll << 30)) return tg_errf(e, "dump of %lld values: out of range", (long long)n);
-    size_t raw = (size_t)n * 4, bound = ZSTD_compressBound(raw);
-    unsigned char *shuf = malloc(raw ? raw : 1), *z = malloc(bound);
-    if (!shuf || !z) {
-        free(shuf), free(z);
-        return tg_errf(e, "out of memory");
-    }
-    const unsigned char *src = (const unsigned char *)x;
-    for (int64_t k = 0; k < n; k++)
-        for (int b = 0; b < 4; b++) shuf[(size_t)b * (size_t)n + (size_t)k] = src[4 * k + b];
-    size_t zn = ZSTD_compress(z, bound, shuf, raw, 3);
-    free(shuf);
-    if (ZSTD_isError(zn)) {
-        free(z);
-        return tg_errf(e, "zstd: %s", ZSTD_getErrorName(zn));
-    }
-    *blob = z;
-    *len = zn;
-    return 0;
-}
-
-int localize_unpack(const void *blob, size_t len, float *x, int64_t n, tg_err *e)
-{
-    if (n < 0 || n > (1ll << 30)) return tg_errf(e, "dump of %lld values: out of range", (long long)n);
-    size_t raw = (size_t)n * 4;
-    unsigned long long fr = ZSTD_getFrameContentSize(blob, len);
-    if (fr == ZSTD_CONTENTSIZE_ERROR || fr == ZSTD_CONTENTSIZE_UNKNOWN || fr != raw)
-        return tg_errf(e, "dump blob: not a zstd frame of %zu bytes", raw);
-    unsigned char *shuf = malloc(raw ? raw : 1);
-    if (!shuf) return tg_errf(e, "out of memory");
-    size_t got = ZSTD_decompress(shuf, raw, blob, len);
-    if (ZSTD_isError(got) || got != raw) {
-        free(shuf);
-        return tg_errf(e, "dump blob: zstd: %s", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
-    }
-    unsigned char *dst = (unsigned char *)x;
-    for (int64_t k = 0; k < n; k++)
-        for (int b = 0; b < 4; b++) dst[4 * k + b] = shuf[(size_t)b * (size_t)n + (size_t)k];
-    free(shuf);
-    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -269,7 +215,7 @@ static int run_prefix(tg_store *st, int64_t run, const char *prompt, int step, i
                            " JOIN prompt p ON p.id = lp.prompt_id"
                            " WHERE leg.run_id = ?1 AND leg.leg = 1 AND p.name = ?2",
                            -1, &s, NULL) != SQLITE_OK) {
-        tg_errf(e, "store: %s", sqlite3_errmsg(db));
+        common_sql_err(db, e, "reading the reference's prompt");
         goto out;
     }
     sqlite3_bind_int64(s, 1, run);
@@ -290,13 +236,8 @@ static int run_prefix(tg_store *st, int64_t run, const char *prompt, int step, i
         goto out;
     }
     *n_ids = (int)json_array_size(arr);
-    *ids = malloc(sizeof **ids * (size_t)*n_ids);
-    *force = malloc(sizeof **force * (size_t)(step + 1));
-    if (!*ids || !*force) {
-        json_decref(arr);
-        tg_errf(e, "out of memory");
-        goto out;
-    }
+    *ids = xcalloc((size_t)*n_ids, sizeof **ids);
+    *force = xcalloc((size_t)step + 1, sizeof **force);
     for (int i = 0; i < *n_ids; i++) (*ids)[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
     json_decref(arr);
     sqlite3_finalize(s);
@@ -305,7 +246,7 @@ static int run_prefix(tg_store *st, int64_t run, const char *prompt, int step, i
                            " AND step < ?3 ORDER BY step",
                            -1, &s, NULL) != SQLITE_OK) {
         s = NULL;
-        tg_errf(e, "store: %s", sqlite3_errmsg(db));
+        common_sql_err(db, e, "reading the reference's steps");
         goto out;
     }
     sqlite3_bind_int64(s, 1, leg_id);
@@ -341,9 +282,8 @@ int localize_prefix(tg_store *st, int64_t run, const char *prompt, int step, int
 /* The dumps of step `step` as tensors (pointing into res). *n set. */
 static loc_tensor *tensors_of(const arm_decode_res *res, int step, int *n)
 {
-    loc_tensor *t = calloc((size_t)(res->n_dumps ? res->n_dumps : 1), sizeof *t);
+    loc_tensor *t = xcalloc((size_t)res->n_dumps, sizeof *t);
     *n = 0;
-    if (!t) return NULL;
     for (int i = 0; i < res->n_dumps; i++) {
         const arm_dump *d = &res->dumps[i];
         if (d->step != step) continue;
@@ -380,7 +320,7 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
     int rc = -1;
     char *prefix = NULL;
     if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        return tg_errf(e, "store: %s", sqlite3_errmsg(db));
+        return common_sql_err(db, e, "starting the localize record");
     {
         json_t *o = json_object(), *pi = json_array(), *fo = json_array();
         for (int i = 0; i < n_ids; i++) json_array_append_new(pi, json_integer(ids[i]));
@@ -459,7 +399,7 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
             const arm_dump *d = &la->res.dumps[i];
             void *blob;
             size_t len;
-            if (localize_pack(d->data, d->n, &blob, &len, e) < 0) {
+            if (common_blob_encode(d->data, d->n, &blob, &len, e) < 0) {
                 tg_err_prefix(e, "arm %s layer %d %s", la->name, d->layer, d->stage);
                 sqlite3_finalize(s);
                 sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
@@ -506,7 +446,7 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
     free(prefix);
     return rc;
 fail:
-    tg_errf(e, "store: localize record: %s", sqlite3_errmsg(db));
+    common_sql_err(db, e, "writing the localize record");
     sqlite3_finalize(s);
     sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
     free(prefix);
@@ -625,10 +565,10 @@ static void svg_plot(FILE *out, const loc_table *t, const char *title)
 static int write_evidence(const loc_request *q, loc_arm *arms, int n_arms, const loc_table *t,
                           int64_t id, char *path, size_t cap, tg_err *e)
 {
-    mkdir(q->evidence_dir, 0777);
     snprintf(path, cap, "%s/localize-%lld-%s-%d.md", q->evidence_dir, (long long)id, q->prompt_id, q->step);
-    FILE *f = fopen(path, "w");
-    if (!f) return tg_errf(e, "--evidence %s: %s", path, strerror(errno));
+    common_out o;
+    if (common_out_open(&o, path, q->db_path, "--evidence", e) < 0) return -1;
+    FILE *f = o.f;
     fprintf(f, "# Localisation %lld: %s/%d, %s vs %s", (long long)id, q->prompt_id, q->step, q->arm_b, q->arm_a);
     if (q->third) fprintf(f, " (noise floor: %s vs %s)", q->third, q->arm_a);
     fprintf(f, "\n\n- spec: %s\n- model: `%s` (sha256 `%s`)\n", q->spec->name, q->spec->model_path,
@@ -650,8 +590,7 @@ static int write_evidence(const loc_request *q, loc_arm *arms, int n_arms, const
     snprintf(title, sizeof title, "%s vs %s at %s/%d: relative L2 error per stage", q->arm_b, q->arm_a,
              q->prompt_id, q->step);
     svg_plot(f, t, title);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) return tg_errf(e, "--evidence %s: write error", path);
+    if (common_out_close(&o, 1, e) < 0) return tg_err_prefix(e, "--evidence");
     return 0;
 }
 
@@ -763,13 +702,8 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
     if (!text) return tg_errf(e, "spec %s has no prompt '%s'", s->name, q->prompt_id);
     if (q->step < 0 || q->step > 100000) return tg_errf(e, "step %d out of range", q->step);
 
-    char tmpl[] = "/tmp/tokgate-localize-XXXXXX";
-    const char *tmpdir = getenv("TMPDIR");
-    char base[512];
-    snprintf(base, sizeof base, "%s/tokgate-localize-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-    char *root = mkdtemp(base);
-    if (!root) root = mkdtemp(tmpl);
-    if (!root) return tg_errf(e, "cannot make a temporary folder: %s", strerror(errno));
+    char root[400];
+    if (arm_dump_dir_make(root, sizeof root, "localize", e) < 0) return -1;
     for (int i = 0; i < n_arms; i++) snprintf(arms[i].dir, sizeof arms[i].dir, "%s/%d", root, i);
 
     int rc = -1;
@@ -782,11 +716,7 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
         if (run_arm(q, &arms[0], text, NULL, NULL, ids, n_ids, force, q->step, e) < 0) goto out;
     } else {
         if (run_arm(q, &arms[0], text, &ids, &n_ids, NULL, 0, NULL, 0, e) < 0) goto out;
-        force = malloc(sizeof *force * (size_t)(q->step + 1));
-        if (!force) {
-            tg_errf(e, "out of memory");
-            goto out;
-        }
+        force = xcalloc((size_t)q->step + 1, sizeof *force);
         for (int i = 0; i < q->step; i++) force[i] = arms[0].res.steps[i].token;
     }
     for (int i = 1; i < n_arms; i++)
@@ -795,10 +725,6 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
     ta = tensors_of(&arms[0].res, q->step, &na);
     tb = tensors_of(&arms[1].res, q->step, &nb);
     if (q->third) tc = tensors_of(&arms[2].res, q->step, &nc);
-    if (!ta || !tb || (q->third && !tc)) {
-        tg_errf(e, "out of memory");
-        goto out;
-    }
     if (na == 0 || nb == 0) {
         tg_errf(e, "arm %s dumped nothing at step %d", na == 0 ? q->arm_a : q->arm_b, q->step);
         goto out;
@@ -867,15 +793,6 @@ out:
 /* ------------------------------------------------------------------ */
 /* The command                                                         */
 
-static int usage(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "tokgate localize: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nusage: tokgate localize P/S [RUN] --arms A,B [--third C] [--spec FILE]"
-                    " [--db FILE] [--evidence DIR] [--top N] [--no-replay]\n");
-    return 2;
-}
-
 /* The spec of a stored run, parsed from its stored text. */
 static int run_spec(tg_store *st, int64_t run, tg_spec **out, tg_err *e)
 {
@@ -886,7 +803,7 @@ static int run_spec(tg_store *st, int64_t run, tg_spec **out, tg_err *e)
                            "SELECT spec.path, spec.text FROM run JOIN spec ON spec.id = run.spec_id"
                            " WHERE run.id = ?1",
                            -1, &s, NULL) != SQLITE_OK)
-        return tg_errf(e, "store: %s", sqlite3_errmsg(db));
+        return common_sql_err(db, e, "reading the run's spec");
     sqlite3_bind_int64(s, 1, run);
     if (sqlite3_step(s) != SQLITE_ROW) {
         tg_errf(e, "store: no run %lld", (long long)run);
@@ -901,38 +818,88 @@ static int run_spec(tg_store *st, int64_t run, tg_spec **out, tg_err *e)
     return rc;
 }
 
+static const char USAGE[] =
+    "usage: tokgate localize P/S [RUN] --arms A,B [--third C] [--spec FILE] [--db FILE]\n"
+    "                        [--evidence DIR] [--top N] [--no-replay]\n"
+    "\n"
+    "Runs arms A and B (and C) over one identical prefix of prompt P up to step S. When the\n"
+    "arms can, replays every stage of B (and of A unless it is the ref tier) against the\n"
+    "exact arbiter: the local error per layer and stage against its budget, every stage over\n"
+    "budget (OVER_BUDGET=) and each layer's share of the gap shift; then compares B's dumps at\n"
+    "step S against A's per layer and stage (docs/localize.md). Without --spec the spec and\n"
+    "the prefix are those of a stored run (RUN, default the latest); with --spec, A decodes\n"
+    "greedily.\n"
+    "\n"
+    "  --arms A,B       the two arms compared (B against A)\n"
+    "  --third C        a third arm: the C-vs-A error is the noise floor\n"
+    "  --spec FILE      run the spec's arms instead of a stored run's\n"
+    "  --evidence DIR   also write DIR/localize-<id>-<P>-<S>.md with an SVG plot\n"
+    "  --top N          logits shown per arm (default 8)\n"
+    "  --db FILE        the store (default tokgate.db in the current directory)\n"
+    "  --no-replay      skip the stage replay\n"
+    "\n"
+    "Exit status: 0 no stage over the floor (over budget, when replayed), 1 one is, 2 usage,\n"
+    "input or arm error.\n";
+
+enum { LO_DB = COMMON_CLI_FIRST_ID, LO_ARMS, LO_THIRD, LO_SPEC, LO_EVIDENCE, LO_TOP, LO_NO_REPLAY };
+
+typedef struct loc_opts {
+    const char *db, *arms, *third, *spec, *evidence;
+    int top;
+    int no_replay;
+} loc_opts;
+
+/* common_cli_fn of localize. */
+static int loc_opt(void *ud, int id, const char *v, tg_err *e)
+{
+    loc_opts *o = ud;
+    switch (id) {
+    case LO_DB: o->db = v; break;
+    case LO_ARMS: o->arms = v; break;
+    case LO_THIRD: o->third = v; break;
+    case LO_SPEC: o->spec = v; break;
+    case LO_EVIDENCE: o->evidence = v; break;
+    case LO_NO_REPLAY: o->no_replay = 1; break;
+    case LO_TOP: {
+        char *end;
+        errno = 0;
+        long x = strtol(v, &end, 10);
+        if (!*v || *end || errno || x < 1 || x > 1000) return tg_errf(e, "--top: expected 1..1000, got '%s'", v);
+        o->top = (int)x;
+        break;
+    }
+    }
+    return 0;
+}
+
+/* A usage error: one line naming the command; returns 2. */
+static int usage(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "tokgate localize: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see tokgate localize --help)\n");
+    return 2;
+}
+
 int localize_main(int argc, char **argv)
 {
-    const char *db = "tokgate.db", *arms = NULL, *third = NULL, *spec_path = NULL, *evidence = NULL;
+    static const struct option lo[] = {{"db", required_argument, NULL, LO_DB},
+                                       {"arms", required_argument, NULL, LO_ARMS},
+                                       {"third", required_argument, NULL, LO_THIRD},
+                                       {"spec", required_argument, NULL, LO_SPEC},
+                                       {"evidence", required_argument, NULL, LO_EVIDENCE},
+                                       {"top", required_argument, NULL, LO_TOP},
+                                       {"no-replay", no_argument, NULL, LO_NO_REPLAY},
+                                       {0}};
+    static const common_cli cli = {"localize", USAGE, lo, 2};
+    loc_opts o = {.db = "tokgate.db", .top = 8};
     const char *pos[2] = {NULL, NULL};
-    int n_pos = 0, top = 8;
-    int no_replay = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--no-replay")) {
-            no_replay = 1;
-            continue;
-        }
-        if (a[0] != '-' || !a[1]) {
-            if (n_pos >= 2) return usage("unexpected argument '%s'", a);
-            pos[n_pos++] = a;
-            continue;
-        }
-        if (i + 1 >= argc) return usage("option '%s' needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--db")) db = v;
-        else if (!strcmp(a, "--arms")) arms = v;
-        else if (!strcmp(a, "--third")) third = v;
-        else if (!strcmp(a, "--spec")) spec_path = v;
-        else if (!strcmp(a, "--evidence")) evidence = v;
-        else if (!strcmp(a, "--top")) {
-            char *end;
-            long x = strtol(v, &end, 10);
-            if (!*v || *end || x < 1 || x > 1000) return usage("--top: expected 1..1000, got '%s'", v);
-            top = (int)x;
-        } else
-            return usage("unknown option '%s'", a);
-    }
+    int n_pos = 0;
+    int prc = common_cli_parse(&cli, argc - 1, argv + 1, loc_opt, &o, pos, &n_pos);
+    if (prc == COMMON_CLI_HELP) return 0;
+    if (prc) return prc;
+    const char *db = o.db, *arms = o.arms, *third = o.third, *spec_path = o.spec, *evidence = o.evidence;
+    int top = o.top;
     if (!pos[0]) return usage("expected P/S (a prompt id and a step, e.g. p1/45)%s", "");
     char prompt[64];
     int step;
@@ -965,6 +932,17 @@ int localize_main(int argc, char **argv)
     tg_store *st = NULL;
     tg_spec *spec = NULL;
     int rc = 2;
+    struct stat sb;
+    if (!spec_path && stat(db, &sb) != 0) {
+        /* the prefix comes from a stored run: a missing store is a typo, not a new one */
+        fprintf(stderr, "tokgate localize: no such store: %s (%s; give --db FILE or --spec FILE)\n", db,
+                strerror(errno));
+        return 2;
+    }
+    if (evidence && common_mkdirs(evidence, &e) < 0) {
+        fprintf(stderr, "tokgate localize: --evidence %s: %s\n", evidence, e.msg);
+        return 2;
+    }
     if (store_open(&st, db, &e) < 0) {
         fprintf(stderr, "tokgate: %s\n", e.msg);
         return 2;
@@ -988,7 +966,7 @@ int localize_main(int argc, char **argv)
     gate_bin_dir(bins, sizeof bins);
     loc_request q = {.spec = spec, .bin_dir = bins, .prompt_id = prompt, .step = step,
                      .arm_a = a_name, .arm_b = b_name, .third = third, .run_id = run,
-                     .evidence_dir = evidence, .show_top = top, .no_replay = no_replay};
+                     .evidence_dir = evidence, .db_path = db, .show_top = top, .no_replay = o.no_replay};
     loc_outcome res;
     if (localize_run(st, &q, stdout, &res, &e) < 0) goto fail;
     if (res.evidence_path[0]) fprintf(stderr, "tokgate: evidence written to %s\n", res.evidence_path);

@@ -64,8 +64,7 @@ typedef struct loc_table {
 
 /* Compares b against a (and, when c is not NULL, c against a as the third
  * pair) over the (layer, stage) pairs present in both a and b. Returns 0
- * with *out, or -1 with e (a tensor present in both with different n, or
- * out of memory). */
+ * with *out, or -1 with e (a tensor present in both with different n). */
 int localize_table(loc_table **out, const loc_tensor *a, int na, const loc_tensor *b, int nb,
                    const loc_tensor *c, int nc, tg_err *e);
 void localize_table_free(loc_table *t);  /* NULL is a no-op */
@@ -83,6 +82,7 @@ typedef struct loc_request {
     const char *arm_a, *arm_b, *third; /* third may be NULL */
     int64_t run_id;          /* > 0: the prefix is this run's reference tokens */
     const char *evidence_dir;/* NULL: no markdown evidence */
+    const char *db_path;     /* the store's file, never overwritten by the evidence (may be NULL) */
     int show_top;            /* top-k rows shown per arm (0: 8) */
     int no_replay;           /* skip the stage replay (--no-replay) */
 } loc_request;
@@ -104,7 +104,8 @@ int localize_run(tg_store *st, const loc_request *req, FILE *out, loc_outcome *r
  * [--top N]; without --spec the spec is the stored run's (RUN, else the
  * latest run) and the prefix its reference's tokens; with --spec the first
  * arm decodes greedily. Returns the exit code: 0 when no stage exceeds the
- * floor, 1 when one does, 2 on a usage, input or arm error. */
+ * floor, 1 when one does, 2 on a usage, input or arm error; --help prints
+ * the usage and returns 0. */
 int localize_main(int argc, char **argv);
 
 /* The prefix of a stored run's prompt at step: the reference's leg-1
@@ -112,12 +113,5 @@ int localize_main(int argc, char **argv);
  * (*force, step ids), both malloc'ed. Returns 0 or -1 with e. */
 int localize_prefix(tg_store *st, int64_t run, const char *prompt, int step, int32_t **ids, int *n_ids,
                     int32_t **force, tg_err *e);
-
-/* Shuffles n f32 values bytewise (plane b holds byte b of every value) and
- * compresses with zstd. *blob malloc'ed. Returns 0 or -1 with e. */
-int localize_pack(const float *x, int64_t n, void **blob, size_t *len, tg_err *e);
-/* The inverse: x must hold n values. Returns 0 or -1 with e (corrupt or
- * the wrong size). */
-int localize_unpack(const void *blob, size_t len, float *x, int64_t n, tg_err *e);
 
 #endif

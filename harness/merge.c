@@ -19,11 +19,13 @@
 
 #include <openssl/evp.h>
 
+#include "trend.h"
+
 /* Tables this file copies, in dependency order; any other non-empty table
  * of the source is reported as skipped. */
 static const char *const KNOWN[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg",
-                                    "leg_prompt", "step", "leg_top", "dump", "verdict_set", "verdict",
-                                    "compare", "contested", "noise_band", NULL};
+                                    "leg_prompt", "step", "step_top", "dump", "verdict_set", "verdict",
+                                    "compare", "contested", "noise_band", "trend_mark", NULL};
 
 static int sql_err(sqlite3 *db, tg_err *e, const char *what)
 {
@@ -143,16 +145,17 @@ static const struct { const char *part, *sql; } PARTS[] = {
     {"prompts", "SELECT no, name, text FROM @.prompt WHERE run_id = ?1 ORDER BY no"},
     {"legs",
      "SELECT a.name, l.leg, l.exit_status, l.term_signal, l.cause, l.fault_lines, l.device,"
-     " l.counters, b.sha256 FROM @.leg l JOIN @.arm a ON a.id = l.arm_id"
+     " l.counters, b.sha256, (SELECT sa.leg FROM @.leg sa WHERE sa.id = l.same_as)"
+     " FROM @.leg l JOIN @.arm a ON a.id = l.arm_id"
      " LEFT JOIN @.binary b ON b.id = l.binary_id WHERE l.run_id = ?1 ORDER BY a.name, l.leg"},
     {"steps",
      "SELECT a.name, l.leg, p.name, st.step, st.token, st.forced, st.gap, st.digest"
      " FROM @.step st JOIN @.leg l ON l.id = st.leg_id JOIN @.arm a ON a.id = l.arm_id"
      " JOIN @.prompt p ON p.id = st.prompt_id WHERE l.run_id = ?1 ORDER BY 1, 2, 3, 4"},
-    /* the chunks are keyed by prompt names, so a copy is byte-identical */
     {"top-k",
-     "SELECT a.name, l.leg, t.data FROM @.leg_top t JOIN @.leg l ON l.id = t.leg_id"
-     " JOIN @.arm a ON a.id = l.arm_id WHERE l.run_id = ?1 ORDER BY 1, 2"},
+     "SELECT a.name, l.leg, p.name, t.step, t.rank, t.id, t.logit, t.bits"
+     " FROM @.step_top t JOIN @.leg l ON l.id = t.leg_id JOIN @.arm a ON a.id = l.arm_id"
+     " JOIN @.prompt p ON p.id = t.prompt_id WHERE l.run_id = ?1 ORDER BY 1, 2, 3, 4, 5"},
     {"verdict sets",
      "SELECT set_no, created, policy, band, overall FROM @.verdict_set WHERE run_id = ?1 ORDER BY set_no"},
     {"verdict rows",
@@ -268,23 +271,26 @@ static int copy_run(sqlite3 *db, int64_t r, int64_t *new_run, tg_err *e)
         exec2(db, "INSERT INTO temp.m_prompt SELECT s.id, m.id FROM src.prompt s JOIN main.prompt m"
                   " ON m.run_id = ?2 AND m.name = s.name WHERE s.run_id = ?1", r, nr, e) < 0)
         return -1;
+    /* same_as names a leg of the same run: set once all legs have new ids */
     subst leg_sub[] = {{"id", NULL}, {"run_id", "?2"},
                        {"arm_id", "(SELECT new FROM temp.m_arm WHERE old = s.arm_id)"},
-                       {"binary_id", "(SELECT new FROM temp.m_bin WHERE old = s.binary_id)"}};
-    if (copy_rows(db, "leg", "s.run_id = ?1", "s.id", leg_sub, 4, r, nr, e) < 0 ||
+                       {"binary_id", "(SELECT new FROM temp.m_bin WHERE old = s.binary_id)"},
+                       {"same_as", "NULL"}};
+    if (copy_rows(db, "leg", "s.run_id = ?1", "s.id", leg_sub, 5, r, nr, e) < 0 ||
         exec2(db, "INSERT INTO temp.m_leg SELECT s.id, m.id FROM src.leg s"
                   " JOIN temp.m_arm ma ON ma.old = s.arm_id"
                   " JOIN main.leg m ON m.run_id = ?2 AND m.arm_id = ma.new AND m.leg = s.leg"
-                  " WHERE s.run_id = ?1", r, nr, e) < 0)
+                  " WHERE s.run_id = ?1", r, nr, e) < 0 ||
+        exec2(db, "UPDATE main.leg SET same_as = (SELECT mb.new FROM temp.m_leg ml"
+                  " JOIN src.leg s ON s.id = ml.old JOIN temp.m_leg mb ON mb.old = s.same_as"
+                  " WHERE ml.new = main.leg.id) WHERE run_id = ?2", r, nr, e) < 0)
         return -1;
     const char *in_run = "s.leg_id IN (SELECT old FROM temp.m_leg)";
     subst lp_sub[] = {{"leg_id", "(SELECT new FROM temp.m_leg WHERE old = s.leg_id)"},
                       {"prompt_id", "(SELECT new FROM temp.m_prompt WHERE old = s.prompt_id)"}};
-    subst top_sub[] = {{"leg_id", "(SELECT new FROM temp.m_leg WHERE old = s.leg_id)"},
-                       {"base_leg", "(SELECT new FROM temp.m_leg WHERE old = s.base_leg)"}};
     if (copy_rows(db, "leg_prompt", in_run, NULL, lp_sub, 2, r, nr, e) < 0 ||
         copy_rows(db, "step", in_run, "s.leg_id, s.prompt_id, s.step", lp_sub, 2, r, nr, e) < 0 ||
-        copy_rows(db, "leg_top", in_run, "s.leg_id", top_sub, 2, r, nr, e) < 0 ||
+        copy_rows(db, "step_top", in_run, "s.leg_id, s.prompt_id, s.step, s.rank", lp_sub, 2, r, nr, e) < 0 ||
         copy_rows(db, "dump", in_run, NULL, lp_sub, 2, r, nr, e) < 0)
         return -1;
     subst v_sub[] = {{"id", NULL}, {"run_id", "?2"}};
@@ -406,6 +412,8 @@ int merge_store(tg_store *dst, const char *src_path, merge_stats *ms, tg_err *e)
     }
     sqlite3_finalize(runs);
     runs = NULL;
+    /* the team's baseline decisions, keyed by run uid (trend.c owns the table) */
+    if (trend_copy_marks(db, e) < 0) goto done;
     if (exec2(db, "COMMIT", 0, 0, e) < 0) goto done;
     began = 0;
     rc = 0;

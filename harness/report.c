@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common.h"
 #include "compare.h"
 #include "gguf.h"
 #include "tokenizer.h"
@@ -87,7 +88,8 @@ static int kv(rctx *c, const char *arm, const char *prompt, const char *key, cha
     if (prompt) sqlite3_bind_text(s, 4, prompt, -1, SQLITE_STATIC); else sqlite3_bind_null(s, 4);
     sqlite3_bind_text(s, 5, key, -1, SQLITE_STATIC);
     int found = sqlite3_step(s) == SQLITE_ROW;
-    cpy(out, cap, found ? sqlite3_column_text(s, 0) : NULL);
+    /* stored text may hold a worker's control bytes (older stores): never raw */
+    common_text_safe(found ? (const char *)sqlite3_column_text(s, 0) : "", out, cap);
     sqlite3_reset(s);
     return found;
 }
@@ -105,7 +107,7 @@ static int ctx_load(rctx *c, tg_store *st, int64_t run, int set, tg_err *e)
                            " FROM run JOIN spec ON spec.id = run.spec_id"
                            " JOIN artifact ON artifact.id = run.artifact_id WHERE run.id=?1",
                            -1, &s, NULL) != SQLITE_OK)
-        return tg_errf(e, "store: reading run %lld: %s", (long long)run, sqlite3_errmsg(c->db));
+        return common_sql_err(c->db, e, "reading the run");
     sqlite3_bind_int64(s, 1, run);
     if (sqlite3_step(s) != SQLITE_ROW) {
         sqlite3_finalize(s);
@@ -138,7 +140,7 @@ static int ctx_load(rctx *c, tg_store *st, int64_t run, int set, tg_err *e)
                            "SELECT policy, band, overall, created FROM verdict_set"
                            " WHERE run_id=?1 AND set_no=?2",
                            -1, &s, NULL) != SQLITE_OK)
-        return tg_errf(e, "store: %s", sqlite3_errmsg(c->db));
+        return common_sql_err(c->db, e, "reading the verdict set");
     sqlite3_bind_int64(s, 1, run);
     sqlite3_bind_int(s, 2, set);
     if (sqlite3_step(s) != SQLITE_ROW) {
@@ -155,20 +157,15 @@ static int ctx_load(rctx *c, tg_store *st, int64_t run, int set, tg_err *e)
                            "SELECT value FROM verdict WHERE run_id=?1 AND set_no=?2 AND arm IS ?3"
                            " AND prompt IS ?4 AND key=?5 ORDER BY id DESC LIMIT 1",
                            -1, &c->kv, NULL) != SQLITE_OK)
-        return tg_errf(e, "store: %s", sqlite3_errmsg(c->db));
+        return common_sql_err(c->db, e, "reading the verdict keys");
 
     if (sqlite3_prepare_v2(c->db, "SELECT name, role, kind FROM arm WHERE run_id=?1 ORDER BY id", -1,
                            &s, NULL) != SQLITE_OK)
-        return tg_errf(e, "store: %s", sqlite3_errmsg(c->db));
+        return common_sql_err(c->db, e, "reading the arms");
     sqlite3_bind_int64(s, 1, run);
     while (sqlite3_step(s) == SQLITE_ROW) {
-        rarm *a = realloc(c->arms, sizeof *a * (size_t)(c->n_arms + 1));
-        if (!a) {
-            sqlite3_finalize(s);
-            return tg_errf(e, "out of memory");
-        }
-        c->arms = a;
-        a = &c->arms[c->n_arms++];
+        c->arms = xrealloc(c->arms, sizeof *c->arms * (size_t)(c->n_arms + 1));
+        rarm *a = &c->arms[c->n_arms++];
         memset(a, 0, sizeof *a);
         cpy(a->name, sizeof a->name, sqlite3_column_text(s, 0));
         cpy(a->role, sizeof a->role, sqlite3_column_text(s, 1));
@@ -184,19 +181,14 @@ static int ctx_load(rctx *c, tg_store *st, int64_t run, int set, tg_err *e)
     }
     if (sqlite3_prepare_v2(c->db, "SELECT name, text FROM prompt WHERE run_id=?1 ORDER BY no", -1, &s,
                            NULL) != SQLITE_OK)
-        return tg_errf(e, "store: %s", sqlite3_errmsg(c->db));
+        return common_sql_err(c->db, e, "reading the prompts");
     sqlite3_bind_int64(s, 1, run);
     while (sqlite3_step(s) == SQLITE_ROW) {
-        rprompt *p = realloc(c->prompts, sizeof *p * (size_t)(c->n_prompts + 1));
-        if (!p) {
-            sqlite3_finalize(s);
-            return tg_errf(e, "out of memory");
-        }
-        c->prompts = p;
-        p = &c->prompts[c->n_prompts++];
+        c->prompts = xrealloc(c->prompts, sizeof *c->prompts * (size_t)(c->n_prompts + 1));
+        rprompt *p = &c->prompts[c->n_prompts++];
         cpy(p->name, sizeof p->name, sqlite3_column_text(s, 0));
         const unsigned char *t = sqlite3_column_text(s, 1);
-        p->text = strdup(t ? (const char *)t : "");
+        p->text = xstrdup((const char *)t);
     }
     sqlite3_finalize(s);
     return 0;
@@ -219,8 +211,11 @@ enum { N_GLOBAL_KEYS = sizeof GLOBAL_KEYS / sizeof *GLOBAL_KEYS };
 static void keys_block(rctx *c, FILE *out)
 {
     char v[1024];
-    for (int i = 0; i < N_GLOBAL_KEYS; i++)
+    for (int i = 0; i < N_GLOBAL_KEYS; i++) {
         if (kv(c, NULL, NULL, GLOBAL_KEYS[i], v, sizeof v)) fprintf(out, "%s=%s\n", GLOBAL_KEYS[i], v);
+        /* why the run as a whole is not measurable (unfinished, reference not clean) */
+        if (i == 0 && kv(c, NULL, NULL, "REASON", v, sizeof v)) fprintf(out, "REASON=%s\n", v);
+    }
     for (int a = 0; a < c->n_arms; a++)
         for (int i = 0; i < N_GLOBAL_KEYS; i++)
             if (kv(c, c->arms[a].name, NULL, GLOBAL_KEYS[i], v, sizeof v))
@@ -522,6 +517,7 @@ static void md_cell(FILE *out, const char *s)
         if (*s == '|') fputs("\\|", out);
         else if (*s == '\n') fputc(' ', out);
         else if (*s == '<') fputs("&lt;", out);
+        else if ((unsigned char)*s < 0x20 || *s == 0x7f) fprintf(out, "\\x%02x", (unsigned char)*s);
         else fputc(*s, out);
     }
 }
@@ -650,10 +646,10 @@ static void md_report(rctx *c, FILE *out)
 
     /* rank histogram: groups 1, 2, 3-5, 6-k, outside */
     static const char *const groups[] = {"1", "2", "3-5", "6-64", ">64", "outside"};
-    const char **series = calloc((size_t)(n_sc ? n_sc : 1), sizeof *series);
-    double *vals = calloc((size_t)(n_sc ? n_sc : 1) * 6, sizeof *vals);
+    const char **series = xcalloc((size_t)n_sc, sizeof *series);
+    double *vals = xcalloc((size_t)n_sc * 6, sizeof *vals);
     int s = 0;
-    for (int a = 0; a < c->n_arms && series && vals; a++) {
+    for (int a = 0; a < c->n_arms; a++) {
         const rarm *arm = &c->arms[a];
         if (!scored(arm)) continue;
         int h[66];
@@ -668,7 +664,7 @@ static void md_report(rctx *c, FILE *out)
         s++;
     }
     fprintf(out, "\n### Rank of each arm's token in the reference top-k\n\n");
-    if (series && vals) svg_bars(out, "rank histogram", 6, groups, n_sc, series, vals);
+    svg_bars(out, "rank histogram", 6, groups, n_sc, series, vals);
     free(series);
     free(vals);
 
@@ -688,13 +684,9 @@ static void md_report(rctx *c, FILE *out)
         while (sqlite3_step(q) == SQLITE_ROW) {
             if (m == cap) {
                 cap = cap ? 2 * cap : 256;
-                double *nx = realloc(xs, sizeof *xs * (size_t)cap);
-                if (nx) xs = nx;
-                double *ny = realloc(ys, sizeof *ys * (size_t)cap);
-                if (ny) ys = ny;
-                int *nm = realloc(mk, sizeof *mk * (size_t)cap);
-                if (nm) mk = nm;
-                if (!nx || !ny || !nm) break;
+                xs = xrealloc(xs, sizeof *xs * (size_t)cap);
+                ys = xrealloc(ys, sizeof *ys * (size_t)cap);
+                mk = xrealloc(mk, sizeof *mk * (size_t)cap);
             }
             xs[m] = sqlite3_column_int(q, 1);
             ys[m] = sqlite3_column_type(q, 2) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 2);
@@ -1083,7 +1075,7 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
                            " WHERE leg.run_id=?1 AND arm.name=?2 AND leg.leg=?3 AND p.name=?4"
                            " AND s.step=?5",
                            -1, &q, NULL) != SQLITE_OK) {
-        tg_errf(e, "store: %s", sqlite3_errmsg(c.db));
+        common_sql_err(c.db, e, "reading the step");
         goto out;
     }
     fprintf(out, "run %lld %s/%d  (verdict set %d, policy %s, band %g)\n", (long long)run_id,

@@ -10,6 +10,8 @@
  */
 #include "spec.h"
 
+#include "common.h"
+
 #include <assert.h>
 #include <ctype.h>
 #include <errno.h>
@@ -59,19 +61,43 @@ static pos node_pos(struct fy_node *n, pos fallback)
 __attribute__((format(printf, 4, 5)))
 static int perr(pctx *c, pos p, const char *field, const char *fmt, ...)
 {
-    char what[768];
+    char what[768], safe[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return tg_errf(c->e, "%s:%d:%d: %s: %s", c->file, p.line, p.col, field, what);
+    /* values quoted from the spec may hold control bytes: never raw to a terminal */
+    return tg_errf(c->e, "%s:%d:%d: %s: %s", c->file, p.line, p.col, field, common_text_safe(what, safe, sizeof safe));
 }
 
-static char *xstrdup(const char *s)
+/* Finds the first byte of text that breaks well-formed UTF-8 (overlong
+ * forms, surrogates, code points above U+10FFFF, truncated sequences).
+ * Returns 0 when there is none, else -1 with its 1-based line and column
+ * and its offset. */
+static int utf8_bad(const char *text, size_t len, int *line_out, int *col_out, size_t *off)
 {
-    char *d = strdup(s ? s : "");
-    if (!d) abort();   /* out of memory is not an input error */
-    return d;
+    const unsigned char *p = (const unsigned char *)text;
+    int line = 1, col = 1;
+    for (size_t i = 0; i < len;) {
+        unsigned c = p[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = n != 0 && i + n <= len;
+        for (size_t k = 1; ok && k < n; k++) ok = (p[i + k] & 0xC0) == 0x80;
+        if (ok && n > 1) {
+            unsigned cp = c & (0x7F >> n);
+            for (size_t k = 1; k < n; k++) cp = cp << 6 | (p[i + k] & 0x3F);
+            static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
+            ok = cp >= min[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+        }
+        if (!ok) {
+            *line_out = line, *col_out = col, *off = i;
+            return -1;
+        }
+        if (c == '\n') line++, col = 1;
+        else col++;
+        i += n;
+    }
+    return 0;
 }
 
 /* The scalar text of n (NUL-terminated, owned by the document) or NULL. */
@@ -93,6 +119,9 @@ static int get_string(pctx *c, struct fy_node *n, pos at, const char *field,
     if (!s || fy_node_get_style(n) == FYNS_ALIAS)
         return perr(c, node_pos(n, at), field, "expected %s", what);
     if (!*s) return perr(c, node_pos(n, at), field, "expected %s, got an empty string", what);
+    size_t len = 0;
+    fy_node_get_scalar(n, &len);
+    if (len != strlen(s)) return perr(c, node_pos(n, at), field, "expected %s, got a string with a NUL byte", what);
     *out = xstrdup(s);
     return 0;
 }
@@ -136,8 +165,7 @@ static int get_strings(pctx *c, struct fy_node *n, pos at, const char *field,
     if (!n || !fy_node_is_sequence(n))
         return perr(c, node_pos(n, at), field, "expected a list of %s", what);
     int k = fy_node_sequence_item_count(n), i = 0;
-    char **v = calloc((size_t)k + 1, sizeof *v);
-    if (!v) abort();
+    char **v = xcalloc((size_t)k + 1, sizeof *v);
     void *it = NULL;
     struct fy_node *item;
     while ((item = fy_node_sequence_iterate(n, &it))) {
@@ -195,7 +223,7 @@ static json_t *node_json(struct fy_node *n)
 static char *json_text(json_t *j)
 {
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-    if (!s) abort();
+    if (!s) common_out_of_memory(0);
     return s;
 }
 
@@ -241,6 +269,28 @@ static struct fy_node *get(struct fy_node *n, const char *k, pos *kp)
     return NULL;
 }
 
+/* The value of key k in mapping n exactly as written: NULL when the key is
+ * absent or has no value ("text:" alone), unlike get(). */
+static struct fy_node *get_value(struct fy_node *n, const char *k, pos *kp)
+{
+    struct fy_node *v = get(n, k, kp);
+    if (!v) return NULL;
+    void *it = NULL;
+    struct fy_node_pair *p;
+    while ((p = fy_node_mapping_iterate(n, &it)))
+        if (fy_node_pair_key(p) == v) return NULL;   /* get() gave the key of an empty value */
+    return v;
+}
+
+/* A YAML null: no node, or a plain empty, null, ~, Null or NULL scalar. */
+static int is_null(struct fy_node *n)
+{
+    if (!n) return 1;
+    if (!is_plain(n)) return 0;
+    const char *s = scalar(n);
+    return s && (!*s || !strcmp(s, "null") || !strcmp(s, "~") || !strcmp(s, "Null") || !strcmp(s, "NULL"));
+}
+
 static int file_exists(const char *p)
 {
     struct stat st;
@@ -264,48 +314,21 @@ static char *resolve_path(pctx *c, const char *p)
     return xstrdup(buf);
 }
 
+/* A name that becomes part of file names and markup (spec, arm, prompt
+ * id): 1..128 of [A-Za-z0-9_.-], starting with a letter or digit (no "..",
+ * no hidden file, no option-looking word, no control byte). */
 static int valid_name(const char *s)
 {
-    if (!*s) return 0;
+    if (!isalnum((unsigned char)*s) || strlen(s) > 128) return 0;
     for (; *s; s++)
         if (!isalnum((unsigned char)*s) && *s != '_' && *s != '-' && *s != '.') return 0;
     return 1;
 }
 
-/* Reads a whole file into a NUL-terminated buffer. */
-static int read_file(const char *path, char **out, size_t *len, tg_err *e)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return tg_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    if (!b) abort();
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            if (cap > ((size_t)256 << 20)) {
-                fclose(f);
-                free(b);
-                return tg_errf(e, "%s: larger than 256 MiB, expected a small text file", path);
-            }
-            cap *= 2;
-            b = realloc(b, cap);
-            if (!b) abort();
-        }
-        size_t r = fread(b + n, 1, 4096, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return tg_errf(e, "%s: read error", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
-    return 0;
-}
+#define NAME_RULE "1..128 letters, digits, '_', '-' or '.', starting with a letter or digit"
+
+/* Specs and prompt files are small text files. */
+#define SPEC_MAX_FILE ((size_t)256 << 20)
 
 /* A prompt file: one prompt a line, ids p1..pN; a final newline and a
  * trailing '\r' are dropped; empty lines are errors (ids must not shift). */
@@ -314,16 +337,28 @@ static int read_prompts(pctx *c, const char *path, pos at, tg_spec *s)
     char *text;
     size_t len;
     tg_err fe;
-    if (read_file(path, &text, &len, &fe) < 0)
+    if (common_read_file(path, SPEC_MAX_FILE, &text, &len, &fe) < 0)
         return perr(c, at, "prompts", "expected a readable prompt file (%s)", fe.msg);
     if (memchr(text, 0, len)) {
         free(text);
         return perr(c, at, "prompts", "%s: expected text, found a NUL byte", path);
     }
+    /* a UTF-8 byte order mark is not part of the first prompt */
+    char *start = text;
+    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) start += 3, len -= 3;
+    {
+        int bl, bc;
+        size_t boff;
+        if (utf8_bad(start, len, &bl, &bc, &boff) < 0) {
+            perr(c, at, "prompts", "%s:%d: expected UTF-8 text, got byte 0x%02x", path, bl,
+                 (unsigned char)start[boff]);
+            free(text);
+            return -1;
+        }
+    }
     int cap = 16, n = 0, line = 0;
-    spec_prompt *v = calloc((size_t)cap, sizeof *v);
-    if (!v) abort();
-    char *p = text, *end = text + len;
+    spec_prompt *v = xcalloc((size_t)cap, sizeof *v);
+    char *p = start, *end = start + len;
     while (p < end) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
         char *le = nl ? nl : end;
@@ -338,8 +373,7 @@ static int read_prompts(pctx *c, const char *path, pos at, tg_spec *s)
         }
         if (n == cap) {
             cap *= 2;
-            v = realloc(v, (size_t)cap * sizeof *v);
-            if (!v) abort();
+            v = xrealloc(v, (size_t)cap * sizeof *v);
         }
         char id[32];
         snprintf(id, sizeof id, "p%d", n + 1);
@@ -362,8 +396,7 @@ static int parse_inline_prompts(pctx *c, struct fy_node *n, pos at, tg_spec *s)
 {
     int k = fy_node_sequence_item_count(n);
     if (k == 0) return perr(c, at, "prompts", "expected at least one prompt");
-    s->prompts = calloc((size_t)k, sizeof *s->prompts);
-    if (!s->prompts) abort();
+    s->prompts = xcalloc((size_t)k, sizeof *s->prompts);
     void *it = NULL;
     struct fy_node *item;
     int i = 0;
@@ -384,17 +417,20 @@ static int parse_inline_prompts(pctx *c, struct fy_node *n, pos at, tg_spec *s)
         if (get_string(c, idn, kp, fid, "a prompt id", &s->prompts[i].id) < 0) return -1;
         s->n_prompts = i + 1;
         if (!valid_name(s->prompts[i].id) || strchr(s->prompts[i].id, '/'))
-            return perr(c, node_pos(idn, kp), fid, "expected letters, digits, '_', '-' or '.', got '%s'",
-                        s->prompts[i].id);
+            return perr(c, node_pos(idn, kp), fid, "expected " NAME_RULE ", got '%s'", s->prompts[i].id);
         for (int j = 0; j < i; j++)
             if (!strcmp(s->prompts[j].id, s->prompts[i].id))
                 return perr(c, node_pos(idn, kp), fid, "expected a unique id, '%s' is also prompts[%d]",
                             s->prompts[i].id, j);
         kp = ip;
-        struct fy_node *tn = get(item, "text", &kp);
+        struct fy_node *tn = get_value(item, "text", &kp);
         const char *t = scalar(tn);
-        if (!tn || !t || !*t)
-            return perr(c, node_pos(tn, kp), ftx, "expected the prompt text (a non-empty string)");
+        size_t tl = 0;
+        if (t) fy_node_get_scalar(tn, &tl);
+        if (!t || !*t || is_null(tn))
+            return perr(c, node_pos(tn, kp), ftx, "expected the prompt text (a non-empty string), got %s",
+                        !tn || is_null(tn) ? "null" : !t ? "a collection" : "an empty string");
+        if (tl != strlen(t)) return perr(c, node_pos(tn, kp), ftx, "expected the prompt text, got a NUL byte in it");
         s->prompts[i].text = xstrdup(t);
         i++;
     }
@@ -403,7 +439,11 @@ static int parse_inline_prompts(pctx *c, struct fy_node *n, pos at, tg_spec *s)
 
 /* Load options: each key from known[] with its type; exec arms pass NULL
  * (any key, scalar values). The result is a JSON object text. */
-typedef struct optkey { const char *key; char type; /* i int, s string, b bool or string */ } optkey;
+typedef struct optkey {
+    const char *key;
+    char type;               /* i int, s string, b bool or string */
+    long lo, hi;             /* i: the range the worker accepts (checked here, not at load) */
+} optkey;
 
 static int parse_options(pctx *c, struct fy_node *n, pos at, const char *field,
                          const optkey *known, char **out)
@@ -432,7 +472,7 @@ static int parse_options(pctx *c, struct fy_node *n, pos at, const char *field,
             return perr(c, kp, f, "unknown option (expected one of: %s)", list);
         }
         int iv;
-        if (o->type == 'i' && get_int(c, vn, kp, f, 0, 1 << 24, &iv) < 0) return -1;
+        if (o->type == 'i' && get_int(c, vn, kp, f, o->lo, o->hi, &iv) < 0) return -1;
         if (o->type == 's' && (!scalar(vn) || !*scalar(vn)))
             return perr(c, node_pos(vn, kp), f, "expected a string");
     }
@@ -442,11 +482,16 @@ static int parse_options(pctx *c, struct fy_node *n, pos at, const char *field,
     return 0;
 }
 
+/* The ranges are the workers' own (engine/worker/main.c, oracles/llama/
+ * tg-llama.c): a value they would refuse at load is refused here, with the
+ * spec's line. */
 static const optkey engine_opts[] = {
-    {"threads", 'i'}, {"kv_type", 's'}, {"n_batch", 'i'}, {"n_ctx", 'i'}, {"perturb", 's'}, {NULL, 0}};
+    {"threads", 'i', 1, 512}, {"kv_type", 's'}, {"n_batch", 'i', 1, 4096}, {"n_ctx", 'i', 1, 1 << 20},
+    {"perturb", 's'}, {NULL, 0}};
 static const optkey llama_opts[] = {
-    {"threads", 'i'}, {"flash_attn", 'b'}, {"n_gpu_layers", 'i'}, {"type_k", 's'}, {"type_v", 's'},
-    {"n_ubatch", 'i'}, {"n_batch", 'i'}, {"n_ctx", 'i'}, {NULL, 0}};
+    {"threads", 'i', 1, 1024}, {"flash_attn", 'b'}, {"n_gpu_layers", 'i', -1, 100000}, {"type_k", 's'},
+    {"type_v", 's'}, {"n_ubatch", 'i', 1, 1 << 20}, {"n_batch", 'i', 1, 1 << 20}, {"n_ctx", 'i', 0, 1 << 24},
+    {NULL, 0}};
 
 /* timeout: N (per request) or {request: N, leg: N}. */
 static int parse_timeout(pctx *c, struct fy_node *n, pos at, const char *field,
@@ -472,6 +517,190 @@ static int parse_timeout(pctx *c, struct fy_node *n, pos at, const char *field,
     return 0;
 }
 
+typedef struct strv { char **v; int n, cap; } strv;
+static void strv_push(strv *a, const char *s);
+
+/* An http arm's mapping (docs/spec.md "http") into tg-http's arguments
+ * (a->argv) and worker (a->worker). Secrets stay out: api_key_env and
+ * headers_env name environment variables, read by tg-http. */
+static int parse_http(pctx *c, struct fy_node *kv, pos kpos, const char *g, spec_arm *a)
+{
+    pos hp = node_pos(kv, kpos);
+    if (!fy_node_is_mapping(kv))
+        return perr(c, hp, g, "expected a mapping {url: ..., api: llama|openai, ...}");
+    static const char *const hk[] = {"url", "api", "top_k_max", "request_timeout", "connect_timeout",
+                                     "api_key_env", "headers", "headers_env", "model", "body",
+                                     "tokens_per_request", "prompt", "start", "worker", NULL};
+    if (check_keys(c, kv, hp, g, hk) < 0) return -1;
+    strv v = {0};
+    char h[200], num[64], *str = NULL;
+    int rc = -1, iv;
+    double dv;
+    pos p = hp;
+    struct fy_node *x = get(kv, "url", &p);
+    snprintf(h, sizeof h, "%s.url", g);
+    if (!x) { perr(c, hp, h, "missing (expected the server's base URL, e.g. http://127.0.0.1:8080)"); goto out; }
+    if (get_string(c, x, p, h, "a URL", &str) < 0) goto out;
+    if (strncmp(str, "http://", 7) && strncmp(str, "https://", 8)) {
+        perr(c, node_pos(x, p), h, "expected an http:// or https:// URL, got '%s'", str);
+        goto out;
+    }
+    strv_push(&v, "--url");
+    strv_push(&v, str);
+    free(str), str = NULL;
+    static const struct { const char *key, *flag; char type; } simple[] = {
+        {"api", "--api", 'a'}, {"top_k_max", "--top-k-max", 'i'}, {"request_timeout", "--timeout", 'n'},
+        {"connect_timeout", "--connect-timeout", 'n'}, {"api_key_env", "--api-key-env", 'e'},
+        {"model", "--model", 's'}, {"tokens_per_request", "--tokens-per-request", 'i'},
+        {"prompt", "--prompt", 'p'}};
+    for (size_t k = 0; k < sizeof simple / sizeof simple[0]; k++) {
+        p = hp;
+        if (!(x = get(kv, simple[k].key, &p))) continue;
+        snprintf(h, sizeof h, "%s.%s", g, simple[k].key);
+        switch (simple[k].type) {
+        case 'i':
+            if (get_int(c, x, p, h, 1, 100000, &iv) < 0) goto out;
+            snprintf(num, sizeof num, "%d", iv);
+            break;
+        case 'n':
+            if (get_number(c, x, p, h, 0.001, 1e6, &dv) < 0) goto out;
+            snprintf(num, sizeof num, "%.17g", dv);
+            break;
+        default:
+            if (get_string(c, x, p, h, "a string", &str) < 0) goto out;
+            if ((simple[k].type == 'a' && strcmp(str, "llama") && strcmp(str, "openai")) ||
+                (simple[k].type == 'p' && strcmp(str, "ids") && strcmp(str, "text"))) {
+                perr(c, node_pos(x, p), h, "expected %s, got '%s'",
+                     simple[k].type == 'a' ? "llama or openai" : "ids or text", str);
+                goto out;
+            }
+            if (simple[k].type == 'e' && !valid_name(str)) {
+                perr(c, node_pos(x, p), h, "expected the name of an environment variable, got '%s'", str);
+                goto out;
+            }
+            snprintf(num, sizeof num, "%s", "");
+            break;
+        }
+        strv_push(&v, simple[k].flag);
+        strv_push(&v, str ? str : num);
+        free(str), str = NULL;
+    }
+    /* headers (literal values) and headers_env (values from the environment) */
+    for (int env = 0; env < 2; env++) {
+        p = hp;
+        const char *key = env ? "headers_env" : "headers";
+        if (!(x = get(kv, key, &p))) continue;
+        snprintf(h, sizeof h, "%s.%s", g, key);
+        if (!fy_node_is_mapping(x)) {
+            perr(c, node_pos(x, p), h, "expected a mapping {Header-Name: %s}", env ? "ENV_VAR" : "value");
+            goto out;
+        }
+        void *it = NULL;
+        struct fy_node_pair *pr;
+        while ((pr = fy_node_mapping_iterate(x, &it))) {
+            const char *hn = scalar(fy_node_pair_key(pr)), *hv = scalar(fy_node_pair_value(pr));
+            char hf[300];
+            snprintf(hf, sizeof hf, "%s.%s", h, hn ? hn : "?");
+            pos vp = node_pos(fy_node_pair_key(pr), p);
+            if (!hn || !valid_name(hn) || !hv || !*hv || strchr(hv, '\n') || strchr(hv, '\r') ||
+                (env && !valid_name(hv))) {
+                perr(c, vp, hf, "expected %s", env ? "Header-Name: ENV_VAR_NAME" : "Header-Name: one-line value");
+                goto out;
+            }
+            size_t n = strlen(hn) + strlen(hv) + 4;
+            char *line = malloc(n);
+            if (!line) abort();
+            snprintf(line, n, env ? "%s=%s" : "%s: %s", hn, hv);
+            strv_push(&v, env ? "--header-env" : "--header");
+            strv_push(&v, line);
+            free(line);
+        }
+    }
+    p = hp;
+    if ((x = get(kv, "body", &p))) {
+        snprintf(h, sizeof h, "%s.body", g);
+        if (!fy_node_is_mapping(x)) { perr(c, node_pos(x, p), h, "expected a mapping of request fields"); goto out; }
+        json_t *j = node_json(x);
+        char *t = json_text(j);
+        json_decref(j);
+        strv_push(&v, "--body");
+        strv_push(&v, t);
+        free(t);
+    }
+    p = hp;
+    if ((x = get(kv, "worker", &p))) {
+        snprintf(h, sizeof h, "%s.worker", g);
+        if (get_string(c, x, p, h, "a string path to a tg-http executable", &str) < 0) goto out;
+        a->worker = resolve_path(c, str);
+        free(str), str = NULL;
+    }
+    p = hp;
+    if ((x = get(kv, "start", &p))) {
+        /* last: everything after --start is the server's argv */
+        snprintf(h, sizeof h, "%s.start", g);
+        pos sp = node_pos(x, p);
+        if (!fy_node_is_mapping(x)) {
+            perr(c, sp, h, "expected a mapping {argv: [program, args...], health: /health, wait: seconds}");
+            goto out;
+        }
+        static const char *const sk[] = {"argv", "health", "wait", NULL};
+        if (check_keys(c, x, sp, h, sk) < 0) goto out;
+        char hh[240];
+        pos q = sp;
+        struct fy_node *y;
+        if ((y = get(x, "health", &q))) {
+            snprintf(hh, sizeof hh, "%s.health", h);
+            if (get_string(c, y, q, hh, "a path such as /health", &str) < 0) goto out;
+            if (str[0] != '/') { perr(c, node_pos(y, q), hh, "expected a path starting with '/', got '%s'", str); goto out; }
+            strv_push(&v, "--health");
+            strv_push(&v, str);
+            free(str), str = NULL;
+        }
+        q = sp;
+        if ((y = get(x, "wait", &q))) {
+            snprintf(hh, sizeof hh, "%s.wait", h);
+            if (get_number(c, y, q, hh, 0.001, 1e6, &dv) < 0) goto out;
+            snprintf(num, sizeof num, "%.17g", dv);
+            strv_push(&v, "--start-wait");
+            strv_push(&v, num);
+        }
+        q = sp;
+        snprintf(hh, sizeof hh, "%s.argv", h);
+        if (!(y = get(x, "argv", &q))) { perr(c, sp, hh, "missing (expected [program, args...])"); goto out; }
+        char **sv = NULL;
+        int sn = 0;
+        if (get_strings(c, y, q, hh, "argv words", &sv, &sn) < 0) goto out;
+        if (sn == 0) {
+            free(sv);
+            perr(c, node_pos(y, q), hh, "expected at least the program name");
+            goto out;
+        }
+        strv_push(&v, "--start");
+        for (int k = 0; k < sn; k++) {
+            /* a program named with a folder is a path: resolved as the spec's paths are */
+            if (k == 0 && strchr(sv[0], '/')) {
+                char *r = resolve_path(c, sv[0]);
+                strv_push(&v, r);
+                free(r);
+            } else {
+                strv_push(&v, sv[k]);
+            }
+            free(sv[k]);
+        }
+        free(sv);
+    }
+    a->argv = v.v;
+    a->n_argv = v.n;
+    v.v = NULL;
+    rc = 0;
+out:
+    free(str);
+    if (v.v)
+        for (int k = 0; k < v.n; k++) free(v.v[k]);
+    free(v.v);
+    return rc;
+}
+
 static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
 {
     spec_arm *a = &s->arms[i];
@@ -482,8 +711,8 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
     a->timeout_request = -1;
     a->timeout_leg = -1;
     if (!fy_node_is_mapping(n))
-        return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec: ...}");
-    static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "options",
+        return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec|http: ...}");
+    static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "http", "options",
                                        "role", "variant_of", "timeout", "strip", NULL};
     if (check_keys(c, n, ap, f, keys) < 0) return -1;
     pos kp = ap;
@@ -492,23 +721,23 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
     if (!v) return perr(c, ap, g, "missing (expected the arm's name)");
     if (get_string(c, v, kp, g, "the arm's name", &a->name) < 0) return -1;
     if (!valid_name(a->name))
-        return perr(c, node_pos(v, kp), g, "expected letters, digits, '_', '-' or '.', got '%s'", a->name);
+        return perr(c, node_pos(v, kp), g, "expected " NAME_RULE ", got '%s'", a->name);
     for (int j = 0; j < i; j++)
         if (!strcmp(s->arms[j].name, a->name))
             return perr(c, node_pos(v, kp), g, "expected a unique name, '%s' is also arms[%d]", a->name, j);
 
     /* exactly one kind */
-    static const char *const kinds[] = {"engine", "llama", "command", "exec"};
+    static const char *const kinds[] = {"engine", "llama", "command", "exec", "http"};
     int nk = 0, kind = -1;
     pos kpos = ap;
     struct fy_node *kv = NULL;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         pos p = ap;
         struct fy_node *x = get(n, kinds[k], &p);
         if (x) { nk++; kind = k; kv = x; kpos = p; }
     }
     if (nk != 1)
-        return perr(c, ap, f, "expected exactly one of engine, llama, command, exec (found %d)", nk);
+        return perr(c, ap, f, "expected exactly one of engine, llama, command, exec, http (found %d)", nk);
     a->kind = (spec_arm_kind)kind;
     a->kind_name = kinds[kind];
     snprintf(g, sizeof g, "%s.%s", f, kinds[kind]);
@@ -563,6 +792,11 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
         a->role = xstrdup("oracle");
         break;
     }
+    case SPEC_ARM_HTTP:
+        if (opts) return perr(c, op, fo, "expected no options for an http arm (its settings go inside http:)");
+        if (parse_http(c, kv, kpos, g, a) < 0) return -1;
+        a->role = xstrdup("test");
+        break;
     case SPEC_ARM_COMMAND:
     case SPEC_ARM_EXEC:
         if (get_strings(c, kv, kpos, g, "argv words", &a->argv, &a->n_argv) < 0) return -1;
@@ -651,8 +885,7 @@ static int parse_dumps(pctx *c, struct fy_node *n, pos at, tg_spec *s)
         return perr(c, node_pos(x, q), "dumps.steps", "expected a non-empty list of step numbers 0..%d",
                     s->steps - 1);
     int k = fy_node_sequence_item_count(x);
-    s->dump_steps = calloc((size_t)k, sizeof *s->dump_steps);
-    if (!s->dump_steps) abort();
+    s->dump_steps = xcalloc((size_t)k, sizeof *s->dump_steps);
     void *it = NULL;
     struct fy_node *item;
     while ((item = fy_node_sequence_iterate(x, &it))) {
@@ -768,6 +1001,8 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
 
     kp = at; v = get(root, "name", &kp);
     if (get_string(c, v, kp, "name", "the spec's name", &s->name) < 0) return -1;
+    /* the name makes file names (evidence, trend plots) and markup */
+    if (!valid_name(s->name)) return perr(c, node_pos(v, kp), "name", "expected " NAME_RULE ", got '%s'", s->name);
 
     kp = at; v = get(root, "model", &kp);
     if (!fy_node_is_mapping(v))
@@ -865,8 +1100,7 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
     if (!fy_node_is_sequence(v) || fy_node_sequence_item_count(v) == 0)
         return perr(c, node_pos(v, kp), "arms", "expected a non-empty list of arms");
     s->n_arms = fy_node_sequence_item_count(v);
-    s->arms = calloc((size_t)s->n_arms, sizeof *s->arms);
-    if (!s->arms) abort();
+    s->arms = xcalloc((size_t)s->n_arms, sizeof *s->arms);
     {
         void *it = NULL;
         struct fy_node *item;
@@ -922,31 +1156,47 @@ int spec_find_arm(const tg_spec *s, const char *name)
     return -1;
 }
 
-/* Checks that text is well-formed UTF-8 (no overlong forms, surrogates or
- * code points above U+10FFFF). libfyaml loops forever on some invalid
- * bytes after a '%' directive indicator (found by tests/fuzz/fuzz_spec), so
- * they never reach it. Returns 0, or -1 with e naming line and column. */
+/* Checks that text is well-formed UTF-8 (utf8_bad). libfyaml loops forever
+ * on some invalid bytes after a '%' directive indicator (found by
+ * tests/fuzz/fuzz_spec), so they never reach it. Returns 0, or -1 with e
+ * naming line and column. */
 static int check_utf8(const char *path, const char *text, size_t len, tg_err *e)
 {
-    const unsigned char *p = (const unsigned char *)text;
-    int line = 1, col = 1;
-    for (size_t i = 0; i < len;) {
-        unsigned c = p[i];
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = n != 0 && i + n <= len;
-        for (size_t k = 1; ok && k < n; k++) ok = (p[i + k] & 0xC0) == 0x80;
-        if (ok && n > 1) {
-            unsigned cp = c & (0x7F >> n);
-            for (size_t k = 1; k < n; k++) cp = cp << 6 | (p[i + k] & 0x3F);
-            static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
-            ok = cp >= min[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
-        }
-        if (!ok)
-            return tg_errf(e, "%s:%d:%d: spec: expected UTF-8 text, got byte 0x%02x at offset %zu", path, line,
-                           col, c, i);
-        if (c == '\n') line++, col = 1;
-        else col++;
-        i += n;
+    int line, col;
+    size_t off;
+    if (utf8_bad(text, len, &line, &col, &off) == 0) return 0;
+    return tg_errf(e, "%s:%d:%d: spec: expected UTF-8 text, got byte 0x%02x at offset %zu", path, line, col,
+                   (unsigned char)text[off], off);
+}
+
+/* A spec expands to at most this many YAML nodes, nested this deep: a
+ * 1.3 KB file of nested aliases ("a: &a [x,x,...]", "b: &b [*a,*a,...]",
+ * ...) expands to billions, which resolving would try to build. */
+#define SPEC_MAX_NODES 100000
+#define SPEC_MAX_DEPTH 1000
+
+/* Counts the nodes n expands to, following aliases, spending *budget one
+ * per node; stops as soon as it is spent, so its work is bounded whatever
+ * the document. Returns 0, or -1 when the budget or the depth ran out. */
+static int count_nodes(struct fy_node *n, long *budget, int depth)
+{
+    if (!n) return 0;
+    if (--*budget < 0 || depth > SPEC_MAX_DEPTH) return -1;
+    if (fy_node_is_alias(n)) {
+        struct fy_node *t = fy_node_resolve_alias(n);
+        return t ? count_nodes(t, budget, depth + 1) : 0;   /* unknown alias: fy_document_resolve says so */
+    }
+    void *it = NULL;
+    if (fy_node_is_sequence(n)) {
+        struct fy_node *item;
+        while ((item = fy_node_sequence_iterate(n, &it)))
+            if (count_nodes(item, budget, depth + 1) < 0) return -1;
+    } else if (fy_node_is_mapping(n)) {
+        struct fy_node_pair *p;
+        while ((p = fy_node_mapping_iterate(n, &it)))
+            if (count_nodes(fy_node_pair_key(p), budget, depth + 1) < 0 ||
+                count_nodes(fy_node_pair_value(p), budget, depth + 1) < 0)
+                return -1;
     }
     return 0;
 }
@@ -954,11 +1204,9 @@ static int check_utf8(const char *path, const char *text, size_t len, tg_err *e)
 int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg_err *e)
 {
     *out = NULL;
-    tg_spec *s = calloc(1, sizeof *s);
-    if (!s) abort();
+    tg_spec *s = xcalloc(1, sizeof *s);
     s->path = xstrdup(path);
-    s->text = malloc(len + 1);
-    if (!s->text) abort();
+    s->text = xmalloc(len + 1);
     memcpy(s->text, text, len);
     s->text[len] = 0;
     s->text_len = len;
@@ -982,9 +1230,10 @@ int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg
     dcfg.output_fn = NULL;
     dcfg.colorize = false;
     struct fy_diag *diag = fy_diag_create(&dcfg);
-    if (!diag) abort();
+    if (!diag) common_out_of_memory(sizeof dcfg);
     fy_diag_set_collect_errors(diag, true);
-    struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET | FYPCF_RESOLVE_DOCUMENT, .diag = diag};
+    /* aliases are resolved only after their expansion is counted (below) */
+    struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET, .diag = diag};
     struct fy_document *doc = NULL;
     if (len == 0) {
         tg_errf(e, "%s:1:1: spec: expected a YAML mapping, the file is empty", path);
@@ -1004,6 +1253,19 @@ int spec_parse(tg_spec **out, const char *path, const char *text, size_t len, tg
             tg_errf(e, "%s: YAML syntax error (expected a valid YAML document)", path);
         goto done;
     }
+    {
+        long budget = SPEC_MAX_NODES;
+        int r = count_nodes(fy_document_root(doc), &budget, 0);
+        if (r < 0) {
+            tg_errf(e, "%s:1:1: spec: expected a small YAML document, its aliases expand to more than %d nodes "
+                       "or nest deeper than %d (an alias bomb?)", path, SPEC_MAX_NODES, SPEC_MAX_DEPTH);
+            goto done;
+        }
+        if (fy_document_resolve(doc) != 0) {
+            tg_errf(e, "%s: YAML: an alias names no anchor (expected *NAME after &NAME)", path);
+            goto done;
+        }
+    }
     if (parse_root(&c, fy_document_root(doc), s) < 0) goto done;
     rc = 0;
 done:
@@ -1020,7 +1282,7 @@ int spec_load(tg_spec **out, const char *path, tg_err *e)
     *out = NULL;
     char *text;
     size_t len;
-    if (read_file(path, &text, &len, e) < 0) return -1;
+    if (common_read_file(path, SPEC_MAX_FILE, &text, &len, e) < 0) return -1;
     int rc = spec_parse(out, path, text, len, e);
     free(text);
     return rc;
@@ -1076,6 +1338,8 @@ int spec_check_artifact(const tg_spec *s, char actual[65], int64_t *size, tg_err
     struct stat st;
     if (stat(s->model_path, &st) < 0)
         return tg_errf(e, "%s: model.path %s: %s", s->path, s->model_path, strerror(errno));
+    /* /dev/zero or a FIFO would be hashed forever */
+    if (common_check_regular(s->model_path, "model.path", e) < 0) return tg_err_prefix(e, "%s", s->path);
     if (tg_sha256_file(s->model_path, actual, e) < 0) return tg_err_prefix(e, "%s: model.path", s->path);
     if (size) *size = (int64_t)st.st_size;
     if (strcmp(actual, s->model_sha256))
@@ -1097,14 +1361,11 @@ static int is_aarch64_elf(const char *path)
     return m == 183;
 }
 
-typedef struct strv { char **v; int n, cap; } strv;
-
 static void strv_push(strv *a, const char *s)
 {
     if (a->n + 2 > a->cap) {
         a->cap = a->cap ? a->cap * 2 : 8;
-        a->v = realloc(a->v, (size_t)a->cap * sizeof *a->v);
-        if (!a->v) abort();
+        a->v = xrealloc(a->v, (size_t)a->cap * sizeof *a->v);
     }
     a->v[a->n++] = xstrdup(s);
     a->v[a->n] = NULL;
@@ -1136,6 +1397,12 @@ char **spec_arm_argv(const tg_spec *s, int i, const char *bin_dir, tg_err *e)
     case SPEC_ARM_EXEC:
         for (int k = 0; k < a->n_argv; k++) strv_push(&v, a->argv[k]);
         break;
+    case SPEC_ARM_HTTP:
+        if (a->worker) snprintf(path, sizeof path, "%s", a->worker);
+        else snprintf(path, sizeof path, "%s/tg-http", bin_dir);
+        strv_push(&v, path);
+        for (int k = 0; k < a->n_argv; k++) strv_push(&v, a->argv[k]);
+        break;
     case SPEC_ARM_COMMAND:
         tg_errf(e, "arm %s: a command arm has no protocol worker", a->name);
         return NULL;
@@ -1147,8 +1414,7 @@ char **spec_arm_argv(const tg_spec *s, int i, const char *bin_dir, tg_err *e)
 static char *substitute(const char *s, const char *const *keys, const char *const *vals, int n)
 {
     size_t cap = strlen(s) + 1, len = 0;
-    char *o = malloc(cap);
-    if (!o) abort();
+    char *o = xmalloc(cap);
     while (*s) {
         int hit = -1;
         for (int k = 0; k < n && hit < 0; k++)
@@ -1157,8 +1423,7 @@ static char *substitute(const char *s, const char *const *keys, const char *cons
         size_t an = hit >= 0 ? strlen(vals[hit]) : 1;
         if (len + an + 1 > cap) {
             cap = (len + an + 1) * 2;
-            o = realloc(o, cap);
-            if (!o) abort();
+            o = xrealloc(o, cap);
         }
         memcpy(o + len, add, an);
         len += an;

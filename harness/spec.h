@@ -26,22 +26,23 @@ typedef enum spec_arm_kind {
     SPEC_ARM_ENGINE = 0,     /* built-in engine: tg-engine --tier T */
     SPEC_ARM_LLAMA,          /* llama.cpp oracle: [wrap...] tg-llama --lib L */
     SPEC_ARM_COMMAND,        /* chain of custody: argv per prompt, stdout = text */
-    SPEC_ARM_EXEC            /* any protocol v1 worker, by argv */
+    SPEC_ARM_EXEC,           /* any protocol v1 worker, by argv */
+    SPEC_ARM_HTTP            /* an inference server's HTTP API: tg-http ARGS */
 } spec_arm_kind;
 
 typedef struct spec_arm {
     char *name;              /* unique, [A-Za-z0-9_.-]+ */
     spec_arm_kind kind;
-    const char *kind_name;   /* "engine" | "llama" | "command" | "exec" (static) */
+    const char *kind_name;   /* "engine" | "llama" | "command" | "exec" | "http" (static) */
     char *role;              /* test | oracle | custody (declared or default) */
     char *variant_of;        /* an arm name, or NULL */
     char *tier;              /* engine: ref | cpu | gpu; else NULL */
     char *lib;               /* llama: resolved libllama.so path; else NULL */
-    char *worker;            /* engine/llama: resolved worker path, or NULL = default */
+    char *worker;            /* engine/llama/http: resolved worker path, or NULL = default */
     int n_wrap;
     char **wrap;             /* llama: argv prefix (e.g. qemu-aarch64 -L ...) */
     int n_argv;
-    char **argv;             /* command / exec: the argv as written */
+    char **argv;             /* command / exec: the argv as written; http: tg-http's arguments */
     int n_strip;
     char **strip;            /* command: stdout suffixes removed, in order, each once */
     char *options_json;      /* load options as a JSON object ("{}" when none) */

@@ -5,14 +5,18 @@
  * transaction by store_put_leg, so an interrupted run keeps complete legs
  * and no half ones.
  *
- * Step rows are kept small: they hold only the fields the views and
- * reports need (token, forced token, top1-top2 gap, digest). The top-k ids
- * and logits of all steps of a leg go into one lossless chunk (leg_top,
- * schema version 4), coded across the leg's steps with Huffman codes fitted
- * to that leg and with the step rows' token and gap as side information; a
- * step equal to the arm's first leg's costs 2 bits. store_tops_read
- * decodes one prompt's section. Version-3 stores had one blob per step
- * (store_decode_top); their migration re-codes them into chunks.
+ * Everything is a plain SQL value that the stock sqlite3 shell reads: a step
+ * row holds token, forced token, top1-top2 gap (REAL) and digest, and the
+ * top-k of a step is one step_top row per rank (id INTEGER, logit REAL, an
+ * f32 held exactly as a double; NaN and -0.0, which a REAL column cannot
+ * hold, keep their f32 bits in the bits column). A leg whose top-k equals
+ * the arm's first leg's in every step has no step_top rows of its own: its
+ * leg row names that leg in same_as. store_tops_read reads one prompt's
+ * top-k back, bit-exact.
+ *
+ * Schema versions 1 to 4 kept the top-k in binary blobs that this code no
+ * longer decodes: such a store is migrated when it holds no step rows, and
+ * refused with a message saying what to do when it does.
  *
  * The schema text, the views and example queries are in docs/store.md.
  */
@@ -30,8 +34,9 @@
 /* ------------------------------------------------------------------ */
 /* Schema                                                              */
 
-/* Version 1 of the schema: the run and leg tables plus the compare table
- * and verdict sets that the scoring pass (verdict.c) writes. */
+/* Version 1 of the schema: specs, artifacts, binaries, runs, arms, prompts,
+ * legs, steps and dumps, plus the compare table and verdict sets that the
+ * scoring pass (verdict.c) writes. */
 static const char SCHEMA_V1[] =
     "CREATE TABLE spec(\n"
     "  id INTEGER PRIMARY KEY, name TEXT NOT NULL, path TEXT, sha256 TEXT NOT NULL,\n"
@@ -172,17 +177,14 @@ static const char SCHEMA_V3[] =
     "  max_abs REAL, growth REAL, third REAL, floor REAL, exceeds INTEGER NOT NULL,\n"
     "  PRIMARY KEY(localize_id, layer, stage)) WITHOUT ROWID;\n";
 
-/* Version 4: the top-k of every step moves out of the step rows into one
- * chunk per leg (leg_top, coded across all its steps: docs/store.md), and
- * the step row keeps token, forced, gap and digest; gap is an INTEGER in
- * units of 2^-24 logits when that is exact (else REAL), and the view v_step
- * gives it as REAL. SCHEMA_V4A runs first, then the chunks of the old rows
- * are written (migrate_v4), then SCHEMA_V4B rebuilds the step table. */
-static const char SCHEMA_V4A[] =
+/* Version 4 kept the top-k of all steps of a leg in one binary chunk
+ * (leg_top) and the step gap as an INTEGER of 2^-24 logits where exact.
+ * Only stores without step rows are migrated through it (store_open), so
+ * this takes the schema there and no chunk is ever written. */
+static const char SCHEMA_V4[] =
     "CREATE TABLE leg_top(\n"
     "  leg_id INTEGER PRIMARY KEY REFERENCES leg(id) ON DELETE CASCADE,\n"
-    "  base_leg INTEGER, data BLOB NOT NULL);\n";
-static const char SCHEMA_V4B[] =
+    "  base_leg INTEGER, data BLOB NOT NULL);\n"
     "DROP VIEW v_step_top;\n"
     "CREATE TABLE step_v4(\n"
     "  leg_id INTEGER NOT NULL, prompt_id INTEGER NOT NULL, step INTEGER NOT NULL,\n"
@@ -190,23 +192,54 @@ static const char SCHEMA_V4B[] =
     "  PRIMARY KEY(leg_id, prompt_id, step),\n"
     "  FOREIGN KEY(leg_id, prompt_id) REFERENCES leg_prompt(leg_id, prompt_id) ON DELETE CASCADE\n"
     ") WITHOUT ROWID;\n"
-    "INSERT INTO step_v4 SELECT leg_id, prompt_id, step, token, forced,\n"
-    "  CASE WHEN gap IS NOT NULL AND abs(gap) < 268435456.0\n"
-    "        AND gap * 16777216.0 = CAST(gap * 16777216.0 AS INTEGER)\n"
-    "       THEN CAST(gap * 16777216.0 AS INTEGER) ELSE gap END, digest FROM step;\n"
+    "INSERT INTO step_v4 SELECT leg_id, prompt_id, step, token, forced, gap, digest FROM step;\n"
     "DROP TABLE step;\n"
     "ALTER TABLE step_v4 RENAME TO step;\n"
-    "CREATE VIEW v_step AS\n"
-    "  SELECT leg_id, prompt_id, step, token, forced,\n"
-    "         CASE typeof(gap) WHEN 'integer' THEN gap / 16777216.0 ELSE gap END AS gap, digest\n"
-    "  FROM step;\n";
+    "CREATE VIEW v_step AS SELECT leg_id, prompt_id, step, token, forced, gap, digest FROM step;\n";
 
-
-typedef struct ck_sec ck_sec;
-static int migrate_v4(sqlite3 *db, char **msg);
+/* Version 5: the top-k in plain rows. step_top has one row per rank of a
+ * step (rank 1 = the highest logit); logit is the f32 as a REAL, except that
+ * a NaN is stored as logit NULL and -0.0 as logit 0.0, both with the f32's
+ * bit pattern in bits (NULL for every other value). leg.same_as names the
+ * leg whose step_top rows this leg shares (the arm's first leg, when every
+ * step's top-k is the same); v_top resolves it. gap is REAL in every row. */
+static const char SCHEMA_V5[] =
+    "DROP VIEW v_step;\n"
+    "DROP TABLE leg_top;\n"
+    "CREATE TABLE step_v5(\n"
+    "  leg_id INTEGER NOT NULL, prompt_id INTEGER NOT NULL, step INTEGER NOT NULL,\n"
+    "  token INTEGER NOT NULL, forced INTEGER, gap REAL, digest INTEGER,\n"
+    "  PRIMARY KEY(leg_id, prompt_id, step),\n"
+    "  FOREIGN KEY(leg_id, prompt_id) REFERENCES leg_prompt(leg_id, prompt_id) ON DELETE CASCADE\n"
+    ") WITHOUT ROWID;\n"
+    "INSERT INTO step_v5 SELECT leg_id, prompt_id, step, token, forced,\n"
+    "  CASE typeof(gap) WHEN 'integer' THEN gap / 16777216.0 ELSE gap END, digest FROM step;\n"
+    "DROP TABLE step;\n"
+    "ALTER TABLE step_v5 RENAME TO step;\n"
+    "ALTER TABLE leg ADD COLUMN same_as INTEGER REFERENCES leg(id);\n"
+    "CREATE TABLE step_top(\n"
+    "  leg_id INTEGER NOT NULL, prompt_id INTEGER NOT NULL, step INTEGER NOT NULL,\n"
+    "  rank INTEGER NOT NULL, id INTEGER NOT NULL, logit REAL, bits INTEGER,\n"
+    "  PRIMARY KEY(leg_id, prompt_id, step, rank),\n"
+    "  FOREIGN KEY(leg_id, prompt_id, step) REFERENCES step(leg_id, prompt_id, step) ON DELETE CASCADE\n"
+    ") WITHOUT ROWID;\n"
+    "CREATE VIEW v_step AS SELECT leg_id, prompt_id, step, token, forced, gap, digest FROM step;\n"
+    "CREATE VIEW v_top AS\n"
+    "  SELECT s.leg_id, s.prompt_id, s.step, t.rank, t.id, t.logit, t.bits\n"
+    "  FROM step s JOIN leg l ON l.id = s.leg_id\n"
+    "  JOIN step_top t ON t.leg_id = coalesce(l.same_as, l.id) AND t.prompt_id = s.prompt_id\n"
+    "                  AND t.step = s.step;\n";
 
 /* Migrations: MIGRATIONS[v] takes a store at version v to v + 1. */
-static const char *const MIGRATIONS[STORE_SCHEMA_VERSION] = {SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4A};
+static const char *const MIGRATIONS[STORE_SCHEMA_VERSION] = {SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4,
+                                                             SCHEMA_V5};
+
+/* The first version whose top-k this code reads; older stores with step
+ * rows are refused (store_open). */
+enum { FIRST_PLAIN_VERSION = 5 };
+
+/* The most entries a step's top-k may have (written and read). */
+enum { MAX_TOP = 4096 };
 
 /* ------------------------------------------------------------------ */
 /* Statements                                                          */
@@ -214,8 +247,8 @@ static const char *const MIGRATIONS[STORE_SCHEMA_VERSION] = {SCHEMA_V1, SCHEMA_V
 enum {
     Q_SPEC_FIND, Q_SPEC_INS, Q_ART_FIND, Q_ART_INS, Q_BIN_FIND, Q_BIN_INS,
     Q_RUN_INS, Q_ARM_INS, Q_PROMPT_INS, Q_RUN_FINISH,
-    Q_ARM_FIND, Q_PROMPT_FIND, Q_LEG_INS, Q_LP_INS, Q_STEP_INS, Q_DUMP_INS,
-    Q_HAS_LEG, Q_BASE_LEG, Q_TOP_INS, Q_LATEST, Q_LATEST_ANY, Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
+    Q_ARM_FIND, Q_PROMPT_FIND, Q_LEG_INS, Q_LP_INS, Q_STEP_INS, Q_TOP_INS, Q_DUMP_INS,
+    Q_HAS_LEG, Q_BASE_LEG, Q_BASE_TOPS, Q_LATEST, Q_LATEST_ANY, Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
     Q_COUNT
 };
 
@@ -236,15 +269,18 @@ static const char *const SQL[Q_COUNT] = {
     [Q_PROMPT_FIND] = "SELECT id FROM prompt WHERE run_id=?1 AND name=?2",
     [Q_LEG_INS] = "INSERT INTO leg(run_id, arm_id, leg, binary_id, device, hello, model,"
                   " exit_status, term_signal, cause, fault_lines, counters, device_ops, host_ops,"
-                  " stderr_zstd, stderr_len, ms_load, ms_prefill, ms_decode, wall_s, stored)"
-                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)",
+                  " stderr_zstd, stderr_len, ms_load, ms_prefill, ms_decode, wall_s, stored, same_as)"
+                  " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22)",
     [Q_LP_INS] = "INSERT INTO leg_prompt(leg_id, prompt_id, ids, decoded_from, n_steps, text, error)"
                  " VALUES(?1,?2,?3,?4,?5,?6,?7)",
     [Q_STEP_INS] = "INSERT INTO step(leg_id, prompt_id, step, token, forced, gap, digest)"
                    " VALUES(?1,?2,?3,?4,?5,?6,?7)",
-    [Q_BASE_LEG] = "SELECT id FROM leg WHERE run_id=?1 AND arm_id=?2 AND id<>?3"
+    [Q_TOP_INS] = "INSERT INTO step_top(leg_id, prompt_id, step, rank, id, logit, bits)"
+                  " VALUES(?1,?2,?3,?4,?5,?6,?7)",
+    [Q_BASE_LEG] = "SELECT id FROM leg WHERE run_id=?1 AND arm_id=?2 AND same_as IS NULL"
                    " ORDER BY id LIMIT 1",
-    [Q_TOP_INS] = "INSERT INTO leg_top(leg_id, base_leg, data) VALUES(?1,?2,?3)",
+    [Q_BASE_TOPS] = "SELECT prompt_id, step, rank, id, logit, bits FROM step_top WHERE leg_id=?1"
+                    " ORDER BY prompt_id, step, rank",
     [Q_DUMP_INS] = "INSERT INTO dump(leg_id, prompt_id, step, layer, stage, n, data)"
                    " VALUES(?1,?2,?3,?4,?5,?6,?7)",
     [Q_HAS_LEG] = "SELECT 1 FROM leg JOIN arm ON arm.id = leg.arm_id"
@@ -263,15 +299,6 @@ struct tg_store {
     sqlite3_stmt *q[Q_COUNT];   /* prepared on first use, kept until close */
     unsigned char *buf;         /* scratch for blobs */
     size_t buf_cap;
-    int64_t base_leg;           /* the arm's first leg, 0 when this is it */
-    /* the decoded top-k of base legs' prompts, kept while legs of the same
-     * arm follow (legs 2..N all compare with leg 1); at most BASE_CACHE_MAX
-     * entries in all */
-    int64_t cache_leg;
-    int n_cache;
-    int64_t *cache_pid;
-    store_tops *cache;
-    size_t cache_entries;
 };
 
 /* Statement i, prepared on first use and reset for reuse. Returns NULL with
@@ -342,7 +369,30 @@ static void now_iso(char out[32])
 /* ------------------------------------------------------------------ */
 /* Open / close                                                        */
 
-static void cache_clear(tg_store *st);
+/* A store at version 1..4 (before the plain top-k rows) can be migrated
+ * only when it holds no step rows: their top-k is in a binary format this
+ * code does not read. Returns 0 (nothing to convert) or -1 with e saying
+ * what to do. */
+static int old_store_check(tg_store *st, int64_t version, tg_err *e)
+{
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(st->db, "SELECT count(*) FROM step", -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_step(s) != SQLITE_ROW) {
+        tg_errf(e, "%s: schema version %lld: reading its step table: %s", st->path, (long long)version,
+                sqlite3_errmsg(st->db));
+        sqlite3_finalize(s);
+        return -1;
+    }
+    int64_t n = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    if (n == 0) return 0;
+    return tg_errf(e,
+                   "%s: schema version %lld (tokgate before schema version %d) keeps the top-k of its %lld "
+                   "steps in a binary format that this tokgate no longer reads, so it cannot be migrated; "
+                   "run the gate again into a new store (--db NEW.db, or move %s away), or keep reading "
+                   "this one with the older tokgate that wrote it",
+                   st->path, (long long)version, FIRST_PLAIN_VERSION, (long long)n, st->path);
+}
 
 int store_open(tg_store **out, const char *path, tg_err *e)
 {
@@ -409,13 +459,12 @@ int store_open(tg_store **out, const char *path, tg_err *e)
             goto fail;
         }
     }
+    if (version > 0 && version < FIRST_PLAIN_VERSION && old_store_check(st, version, e) < 0) goto fail;
     for (int64_t v = version; v < STORE_SCHEMA_VERSION; v++) {
         char pragma[64];
         snprintf(pragma, sizeof pragma, "PRAGMA user_version=%lld;", (long long)(v + 1));
         if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK ||
             sqlite3_exec(st->db, MIGRATIONS[v], NULL, NULL, &msg) != SQLITE_OK ||
-            (v == 3 && migrate_v4(st->db, &msg) != 0) ||
-            (v == 3 && sqlite3_exec(st->db, SCHEMA_V4B, NULL, NULL, &msg) != SQLITE_OK) ||
             sqlite3_exec(st->db, pragma, NULL, NULL, &msg) != SQLITE_OK ||
             sqlite3_exec(st->db, "COMMIT", NULL, NULL, &msg) != SQLITE_OK) {
             tg_errf(e, "%s: migrating the schema from version %lld: %s", path, (long long)v,
@@ -437,7 +486,6 @@ void store_close(tg_store *st)
     if (!st) return;
     for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(st->q[i]);
     sqlite3_close(st->db);
-    cache_clear(st);
     free(st->path);
     free(st->buf);
     free(st);
@@ -596,791 +644,53 @@ int store_has_leg(tg_store *st, int64_t run_id, const char *arm, int leg)
 }
 
 /* ------------------------------------------------------------------ */
-/* The compact top-k blob                                              */
+/* The top-k rows                                                      */
 
-/* The v3 per-step blob (step.top), read by the migration to version 4. */
-enum { TOP_RAW = 0, TOP_PACKED = 1 };
-
-/* Order-preserving map of f32 bits to u32 (larger float, larger u32). */
-static uint32_t f2u(float f)
+/* Binds an f32 logit to the logit and bits columns (parameters i and
+ * i + 1): a value a REAL holds exactly as itself with bits NULL; a NaN as
+ * NULL and a -0.0 as 0.0 (what SQLite would make of them), each with its
+ * f32 bit pattern in bits. */
+static void bind_logit(sqlite3_stmt *s, int i, float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-static float u2f(uint32_t u)
-{
-    u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Position of the first unused slot counted idx slots from the start of
- * used[0..n-1], i.e. the idx-th zero. Returns -1 when there is none. */
-static int nth_unused(const unsigned char *used, int n, uint32_t idx)
-{
-    for (int i = 0; i < n; i++) {
-        if (used[i]) continue;
-        if (idx-- == 0) return i;
-    }
-    return -1;
-}
-
-/* Bit reader (least significant bit first) over a v4 chunk or a v3 step
- * blob; reads past the end fail. */
-typedef struct cbits {
-    const unsigned char *p;
-    size_t nbits, pos, end;  /* end: limit in bits of the current section */
-} cbits;
-
-static int cb_get(cbits *r, int bits, uint32_t *v)
-{
-    assert(bits >= 0 && bits <= 32);
-    if (r->pos + (size_t)bits > r->end) return -1;
-    uint64_t x = 0;
-    size_t byte = r->pos >> 3, nbytes = (r->nbits + 7) / 8;
-    int shift = (int)(r->pos & 7), have = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (byte + 8 <= nbytes)
-        memcpy(&x, r->p + byte, 8);
+    if (isnan(f))
+        sqlite3_bind_null(s, i);
     else
-#endif
-        for (size_t b = byte; have < bits + shift && b < nbytes; b++, have += 8) x |= (uint64_t)r->p[b] << have;
-    x >>= shift;
-    *v = bits == 32 ? (uint32_t)x : (uint32_t)(x & ((1ull << bits) - 1));
-    r->pos += (size_t)bits;
-    return 0;
+        sqlite3_bind_double(s, i, (double)f);
+    if (isnan(f) || (f == 0.0f && signbit(f)))
+        sqlite3_bind_int64(s, i + 1, (int64_t)u);
+    else
+        sqlite3_bind_null(s, i + 1);
 }
 
-static int br_rice(cbits *r, int b, uint32_t *v)
+/* The entry of a step_top row from columns c (id), c + 1 (logit) and
+ * c + 2 (bits) of s into *t. Returns 0, or -1 with *why naming the column
+ * that holds no valid value (bits, when present, wins over logit). */
+static int column_top(sqlite3_stmt *s, int c, tg_top *t, const char **why)
 {
-    uint32_t q = 0, bit;
-    for (;;) {
-        if (cb_get(r, 1, &bit) < 0) return -1;
-        if (!bit) break;
-        if (++q == 32) return cb_get(r, 32, v);
-    }
-    uint32_t low = 0;
-    if (cb_get(r, b, &low) < 0) return -1;
-    uint64_t x = ((uint64_t)q << b) | low;
-    if (x > 0xffffffffu) return -1;
-    *v = (uint32_t)x;
-    return 0;
-}
-
-static int get_varint(const unsigned char *p, size_t len, size_t *pos, uint64_t *v)
-{
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (*pos >= len) return -1;
-        unsigned char c = p[(*pos)++];
-        *v |= (uint64_t)(c & 0x7f) << shift;
-        if (!(c & 0x80)) return 0;
-    }
-    return -1;
-}
-
-int store_decode_top(const void *blob, size_t len, tg_top *top, int cap, tg_err *e)
-{
-    const unsigned char *p = blob;
-    size_t pos = 0;
-    uint64_t n;
-    if (len < 2) return tg_errf(e, "step.top blob: %zu bytes, expected at least 2", len);
-    int fmt = p[pos++];
-    if (get_varint(p, len, &pos, &n) < 0 || n > 4096)
-        return tg_errf(e, "step.top blob: bad entry count at byte 1");
-    if ((int)n > cap)
-        return tg_errf(e, "step.top blob: %llu entries, room for %d", (unsigned long long)n, cap);
-    if (fmt == TOP_RAW) {
-        if (len != pos + 8 * n)
-            return tg_errf(e, "step.top blob (raw): %zu bytes, expected %zu", len,
-                           (size_t)(pos + 8 * n));
-        for (uint64_t i = 0; i < n; i++) {
-            uint32_t id = 0, lu = 0;
-            for (int k = 0; k < 4; k++) id |= (uint32_t)p[pos++] << (8 * k);
-            for (int k = 0; k < 4; k++) lu |= (uint32_t)p[pos++] << (8 * k);
-            top[i].id = (int32_t)id;
-            memcpy(&top[i].logit, &lu, 4);
-        }
-        return (int)n;
-    }
-    if (fmt != TOP_PACKED) return tg_errf(e, "step.top blob: unknown format byte %d", fmt);
-    if (pos + 2 > len) return tg_errf(e, "step.top blob: truncated header");
-    int rb = p[pos++], rl = p[pos++];
-    if (rb > 31 || rl > 31) return tg_errf(e, "step.top blob: Rice parameters %d/%d > 31", rb, rl);
-    cbits r = {p + pos, (len - pos) * 8, 0, (len - pos) * 8};
-    int32_t sorted[4096];
-    int64_t prev = -1;
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t g;
-        if (br_rice(&r, rb, &g) < 0) return tg_errf(e, "step.top blob: truncated id %llu",
-                                                     (unsigned long long)i);
-        int64_t id = prev + 1 + (int64_t)g;
-        if (id > INT32_MAX) return tg_errf(e, "step.top blob: id %llu out of range",
-                                           (unsigned long long)i);
-        sorted[i] = (int32_t)id;
-        prev = id;
-    }
-    unsigned char used[4096];
-    memset(used, 0, (size_t)n);
-    for (uint64_t rpos = 0; rpos < n; rpos++) {
-        uint32_t idx = 0;
-        if (rpos + 1 < n) {
-            int width = 0;
-            while ((1ull << width) < n - rpos) width++;
-            if (cb_get(&r, width, &idx) < 0) return tg_errf(e, "step.top blob: truncated order");
-        }
-        int found = nth_unused(used, (int)n, idx);
-        if (found < 0) return tg_errf(e, "step.top blob: order index %u out of range", idx);
-        used[found] = 1;
-        top[rpos].id = sorted[found];
-    }
-    uint32_t u;
-    if (cb_get(&r, 32, &u) < 0) return tg_errf(e, "step.top blob: truncated first logit");
-    top[0].logit = u2f(u);
-    for (uint64_t i = 1; i < n; i++) {
-        uint32_t d;
-        if (br_rice(&r, rl, &d) < 0 || d > u)
-            return tg_errf(e, "step.top blob: bad logit delta %llu", (unsigned long long)i);
-        u -= d;
-        top[i].logit = u2f(u);
-    }
-    return (int)n;
-}
-
-/* ------------------------------------------------------------------ */
-/* Top-k chunks (schema version 4)                                     */
-
-/* One leg's top-k ids and logits, all prompts and steps, in one blob
- * (leg_top.data; docs/store.md describes the bytes). Each id and each logit
- * difference is coded as a half-octave symbol (Huffman, one table per leg
- * and kind, so the code fits that leg's own distribution) plus raw low
- * bits. The step row's token and gap columns are side information: when the
- * token is the first id and the gap reproduces the second logit exactly, the
- * chunk leaves both out. A step identical to the arm's first leg's step is
- * one 2-bit mode. Anything the packed form cannot express (negative ids,
- * logits out of order, NaN) is coded raw. */
-
-/* NSYM half-octave symbols; the id code has them twice: 0..NSYM-1 code a
- * new id (id + 1), NSYM..2 NSYM-1 an id seen before in the same section, by
- * its recency rank (rank + 1: how many distinct ids were seen since). */
-enum { CHUNK_FORMAT = 1, NSYM = 65, HMAX = 2 * NSYM, MAXLEN = 15, NBITS_N = 13 };
-enum { MODE_SAME = 0, MODE_REGULAR = 1, MODE_PACKED = 2, MODE_RAW = 3 };
-
-/* Growable bit writer, least significant bit first; gb_put appends the
- * low `bits` (<= 32) bits of v, and a failed allocation sets oom (the
- * stream is then incomplete and the caller reports it). */
-typedef struct gbits {
-    unsigned char *p;
-    size_t cap, n;       /* bytes written (full) */
-    uint64_t acc;
-    int nacc, oom;
-} gbits;
-
-static inline void gb_put(gbits *w, uint64_t v, int bits)
-{
-    assert(bits >= 0 && bits <= 32);
-    if (bits == 0) return;
-    w->acc |= (v & ((1ull << bits) - 1)) << w->nacc;
-    w->nacc += bits;
-    if (w->nacc < 32) return;
-    if (w->n + 4 > w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 4096;
-        unsigned char *q = realloc(w->p, cap);
-        if (!q) {
-            w->oom = 1;
-            w->acc >>= 32, w->nacc -= 32;
-            return;
-        }
-        w->p = q, w->cap = cap;
-    }
-    for (int k = 0; k < 4; k++) w->p[w->n++] = (unsigned char)(w->acc >> (8 * k));
-    w->acc >>= 32;
-    w->nacc -= 32;
-}
-
-static size_t gb_bits(const gbits *w)
-{
-    return w->n * 8 + (size_t)w->nacc;
-}
-
-/* Writes out the pending bits, zero-padded to a byte (w->oom on failure). */
-static void gb_flush(gbits *w)
-{
-    if (w->nacc == 0 || w->oom) return;
-    if (w->n + 8 > w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 4096;
-        unsigned char *q = realloc(w->p, cap);
-        if (!q) {
-            w->oom = 1;
-            return;
-        }
-        w->p = q, w->cap = cap;
-    }
-    for (int b = 0; b < w->nacc; b += 8) w->p[w->n++] = (unsigned char)(w->acc >> b);
-    w->acc = 0, w->nacc = 0;
-}
-
-/* Appends the first nbits bits of src's bytes to w. */
-static void gb_append(gbits *w, const unsigned char *src, size_t nbits)
-{
-    size_t i = 0;
-    for (; i + 32 <= nbits; i += 32) {
-        size_t b = i / 8;
-        gb_put(w, (uint64_t)src[b] | (uint64_t)src[b + 1] << 8 | (uint64_t)src[b + 2] << 16 |
-                      (uint64_t)src[b + 3] << 24, 32);
-    }
-    for (; i < nbits; i += 8) {
-        int k = nbits - i >= 8 ? 8 : (int)(nbits - i);
-        gb_put(w, src[i / 8], k);
-    }
-}
-
-/* Unsigned varint in 8-bit groups (7 bits and a continuation bit). */
-static void gb_varint(gbits *w, uint64_t v)
-{
-    while (v >= 0x80) {
-        gb_put(w, (v & 0x7f) | 0x80, 8);
-        v >>= 7;
-    }
-    gb_put(w, v, 8);
-}
-
-/* Half-octave symbol of v >= 1: 0 for 1, else 2b - 1 + h for b = floor(log2 v)
- * and h the bit below the leading one; *nraw low bits follow (b - 1). */
-static inline int sym_of(uint64_t v, int *nraw, uint32_t *raw)
-{
-    int b = 63 - __builtin_clzll(v);
-    if (b == 0) {
-        *nraw = 0, *raw = 0;
-        return 0;
-    }
-    *nraw = b - 1;
-    *raw = (uint32_t)(v & ((1ull << (b - 1)) - 1));
-    return 2 * b - 1 + (int)((v >> (b - 1)) & 1);
-}
-
-typedef struct huff {
-    uint8_t len[HMAX];
-    uint32_t rev[HMAX];          /* the code, bit-reversed for the LSB-first stream */
-    uint16_t count[MAXLEN + 1];  /* codes per length (decoding) */
-    uint8_t sorted[HMAX];        /* symbols in canonical order (decoding) */
-} huff;
-
-/* Canonical codes (and decoding tables) from h->len. Returns 0, or -1 when
- * the lengths over-subscribe the code space. */
-static int huff_canon(huff *h)
-{
-    memset(h->count, 0, sizeof h->count);
-    for (int s = 0; s < HMAX; s++) h->count[h->len[s]]++;
-    h->count[0] = 0;
-    int left = 1;
-    for (int l = 1; l <= MAXLEN; l++) {
-        left <<= 1;
-        left -= h->count[l];
-        if (left < 0) return -1;
-    }
-    uint32_t next[MAXLEN + 2], code = 0;
-    int offs[MAXLEN + 2];
-    offs[1] = 0;
-    for (int l = 1; l <= MAXLEN; l++) {
-        code = (code + (l > 1 ? h->count[l - 1] : 0)) << (l > 1 ? 1 : 0);
-        next[l] = code;
-        offs[l + 1] = offs[l] + h->count[l];
-    }
-    for (int s = 0; s < HMAX; s++) {
-        int l = h->len[s];
-        if (!l) continue;
-        uint32_t c = next[l]++, r = 0;
-        for (int i = 0; i < l; i++) r |= ((c >> i) & 1) << (l - 1 - i);
-        h->rev[s] = r;
-        h->sorted[offs[l]++] = (uint8_t)s;
-    }
-    return 0;
-}
-
-/* Huffman code lengths (at most MAXLEN bits) for freq[HMAX]. */
-static void huff_build(huff *h, const uint32_t *freq0)
-{
-    uint64_t freq[HMAX];
-    for (int s = 0; s < HMAX; s++) freq[s] = freq0[s];
-    for (;;) {
-        memset(h->len, 0, sizeof h->len);
-        int n = 0, node_sym[2 * HMAX];
-        uint64_t w[2 * HMAX];
-        int parent[2 * HMAX], alive[2 * HMAX];
-        for (int s = 0; s < HMAX; s++)
-            if (freq[s]) node_sym[n] = s, w[n] = freq[s], parent[n] = -1, alive[n] = 1, n++;
-        if (n == 0) break;
-        if (n == 1) {
-            h->len[node_sym[0]] = 1;
-            break;
-        }
-        int leaves = n;
-        for (int left = leaves; left > 1; left--) {
-            int a = -1, b = -1;
-            for (int i = 0; i < n; i++) {
-                if (!alive[i]) continue;
-                if (a < 0 || w[i] < w[a]) b = a, a = i;
-                else if (b < 0 || w[i] < w[b]) b = i;
-            }
-            alive[a] = alive[b] = 0;
-            w[n] = w[a] + w[b], parent[n] = -1, alive[n] = 1;
-            parent[a] = parent[b] = n;
-            n++;
-        }
-        int maxl = 0;
-        for (int i = 0; i < leaves; i++) {
-            int l = 0;
-            for (int j = i; parent[j] >= 0; j = parent[j]) l++;
-            h->len[node_sym[i]] = (uint8_t)l;
-            if (l > maxl) maxl = l;
-        }
-        if (maxl <= MAXLEN) break;
-        for (int s = 0; s < HMAX; s++) freq[s] = freq[s] ? (freq[s] + 1) / 2 : 0;
-    }
-    int rc = huff_canon(h);
-    assert(rc == 0);
-    (void)rc;
-}
-
-static void huff_write(gbits *w, const huff *h)
-{
-    int lo = 0, hi = -1;
-    for (int s = 0; s < HMAX; s++)
-        if (h->len[s]) {
-            if (hi < 0) lo = s;
-            hi = s;
-        }
-    gb_put(w, (uint64_t)lo, 8);
-    gb_put(w, (uint64_t)(hi - lo + 1), 8);
-    for (int s = lo; s <= hi; s++) gb_put(w, h->len[s], 4);
-}
-
-/* Writes v >= 1 as symbol base + sym_of(v) of h and its raw bits. */
-static inline void put_sym(gbits *w, const huff *h, int base, uint64_t v)
-{
-    int nraw;
-    uint32_t raw;
-    int s = base + sym_of(v, &nraw, &raw);
-    assert(h->len[s]);
-    if (h->len[s] + nraw <= 32) {
-        gb_put(w, h->rev[s] | (uint64_t)raw << h->len[s], h->len[s] + nraw);
-        return;
-    }
-    gb_put(w, h->rev[s], h->len[s]);
-    gb_put(w, raw, nraw);
-}
-
-/* One step handed to the chunk coder. */
-typedef struct ck_step {
-    int step;
-    int32_t token;
-    int has_gap;
-    double gap;              /* the step row's gap (top1 - top2), when has_gap */
-    int n;
-    const tg_top *top;
-    int same;                /* identical to the base leg's step */
-} ck_step;
-
-struct ck_sec {
-    int64_t prompt_id;
-    const char *name;        /* the prompt's name (p1..): the section's key, kept by merges */
-    int n_steps;
-    const ck_step *steps;    /* ascending step numbers */
-};
-
-/* The second logit as the step row's gap gives it back. */
-static float gap_logit1(float l0, double gap)
-{
-    return (float)((double)l0 - gap);
-}
-
-static int step_mode(const ck_step *s)
-{
-    if (s->same) return MODE_SAME;
-    if (s->n < 1 || s->n > 4096) return MODE_RAW;
-    for (int i = 0; i < s->n; i++) {
-        if (s->top[i].id < 0 || isnan(s->top[i].logit)) return MODE_RAW;
-        if (i > 0 && f2u(s->top[i].logit) > f2u(s->top[i - 1].logit)) return MODE_RAW;
-    }
-    if (s->n >= 2 && s->has_gap && s->token == s->top[0].id) {
-        float l1 = gap_logit1(s->top[0].logit, s->gap);
-        if (!memcmp(&l1, &s->top[1].logit, 4)) return MODE_REGULAR;
-    }
-    return MODE_PACKED;
-}
-
-
-/* Recency of ids within a section: every id coded (or implied by the
- * token) is pushed at the next position; rank(id) counts the distinct ids
- * pushed after its last push. A Fenwick tree marks each id's last position;
- * a hash maps ids to it. Encoder and decoder push the same ids in the same
- * order, so ranks agree. */
-typedef struct recent {
-    int cap, n, marks, limit;   /* limit: most pushes allowed (grows up to it) */
-    int32_t *bit;            /* Fenwick tree over positions 1..cap */
-    int32_t *id_at;          /* (cap) id pushed at each position */
-    uint8_t *marked;         /* (cap) 1 at each id's last position */
-    uint32_t hmask;
-    int32_t *hkey, *hpos;    /* open addressing (2 cap slots at least), key -1 empty */
-    int top;                 /* highest power of two <= cap */
-} recent;
-
-static void rec_free(recent *R)
-{
-    free(R->bit), free(R->id_at), free(R->marked), free(R->hkey), free(R->hpos);
-    memset(R, 0, sizeof *R);
-}
-
-static inline uint32_t rec_slot(const recent *R, int32_t id)
-{
-    uint32_t x = (uint32_t)id * 0x9e3779b1u, i = (x ^ (x >> 15)) & R->hmask;
-    while (R->hkey[i] != -1 && R->hkey[i] != id) i = (i + 1) & R->hmask;
-    return i;
-}
-
-/* Sets the capacity to cap (>= R->n), rebuilding the tree and the hash.
- * Returns 0 or -1 (out of memory; R unchanged). */
-static int rec_resize(recent *R, int cap)
-{
-    uint32_t h = 16;
-    while (h < 2u * (uint32_t)cap) h <<= 1;
-    int32_t *bit = calloc((size_t)cap + 1, sizeof *bit), *id_at = malloc(sizeof *id_at * (size_t)cap);
-    uint8_t *marked = calloc((size_t)cap, 1);
-    int32_t *hkey = malloc(sizeof *hkey * h), *hpos = malloc(sizeof *hpos * h);
-    if (!bit || !id_at || !marked || !hkey || !hpos) {
-        free(bit), free(id_at), free(marked), free(hkey), free(hpos);
+    int64_t id = sqlite3_column_int64(s, c);
+    if (sqlite3_column_type(s, c) != SQLITE_INTEGER || id < INT32_MIN || id > INT32_MAX) {
+        *why = "id is not a 32-bit integer";
         return -1;
     }
-    if (R->n) {
-        memcpy(id_at, R->id_at, sizeof *id_at * (size_t)R->n);
-        memcpy(marked, R->marked, (size_t)R->n);
-    }
-    memset(hkey, 0xff, sizeof *hkey * h);
-    recent old = *R;
-    R->bit = bit, R->id_at = id_at, R->marked = marked, R->hkey = hkey, R->hpos = hpos;
-    R->cap = cap, R->hmask = h - 1;
-    for (R->top = 1; R->top * 2 <= cap; R->top *= 2) {}
-    /* the tree in O(cap), the hash from the marked positions */
-    for (int i = 1; i <= cap; i++) {
-        bit[i] += i <= R->n ? marked[i - 1] : 0;
-        int j = i + (i & -i);
-        if (j <= cap) bit[j] += bit[i];
-    }
-    for (int i = 0; i < R->n; i++)
-        if (marked[i]) {
-            uint32_t k = rec_slot(R, id_at[i]);
-            hkey[k] = id_at[i], hpos[k] = i;
+    t->id = (int32_t)id;
+    int tl = sqlite3_column_type(s, c + 1), tb = sqlite3_column_type(s, c + 2);
+    if (tb != SQLITE_NULL) {
+        int64_t b = sqlite3_column_int64(s, c + 2);
+        if (tb != SQLITE_INTEGER || b < 0 || b > (int64_t)UINT32_MAX) {
+            *why = "bits is not an f32 bit pattern (an integer 0..4294967295)";
+            return -1;
         }
-    free(old.bit), free(old.id_at), free(old.marked), free(old.hkey), free(old.hpos);
-    return 0;
-}
-
-/* An empty recency of up to limit pushes, room for cap now. Returns 0 or
- * -1 (out of memory). */
-static int rec_init(recent *R, int cap, int limit)
-{
-    memset(R, 0, sizeof *R);
-    R->limit = limit;
-    return rec_resize(R, cap > 0 ? cap : 1);
-}
-
-/* Forgets every push (a new section). */
-static void rec_clear(recent *R)
-{
-    memset(R->bit, 0, sizeof *R->bit * ((size_t)R->cap + 1));
-    memset(R->marked, 0, (size_t)R->cap);
-    memset(R->hkey, 0xff, sizeof *R->hkey * (R->hmask + 1));
-    R->n = R->marks = 0;
-}
-
-static inline void bit_add(recent *R, int i, int d)
-{
-    for (i++; i <= R->cap; i += i & -i) R->bit[i] += d;
-}
-
-/* The recency rank of id (0: the last id pushed), or -1 when not seen. */
-static int64_t rec_rank(const recent *R, int32_t id)
-{
-    uint32_t k = rec_slot(R, id);
-    if (R->hkey[k] == -1) return -1;
-    int32_t sum = 0;
-    for (int i = R->hpos[k] + 1; i > 0; i -= i & -i) sum += R->bit[i];
-    return R->marks - sum;
-}
-
-/* The id of recency rank rank, or -1 when there is none. */
-static int64_t rec_find(const recent *R, uint32_t rank)
-{
-    if (rank >= (uint32_t)R->marks) return -1;
-    int32_t k = R->marks - (int32_t)rank; /* the k-th marked position */
-    int pos = 0;
-    for (int step = R->top; step > 0; step >>= 1)
-        if (pos + step <= R->cap && R->bit[pos + step] < k) pos += step, k -= R->bit[pos];
-    return pos < R->n ? R->id_at[pos] : -1;
-}
-
-/* Pushes id (>= 0). Returns 0, or -1 past the limit or out of memory. */
-static int rec_push(recent *R, int32_t id)
-{
-    if (R->n >= R->limit) return -1;
-    if (R->n >= R->cap && rec_resize(R, R->cap * 2 < R->limit ? R->cap * 2 : R->limit) < 0) return -1;
-    uint32_t k = rec_slot(R, id);
-    if (R->hkey[k] == -1) {
-        R->hkey[k] = id;
-        R->marks++;
-    } else {
-        bit_add(R, R->hpos[k], -1);
-        R->marked[R->hpos[k]] = 0;
-    }
-    R->hpos[k] = R->n;
-    bit_add(R, R->n, 1);
-    R->marked[R->n] = 1;
-    R->id_at[R->n++] = id;
-    return 0;
-}
-
-/* Raw bits after symbol s (0..HMAX-1). */
-static inline int sym_nraw(int s)
-{
-    s %= NSYM;
-    return s == 0 ? 0 : ((s + 1) >> 1) - 1;
-}
-
-/* 1 when symbol a (with its raw bits) is shorter than symbol b under h; an
- * unused symbol counts 64 bits, so a choice never lands on one. */
-static inline int sym_cheaper(const huff *h, int a, int b)
-{
-    int ca = (h->len[a] ? h->len[a] : 64) + sym_nraw(a), cb = (h->len[b] ? h->len[b] : 64) + sym_nraw(b);
-    return ca < cb;
-}
-
-/* Encodes one leg's sections into *out (malloc'ed, *len bytes). Returns 0
- * or -1 with e (out of memory). */
-static int chunk_encode(const ck_sec *sec, int n_sec, unsigned char **out, size_t *len, tg_err *e)
-{
-    uint32_t fid[HMAX] = {0}, flg[HMAX] = {0};
-    size_t n_all = 0, n_ids = 0;
-    for (int p = 0; p < n_sec; p++) n_all += (size_t)sec[p].n_steps;
-    unsigned char *modes = malloc(n_all ? n_all : 1);
-    if (!modes) return tg_errf(e, "out of memory");
-    size_t mi = 0;
-    int max_sec = 0;   /* most ids pushed in one section */
-    for (int p = 0; p < n_sec; p++) {
-        int in_sec = 0;
-        for (int i = 0; i < sec[p].n_steps; i++) {
-            const ck_step *s = &sec[p].steps[i];
-            int m = modes[mi++] = (unsigned char)step_mode(s), nraw;
-            uint32_t raw;
-            if (m != MODE_REGULAR && m != MODE_PACKED) continue;
-            n_ids += (size_t)(s->n - (m == MODE_REGULAR));
-            in_sec += s->n;
-            for (int r = m == MODE_REGULAR ? 2 : 1; r < s->n; r++)
-                flg[sym_of((uint64_t)(f2u(s->top[r - 1].logit) - f2u(s->top[r].logit)) + 1, &nraw, &raw)]++;
-        }
-        if (in_sec > max_sec) max_sec = in_sec;
-    }
-    /* each coded id: its recency rank + 1 in its section, 0 when new */
-    uint32_t *rv = malloc(sizeof *rv * (n_ids ? n_ids : 1));
-    recent R;
-    if (!rv || rec_init(&R, max_sec, max_sec) < 0) {
-        free(modes), free(rv);
-        return tg_errf(e, "out of memory");
-    }
-    size_t ii = 0;
-    mi = 0;
-    for (int p = 0; p < n_sec; p++) {
-        rec_clear(&R);
-        for (int i = 0; i < sec[p].n_steps; i++) {
-            const ck_step *s = &sec[p].steps[i];
-            int m = modes[mi++];
-            if (m != MODE_REGULAR && m != MODE_PACKED) continue;
-            for (int r = 0; r < s->n; r++) {
-                if (r > 0 || m == MODE_PACKED) rv[ii++] = (uint32_t)(rec_rank(&R, s->top[r].id) + 1);
-                int ok = rec_push(&R, s->top[r].id);
-                assert(ok == 0);
-                (void)ok;
-            }
-        }
-    }
-    assert(ii == n_ids);
-    rec_free(&R);
-    /* the id code: first every seen id by rank, then each id the cheaper
-     * way under that code */
-    uint8_t *sn = malloc(n_ids ? n_ids : 1), *sr = malloc(n_ids ? n_ids : 1);
-    if (!sn || !sr) {
-        free(modes), free(rv), free(sn), free(sr);
-        return tg_errf(e, "out of memory");
-    }
-    ii = 0;
-    mi = 0;
-    for (int p = 0; p < n_sec; p++)
-        for (int i = 0; i < sec[p].n_steps; i++) {
-            const ck_step *s = &sec[p].steps[i];
-            int m = modes[mi++], nraw;
-            uint32_t raw;
-            if (m != MODE_REGULAR && m != MODE_PACKED) continue;
-            for (int r = m == MODE_REGULAR; r < s->n; r++, ii++) {
-                sn[ii] = (uint8_t)sym_of((uint64_t)s->top[r].id + 1, &nraw, &raw);
-                sr[ii] = rv[ii] ? (uint8_t)(NSYM + sym_of(rv[ii], &nraw, &raw)) : 0xff;
-            }
-        }
-    huff hid, hlg;
-    for (int round = 0; round < 2; round++) {
-        memset(fid, 0, sizeof fid);
-        for (size_t k = 0; k < n_ids; k++)
-            fid[sr[k] != 0xff && (round == 0 || sym_cheaper(&hid, sr[k], sn[k])) ? sr[k] : sn[k]]++;
-        huff_build(&hid, fid);
-    }
-    huff_build(&hlg, flg);
-    gbits w = {0}, body = {0};
-    size_t *bits = calloc(n_sec > 0 ? (size_t)n_sec : 1, sizeof *bits);
-    if (!bits) {
-        free(modes), free(rv), free(sn), free(sr);
-        return tg_errf(e, "out of memory");
-    }
-    mi = 0;
-    ii = 0;
-    for (int p = 0; p < n_sec; p++) {
-        const unsigned char *pm = modes + mi;
-        mi += (size_t)sec[p].n_steps;
-        size_t start = gb_bits(&body);
-        uint32_t umin = UINT32_MAX, umax = 0;
-        int ncommon = -1;
-        for (int i = 0; i < sec[p].n_steps; i++) {
-            const ck_step *s = &sec[p].steps[i];
-            int m = pm[i];
-            if (m != MODE_REGULAR && m != MODE_PACKED) continue;
-            uint32_t u = f2u(s->top[0].logit);
-            if (u < umin) umin = u;
-            if (u > umax) umax = u;
-            if (ncommon < 0) ncommon = s->n;
-        }
-        if (ncommon < 0) umin = umax = 0, ncommon = 0;
-        int wbits = umax > umin ? 32 - __builtin_clz(umax - umin) : 0;
-        gb_put(&body, umin, 32);
-        gb_put(&body, (uint64_t)wbits, 6);
-        gb_put(&body, (uint64_t)ncommon, NBITS_N);
-        for (int i = 0; i < sec[p].n_steps; i++) {
-            const ck_step *s = &sec[p].steps[i];
-            int m = pm[i];
-            gb_put(&body, (uint64_t)m, 2);
-            if (m == MODE_SAME) continue;
-            if (m == MODE_RAW) {
-                gb_put(&body, (uint64_t)s->n, NBITS_N);
-                for (int r = 0; r < s->n; r++) {
-                    uint32_t lu;
-                    memcpy(&lu, &s->top[r].logit, 4);
-                    gb_put(&body, (uint32_t)s->top[r].id, 32);
-                    gb_put(&body, lu, 32);
-                }
-                continue;
-            }
-            if (s->n == ncommon) gb_put(&body, 1, 1);
-            else gb_put(&body, 0, 1), gb_put(&body, (uint64_t)s->n, NBITS_N);
-            for (int r = m == MODE_REGULAR; r < s->n; r++, ii++) {
-                uint64_t nv = (uint64_t)s->top[r].id + 1;
-                if (sr[ii] != 0xff && sym_cheaper(&hid, sr[ii], sn[ii]))
-                    put_sym(&body, &hid, NSYM, rv[ii]);
-                else
-                    put_sym(&body, &hid, 0, nv);
-            }
-            gb_put(&body, f2u(s->top[0].logit) - umin, wbits);
-            for (int r = m == MODE_REGULAR ? 2 : 1; r < s->n; r++)
-                put_sym(&body, &hlg, 0, (uint64_t)(f2u(s->top[r - 1].logit) - f2u(s->top[r].logit)) + 1);
-        }
-        bits[p] = gb_bits(&body) - start;
-    }
-    gb_put(&w, CHUNK_FORMAT, 8);
-    huff_write(&w, &hid);
-    huff_write(&w, &hlg);
-    gb_varint(&w, (uint64_t)n_sec);
-    for (int p = 0; p < n_sec; p++) {
-        size_t nl = strlen(sec[p].name);
-        gb_varint(&w, (uint64_t)nl);
-        for (size_t k = 0; k < nl; k++) gb_put(&w, (unsigned char)sec[p].name[k], 8);
-        gb_varint(&w, (uint64_t)sec[p].n_steps);
-        gb_varint(&w, (uint64_t)bits[p]);
-    }
-    size_t body_bits = gb_bits(&body);
-    gb_flush(&body);
-    gb_append(&w, body.p, body_bits);
-    gb_flush(&w);
-    free(body.p);
-    free(bits);
-    free(modes);
-    free(rv), free(sn), free(sr);
-    if (w.oom || body.oom) {
-        free(w.p);
-        return tg_errf(e, "out of memory");
-    }
-    *out = w.p;
-    *len = w.n;
-    return 0;
-}
-
-static int cb_varint(cbits *r, uint64_t *v)
-{
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        uint32_t c;
-        if (cb_get(r, 8, &c) < 0) return -1;
-        *v |= (uint64_t)(c & 0x7f) << shift;
-        if (!(c & 0x80)) return 0;
-    }
-    return -1;
-}
-
-static int huff_read(cbits *r, huff *h)
-{
-    uint32_t lo, cnt, l;
-    memset(h->len, 0, sizeof h->len);
-    if (cb_get(r, 8, &lo) < 0 || cb_get(r, 8, &cnt) < 0 || lo + cnt > HMAX) return -1;
-    for (uint32_t s = lo; s < lo + cnt; s++) {
-        if (cb_get(r, 4, &l) < 0) return -1;
-        h->len[s] = (uint8_t)l;
-    }
-    return huff_canon(h);
-}
-
-/* Reads one symbol of h into *sym and its value (>= 1, from the symbol
- * modulo NSYM and the raw bits) into *v. Returns 0 or -1. */
-static int get_sym(cbits *r, const huff *h, int *symp, uint64_t *v)
-{
-    int code = 0, first = 0, index = 0, sym = -1;
-    /* the next (up to) MAXLEN bits at once; the code's first bit comes first */
-    size_t left = r->end - r->pos;
-    int avail = left < MAXLEN ? (int)left : MAXLEN;
-    uint32_t pk = 0;
-    if (avail > 0 && cb_get(r, avail, &pk) < 0) return -1;
-    r->pos -= (size_t)avail;
-    for (int l = 1; l <= avail; l++) {
-        code |= (int)((pk >> (l - 1)) & 1);
-        int count = h->count[l];
-        if (code - first < count) {
-            sym = h->sorted[index + code - first];
-            r->pos += (size_t)l;
-            break;
-        }
-        index += count;
-        first += count;
-        first <<= 1;
-        code <<= 1;
-    }
-    if (sym < 0) return -1;
-    *symp = sym;
-    sym %= NSYM;
-    if (sym == 0) {
-        *v = 1;
+        uint32_t u = (uint32_t)b;
+        memcpy(&t->logit, &u, 4);
         return 0;
     }
-    int b = (sym + 1) >> 1, hbit = (sym + 1) & 1;
-    uint32_t raw = 0;
-    if (cb_get(r, b - 1, &raw) < 0) return -1;
-    *v = (1ull << b) | (uint64_t)hbit << (b - 1) | raw;
+    if (tl != SQLITE_FLOAT && tl != SQLITE_INTEGER) {
+        *why = tl == SQLITE_NULL ? "logit and bits are both NULL" : "logit is not a number";
+        return -1;
+    }
+    t->logit = (float)sqlite3_column_double(s, c + 1);
     return 0;
 }
 
@@ -1394,345 +704,124 @@ void store_tops_free(store_tops *t)
     memset(t, 0, sizeof *t);
 }
 
-/* Room for n steps and m entries in t. Returns 0 or -1. */
-static int tops_reserve(store_tops *t, int n, size_t m)
+/* Room for n steps (*cap_s) and m entries (*cap_m) in t, growing by
+ * doubling. Returns 0 or -1 when out of memory. */
+static int tops_grow(store_tops *t, int n, int *cap_s, size_t m, size_t *cap_m)
 {
-    t->step = calloc((size_t)(n ? n : 1), sizeof *t->step);
-    t->n_top = calloc((size_t)(n ? n : 1), sizeof *t->n_top);
-    t->off = calloc((size_t)(n ? n : 1), sizeof *t->off);
-    t->top = malloc(sizeof *t->top * (m ? m : 1));
-    return t->step && t->n_top && t->off && t->top ? 0 : -1;
-}
-
-/* The gap column's value: INTEGER in units of 2^-24 logits, or REAL. */
-static int gap_value(sqlite3_stmt *s, int col, double *gap)
-{
-    int t = sqlite3_column_type(s, col);
-    if (t == SQLITE_NULL) return 0;
-    if (t == SQLITE_INTEGER) *gap = (double)sqlite3_column_int64(s, col) / 16777216.0;
-    else *gap = sqlite3_column_double(s, col);
-    return 1;
-}
-
-static int tops_read(sqlite3 *db, int64_t leg_id, int64_t prompt_id, store_tops *out, int depth, tg_err *e);
-
-/* Parses a chunk's head (format, code tables, section directory) from the
- * bytes p[0..len-1] and finds the section named name: *found, its step
- * count, its first bit (counted from the chunk's start) and its length in
- * bits. Returns 0, or -1 with e (also when the head runs past len). */
-static int chunk_head(const unsigned char *p, size_t len, const char *name, huff *hid, huff *hlg, int *found,
-                      int *n_steps, uint64_t *start, uint64_t *nbits, tg_err *e)
-{
-    cbits r = {p, len * 8, 0, len * 8};
-    uint32_t fmt = 0;
-    if (cb_get(&r, 8, &fmt) < 0 || fmt != CHUNK_FORMAT)
-        return tg_errf(e, "leg_top chunk: format %u, expected %d", len ? fmt : 0u, CHUNK_FORMAT);
-    if (huff_read(&r, hid) < 0 || huff_read(&r, hlg) < 0)
-        return tg_errf(e, "leg_top chunk: bad code tables at bit %zu", r.pos);
-    uint64_t n_sec, nl, nst, nb, skip = 0;
-    *found = 0;
-    if (cb_varint(&r, &n_sec) < 0 || n_sec > (1u << 24)) return tg_errf(e, "leg_top chunk: bad section count");
-    for (uint64_t i = 0; i < n_sec; i++) {
-        char nm[256];
-        if (cb_varint(&r, &nl) < 0 || nl >= sizeof nm)
-            return tg_errf(e, "leg_top chunk: bad section name %llu", (unsigned long long)i);
-        for (uint64_t k = 0; k < nl; k++) {
-            uint32_t ch;
-            if (cb_get(&r, 8, &ch) < 0) return tg_errf(e, "leg_top chunk: truncated section name");
-            nm[k] = (char)ch;
-        }
-        nm[nl] = 0;
-        if (cb_varint(&r, &nst) < 0 || cb_varint(&r, &nb) < 0 || nst > (1u << 24) || nb > ((uint64_t)1 << 40))
-            return tg_errf(e, "leg_top chunk: bad section directory entry %llu", (unsigned long long)i);
-        if (!*found && !strcmp(nm, name)) *found = 1, *n_steps = (int)nst, *nbits = nb;
-        else if (!*found) skip += nb;
+    if (n > *cap_s) {
+        int c = *cap_s ? 2 * *cap_s : 64;
+        int *a = realloc(t->step, sizeof *a * (size_t)c);
+        if (a) t->step = a;
+        int *b = realloc(t->n_top, sizeof *b * (size_t)c);
+        if (b) t->n_top = b;
+        size_t *o = realloc(t->off, sizeof *o * (size_t)c);
+        if (o) t->off = o;
+        if (!a || !b || !o) return -1;
+        *cap_s = c;
     }
-    *start = r.pos + skip;   /* the bodies follow the directory */
+    if (m > *cap_m) {
+        size_t c = *cap_m ? 2 * *cap_m : 1024;
+        tg_top *p = realloc(t->top, sizeof *p * c);
+        if (!p) return -1;
+        t->top = p;
+        *cap_m = c;
+    }
     return 0;
-}
-
-/* Where a chunk's bytes come from: an open incremental blob (only the head
- * and the wanted section are read) or memory. */
-typedef struct chunk_src {
-    sqlite3_blob *blob;
-    size_t len;
-} chunk_src;
-
-static int src_read(const chunk_src *c, size_t off, size_t n, unsigned char *dst)
-{
-    if (off + n > c->len || n > INT32_MAX) return -1;
-    return n == 0 || sqlite3_blob_read(c->blob, dst, (int)n, (int)off) == SQLITE_OK ? 0 : -1;
-}
-
-/* Decodes the section of prompt prompt_name of a leg's chunk, the step
- * rows' side information in rows (n_rows, ascending step), into out. Steps
- * stored once are taken from base_leg (read at depth + 1). Returns 0 or -1
- * with e. */
-static int chunk_decode(sqlite3 *db, int64_t base_leg, const chunk_src *src, int64_t prompt_id,
-                        const char *prompt_name, const ck_step *rows, int n_rows, store_tops *out, int depth,
-                        tg_err *e)
-{
-    huff hid, hlg;
-    int found = 0, n_steps = 0;
-    uint64_t start = 0, found_bits = 0;
-    /* the head: a first slice, larger while it runs past it */
-    size_t hl = src->len < 4096 ? src->len : 4096;
-    for (;;) {
-        unsigned char *head = malloc(hl ? hl : 1);
-        if (!head) return tg_errf(e, "out of memory");
-        int rc = src_read(src, 0, hl, head) < 0 ? tg_errf(e, "leg_top chunk: reading %zu bytes failed", hl)
-                 : chunk_head(head, hl, prompt_name, &hid, &hlg, &found, &n_steps, &start, &found_bits, e);
-        free(head);
-        if (rc == 0) break;
-        if (hl == src->len) return -1;
-        hl = src->len / 4 > hl ? hl * 4 : src->len;
-    }
-    if (!found) {
-        if (n_rows == 0) return 0;
-        return tg_errf(e, "leg_top chunk: no section for prompt %s (%d step rows)", prompt_name, n_rows);
-    }
-    if (n_steps != n_rows)
-        return tg_errf(e, "leg_top chunk: prompt %s holds %d steps, the step table %d", prompt_name,
-                       n_steps, n_rows);
-    if (start + found_bits > (uint64_t)src->len * 8) return tg_errf(e, "leg_top chunk: section past the end");
-    size_t b0 = (size_t)(start >> 3), nbytes = (size_t)((start + found_bits + 7) >> 3) - b0;
-    unsigned char *sec = malloc(nbytes ? nbytes : 1);
-    if (!sec) return tg_errf(e, "out of memory");
-    if (src_read(src, b0, nbytes, sec) < 0) {
-        free(sec);
-        return tg_errf(e, "leg_top chunk: reading the section of prompt %s failed", prompt_name);
-    }
-    cbits r = {sec, nbytes * 8, (size_t)(start & 7), (size_t)(start & 7) + (size_t)found_bits};
-    uint32_t umin, wbits, ncommon;
-    store_tops base = {0};
-    recent R = {0};
-    int have_base = 0, bi = 0, rc = -1;
-    size_t used = 0, cap_top = 0;
-    if (cb_get(&r, 32, &umin) < 0 || cb_get(&r, 6, &wbits) < 0 || wbits > 32 || cb_get(&r, NBITS_N, &ncommon) < 0) {
-        tg_errf(e, "leg_top chunk: truncated section header");
-        goto done;
-    }
-    /* an upper bound of the entries: the bits left (an entry takes at least one) */
-    cap_top = (size_t)(r.end - r.pos) + 1;
-    if (cap_top > (size_t)n_steps * 4096) cap_top = (size_t)n_steps * 4096;
-    if (tops_reserve(out, n_steps, cap_top) < 0 || rec_init(&R, cap_top < 1024 ? (int)cap_top : 1024, (int)cap_top) < 0) {
-        tg_errf(e, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < n_steps; i++) {
-        const ck_step *row = &rows[i];
-        uint32_t m, n = 0, bit;
-        out->step[i] = row->step;
-        out->off[i] = used;
-        if (cb_get(&r, 2, &m) < 0) {
-            tg_errf(e, "leg_top chunk: truncated at step %d", row->step);
-            goto done;
-        }
-        if (m == MODE_SAME) {
-            if (!have_base) {
-                if (depth > 0 || base_leg <= 0) {
-                    tg_errf(e, "leg_top chunk: step %d repeats a base leg, and there is none", row->step);
-                    goto done;
-                }
-                if (tops_read(db, base_leg, prompt_id, &base, depth + 1, e) < 0) {
-                    tg_err_prefix(e, "base leg %lld", (long long)base_leg);
-                    goto done;
-                }
-                have_base = 1;
-            }
-            while (bi < base.n && base.step[bi] < row->step) bi++;
-            if (base.n == 0) {
-                /* the base leg's rows were deleted (rows are never deleted
-                 * by tokgate): the step's top-k is gone, as a v3 same_as
-                 * reference to a deleted leg resolved to NULL */
-                n = 0;
-            } else if (bi >= base.n || base.step[bi] != row->step) {
-                tg_errf(e, "leg_top chunk: step %d repeats base leg %lld, which lacks it", row->step,
-                        (long long)base_leg);
-                goto done;
-            } else
-                n = (uint32_t)base.n_top[bi];
-            if (used + n > cap_top) {
-                size_t cap = used + n + cap_top;
-                tg_top *q = realloc(out->top, sizeof *q * cap);
-                if (!q) {
-                    tg_errf(e, "out of memory");
-                    goto done;
-                }
-                out->top = q, cap_top = cap;
-            }
-            if (n) memcpy(out->top + used, base.top + base.off[bi], sizeof(tg_top) * n);
-        } else if (m == MODE_RAW) {
-            if (cb_get(&r, NBITS_N, &n) < 0 || n > 4096 || used + n > cap_top) {
-                tg_errf(e, "leg_top chunk: bad raw entry count at step %d", row->step);
-                goto done;
-            }
-            for (uint32_t k = 0; k < n; k++) {
-                uint32_t id, lu;
-                if (cb_get(&r, 32, &id) < 0 || cb_get(&r, 32, &lu) < 0) {
-                    tg_errf(e, "leg_top chunk: truncated raw step %d", row->step);
-                    goto done;
-                }
-                out->top[used + k].id = (int32_t)id;
-                memcpy(&out->top[used + k].logit, &lu, 4);
-            }
-        } else {
-            if (cb_get(&r, 1, &bit) < 0 || (!bit && cb_get(&r, NBITS_N, &n) < 0)) {
-                tg_errf(e, "leg_top chunk: truncated step %d", row->step);
-                goto done;
-            }
-            if (bit) n = ncommon;
-            int regular = m == MODE_REGULAR;
-            if (n < 1 || n > 4096 || used + n > cap_top || (regular && (n < 2 || !row->has_gap))) {
-                tg_errf(e, "leg_top chunk: step %d: %u entries%s", row->step, n,
-                        regular && !row->has_gap ? " and no gap in the step row" : ", out of range");
-                goto done;
-            }
-            tg_top *t = out->top + used;
-            if (regular) {
-                if (row->token < 0 || rec_push(&R, row->token) < 0) {
-                    tg_errf(e, "leg_top chunk: step %d: token %d cannot be the first id", row->step, row->token);
-                    goto done;
-                }
-                t[0].id = row->token;
-            }
-            for (uint32_t k = (uint32_t)regular; k < n; k++) {
-                uint64_t v;
-                int sym;
-                int64_t id = -1;
-                if (get_sym(&r, &hid, &sym, &v) == 0)
-                    id = sym < NSYM ? (v - 1 <= INT32_MAX ? (int64_t)(v - 1) : -1)
-                                    : (v - 1 <= UINT32_MAX ? rec_find(&R, (uint32_t)(v - 1)) : -1);
-                if (id < 0 || rec_push(&R, (int32_t)id) < 0) {
-                    tg_errf(e, "leg_top chunk: bad id %u at step %d", k, row->step);
-                    goto done;
-                }
-                t[k].id = (int32_t)id;
-            }
-            uint32_t d0;
-            if (cb_get(&r, (int)wbits, &d0) < 0 || (uint64_t)umin + d0 > UINT32_MAX) {
-                tg_errf(e, "leg_top chunk: bad first logit at step %d", row->step);
-                goto done;
-            }
-            uint32_t u = umin + d0;
-            t[0].logit = u2f(u);
-            uint32_t k = 1;
-            if (regular) {
-                t[1].logit = gap_logit1(t[0].logit, row->gap);
-                u = f2u(t[1].logit);
-                k = 2;
-            }
-            for (; k < n; k++) {
-                uint64_t v;
-                int sym;
-                if (get_sym(&r, &hlg, &sym, &v) < 0 || sym >= NSYM || v - 1 > u) {
-                    tg_errf(e, "leg_top chunk: bad logit delta %u at step %d", k, row->step);
-                    goto done;
-                }
-                u -= (uint32_t)(v - 1);
-                t[k].logit = u2f(u);
-            }
-        }
-        out->n_top[i] = (int)n;
-        used += n;
-        out->n = i + 1;
-    }
-    rc = 0;
-done:
-    free(sec);
-    rec_free(&R);
-    store_tops_free(&base);
-    if (rc < 0) store_tops_free(out);
-    return rc;
-}
-
-static int tops_read(sqlite3 *db, int64_t leg_id, int64_t prompt_id, store_tops *out, int depth, tg_err *e)
-{
-    memset(out, 0, sizeof *out);
-    sqlite3_stmt *s = NULL;
-    ck_step *rows = NULL;
-    char *name = NULL;
-    int n = 0, cap = 0, rc = -1;
-    if (sqlite3_prepare_v2(db, "SELECT step, token, gap FROM step WHERE leg_id=?1 AND prompt_id=?2 ORDER BY step",
-                           -1, &s, NULL) != SQLITE_OK)
-        return tg_errf(e, "store: reading steps: %s", sqlite3_errmsg(db));
-    sqlite3_bind_int64(s, 1, leg_id);
-    sqlite3_bind_int64(s, 2, prompt_id);
-    int st;
-    while ((st = sqlite3_step(s)) == SQLITE_ROW) {
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            ck_step *q = realloc(rows, sizeof *q * (size_t)cap);
-            if (!q) {
-                tg_errf(e, "out of memory");
-                goto out;
-            }
-            rows = q;
-        }
-        ck_step *c = &rows[n++];
-        memset(c, 0, sizeof *c);
-        c->step = sqlite3_column_int(s, 0);
-        c->token = sqlite3_column_int(s, 1);
-        c->has_gap = gap_value(s, 2, &c->gap);
-    }
-    if (st != SQLITE_DONE) {
-        tg_errf(e, "store: reading steps: %s", sqlite3_errmsg(db));
-        goto out;
-    }
-    sqlite3_finalize(s);
-    s = NULL;
-    if (n == 0) {
-        rc = 0;
-        goto out;
-    }
-    if (sqlite3_prepare_v2(db, "SELECT name FROM prompt WHERE id=?1", -1, &s, NULL) != SQLITE_OK) {
-        tg_errf(e, "store: reading prompts: %s", sqlite3_errmsg(db));
-        goto out;
-    }
-    sqlite3_bind_int64(s, 1, prompt_id);
-    if (sqlite3_step(s) != SQLITE_ROW) {
-        tg_errf(e, "store: no prompt %lld", (long long)prompt_id);
-        goto out;
-    }
-    name = strdup((const char *)sqlite3_column_text(s, 0));
-    sqlite3_finalize(s);
-    s = NULL;
-    if (!name) {
-        tg_errf(e, "out of memory");
-        goto out;
-    }
-    if (sqlite3_prepare_v2(db, "SELECT base_leg, length(data) FROM leg_top WHERE leg_id=?1", -1, &s, NULL) != SQLITE_OK) {
-        tg_errf(e, "store: reading leg_top: %s", sqlite3_errmsg(db));
-        goto out;
-    }
-    sqlite3_bind_int64(s, 1, leg_id);
-    if (sqlite3_step(s) != SQLITE_ROW) {
-        tg_errf(e, "leg %lld: %d steps of prompt %lld but no leg_top row", (long long)leg_id, n,
-                (long long)prompt_id);
-        goto out;
-    }
-    int64_t base_leg = sqlite3_column_int64(s, 0);
-    chunk_src src = {NULL, (size_t)sqlite3_column_int64(s, 1)};
-    sqlite3_finalize(s);
-    s = NULL;
-    if (sqlite3_blob_open(db, "main", "leg_top", "data", leg_id, 0, &src.blob) != SQLITE_OK) {
-        tg_errf(e, "leg %lld: opening its top-k chunk: %s", (long long)leg_id, sqlite3_errmsg(db));
-        sqlite3_blob_close(src.blob);
-        goto out;
-    }
-    rc = chunk_decode(db, base_leg, &src, prompt_id, name, rows, n, out, depth, e);
-    sqlite3_blob_close(src.blob);
-    if (rc < 0) tg_err_prefix(e, "leg %lld prompt %s", (long long)leg_id, name);
-out:
-    sqlite3_finalize(s);
-    free(rows);
-    free(name);
-    return rc;
 }
 
 int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store_tops *out, tg_err *e)
 {
-    return tops_read(db, leg_id, prompt_id, out, 0, e);
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *s = NULL;
+    int rc = -1;
+    /* the leg whose step_top rows hold this leg's top-k */
+    if (sqlite3_prepare_v2(db, "SELECT l.same_as, b.id, b.same_as FROM leg l LEFT JOIN leg b ON b.id = l.same_as"
+                               " WHERE l.id = ?1", -1, &s, NULL) != SQLITE_OK)
+        return tg_errf(e, "store: reading leg %lld: %s", (long long)leg_id, sqlite3_errmsg(db));
+    sqlite3_bind_int64(s, 1, leg_id);
+    int64_t src = leg_id;
+    int r = sqlite3_step(s);
+    if (r == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
+        src = sqlite3_column_int64(s, 0);
+        if (sqlite3_column_type(s, 1) == SQLITE_NULL) {
+            tg_errf(e, "leg %lld: same_as %lld names no leg", (long long)leg_id, (long long)src);
+            goto out;
+        }
+        if (sqlite3_column_type(s, 2) != SQLITE_NULL) {
+            tg_errf(e, "leg %lld: same_as leg %lld, which has no rows of its own either (same_as %lld); "
+                       "expected a leg with its own step_top rows",
+                    (long long)leg_id, (long long)src, (long long)sqlite3_column_int64(s, 2));
+            goto out;
+        }
+    } else if (r != SQLITE_ROW && r != SQLITE_DONE) {
+        tg_errf(e, "store: reading leg %lld: %s", (long long)leg_id, sqlite3_errmsg(db));
+        goto out;
+    }
+    sqlite3_finalize(s);
+    s = NULL;
+    /* every step row of (leg, prompt), with its top-k rows in rank order */
+    if (sqlite3_prepare_v2(db, "SELECT s.step, t.rank, t.id, t.logit, t.bits FROM step s"
+                               " LEFT JOIN step_top t ON t.leg_id = ?3 AND t.prompt_id = s.prompt_id"
+                               " AND t.step = s.step WHERE s.leg_id = ?1 AND s.prompt_id = ?2"
+                               " ORDER BY s.step, t.rank", -1, &s, NULL) != SQLITE_OK) {
+        tg_errf(e, "store: reading steps: %s", sqlite3_errmsg(db));
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, leg_id);
+    sqlite3_bind_int64(s, 2, prompt_id);
+    sqlite3_bind_int64(s, 3, src);
+    int cap_s = 0;
+    size_t m = 0, cap_m = 0;
+    while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t step = sqlite3_column_int64(s, 0);
+        if (out->n == 0 || out->step[out->n - 1] != step) {
+            if (sqlite3_column_type(s, 0) != SQLITE_INTEGER || step < INT32_MIN || step > INT32_MAX) {
+                const char *txt = (const char *)sqlite3_column_text(s, 0);
+                tg_errf(e, "leg %lld prompt %lld: step \"%.20s\" is not a 32-bit integer", (long long)leg_id,
+                        (long long)prompt_id, txt ? txt : "");
+                goto out;
+            }
+            if (tops_grow(out, out->n + 1, &cap_s, m, &cap_m) < 0) {
+                tg_errf(e, "out of memory");
+                goto out;
+            }
+            out->step[out->n] = (int)step;
+            out->n_top[out->n] = 0;
+            out->off[out->n] = m;
+            out->n++;
+        }
+        if (sqlite3_column_type(s, 1) == SQLITE_NULL) continue;   /* no top-k rows */
+        int k = out->n_top[out->n - 1];
+        const char *why = NULL;
+        if (sqlite3_column_type(s, 1) != SQLITE_INTEGER || sqlite3_column_int64(s, 1) != k + 1)
+            why = "ranks are not 1, 2, 3, ... without a gap";
+        else if (k >= MAX_TOP)
+            why = "more than 4096 entries";
+        if (why || tops_grow(out, out->n, &cap_s, m + 1, &cap_m) < 0 ||
+            column_top(s, 2, &out->top[m], &why) < 0) {
+            tg_errf(e, "leg %lld prompt %lld step %lld: step_top rank %s of leg %lld: %s", (long long)leg_id,
+                    (long long)prompt_id, (long long)step, sqlite3_column_text(s, 1) ? (const char *)sqlite3_column_text(s, 1) : "NULL",
+                    (long long)src, why ? why : "out of memory");
+            goto out;
+        }
+        out->n_top[out->n - 1] = k + 1;
+        m++;
+    }
+    if (r != SQLITE_DONE) {
+        tg_errf(e, "store: reading the top-k of leg %lld prompt %lld: %s", (long long)leg_id,
+                (long long)prompt_id, sqlite3_errmsg(db));
+        goto out;
+    }
+    /* t.top + t.off[k] is a valid pointer for every step, empty ones too */
+    if (out->n > 0 && !out->top && tops_grow(out, out->n, &cap_s, 1, &cap_m) < 0) {
+        tg_errf(e, "out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    sqlite3_finalize(s);
+    if (rc < 0) store_tops_free(out);
+    return rc;
 }
 
 int store_tops_find(const store_tops *t, int step)
@@ -1745,132 +834,6 @@ int store_tops_find(const store_tops *t, int step)
         else hi = mid - 1;
     }
     return -1;
-}
-
-
-/* Migration 3 -> 4: writes a leg_top chunk for every leg from its v3 step
- * blobs (repeated blobs resolved; the chunks do not point at a base leg).
- * Returns 0, or -1 with *msg (sqlite3_malloc'ed). */
-static int migrate_v4(sqlite3 *db, char **msg)
-{
-    sqlite3_stmt *ql = NULL, *qs = NULL, *qi = NULL;
-    int rc = -1;
-    ck_sec *sec = NULL;
-    ck_step *steps = NULL;
-    tg_top *tops = NULL;
-    size_t *offs = NULL;     /* each step's first entry in tops */
-    int *first = NULL;       /* each section's first step */
-    int cap_steps = 0, n_names = 0;
-    size_t cap_tops = 0;
-    if (sqlite3_prepare_v2(db, "SELECT id FROM leg ORDER BY id", -1, &ql, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(db, "SELECT s.prompt_id, s.step, s.token, s.gap,"
-                               " coalesce(s.top, (SELECT b.top FROM step b WHERE b.leg_id = s.same_as"
-                               " AND b.prompt_id = s.prompt_id AND b.step = s.step)),"
-                               " (SELECT name FROM prompt WHERE prompt.id = s.prompt_id)"
-                               " FROM step s WHERE s.leg_id = ?1 ORDER BY s.prompt_id, s.step",
-                           -1, &qs, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(db, "INSERT INTO leg_top(leg_id, base_leg, data) VALUES(?1, NULL, ?2)", -1, &qi,
-                           NULL) != SQLITE_OK) {
-        *msg = sqlite3_mprintf("%s", sqlite3_errmsg(db));
-        goto out;
-    }
-    while (sqlite3_step(ql) == SQLITE_ROW) {
-        int64_t leg = sqlite3_column_int64(ql, 0);
-        int n = 0, n_sec = 0;
-        size_t used = 0;
-        sqlite3_reset(qs);
-        sqlite3_bind_int64(qs, 1, leg);
-        while (sqlite3_step(qs) == SQLITE_ROW) {
-            if (n == cap_steps) {
-                cap_steps = cap_steps ? 2 * cap_steps : 256;
-                ck_step *q = realloc(steps, sizeof *q * (size_t)cap_steps);
-                ck_sec *q2 = realloc(sec, sizeof *q2 * (size_t)cap_steps);
-                size_t *q3 = realloc(offs, sizeof *q3 * (size_t)cap_steps);
-                int *q4 = realloc(first, sizeof *q4 * (size_t)cap_steps);
-                if (q) steps = q;
-                if (q2) sec = q2;
-                if (q3) offs = q3;
-                if (q4) first = q4;
-                if (!q || !q2 || !q3 || !q4) {
-                    *msg = sqlite3_mprintf("out of memory");
-                    goto out;
-                }
-            }
-            if (used + 4096 > cap_tops) {
-                cap_tops = cap_tops ? 2 * cap_tops : 65536;
-                tg_top *q = realloc(tops, sizeof *q * cap_tops);
-                if (!q) {
-                    *msg = sqlite3_mprintf("out of memory");
-                    goto out;
-                }
-                tops = q;
-            }
-            int64_t pid = sqlite3_column_int64(qs, 0);
-            ck_step *c = &steps[n];
-            memset(c, 0, sizeof *c);
-            c->step = sqlite3_column_int(qs, 1);
-            c->token = sqlite3_column_int(qs, 2);
-            c->has_gap = gap_value(qs, 3, &c->gap);
-            const void *b = sqlite3_column_blob(qs, 4);
-            if (b) {
-                tg_err e;
-                int k = store_decode_top(b, (size_t)sqlite3_column_bytes(qs, 4), tops + used, 4096, &e);
-                if (k < 0) {
-                    *msg = sqlite3_mprintf("leg %lld prompt %lld step %d: %s", (long long)leg, (long long)pid,
-                                           c->step, e.msg);
-                    goto out;
-                }
-                c->n = k;
-            }
-            /* c->top and sec[].steps are set below, once the arrays stop moving */
-            offs[n] = used;
-            used += (size_t)c->n;
-            if (n_sec == 0 || sec[n_sec - 1].prompt_id != pid) {
-                const char *nm = (const char *)sqlite3_column_text(qs, 5);
-                char *dup = strdup(nm ? nm : "");
-                if (!dup) {
-                    *msg = sqlite3_mprintf("out of memory");
-                    goto out;
-                }
-                sec[n_sec] = (ck_sec){.prompt_id = pid, .name = dup, .n_steps = 0};
-                first[n_sec] = n;
-                n_sec++;
-                n_names = n_sec;
-            }
-            sec[n_sec - 1].n_steps++;
-            n++;
-        }
-        for (int i = 0; i < n; i++) steps[i].top = tops + offs[i];
-        for (int i = 0; i < n_sec; i++) sec[i].steps = steps + first[i];
-        unsigned char *data = NULL;
-        size_t len = 0;
-        tg_err e;
-        if (chunk_encode(sec, n_sec, &data, &len, &e) < 0) {
-            *msg = sqlite3_mprintf("leg %lld: %s", (long long)leg, e.msg);
-            goto out;
-        }
-        for (int i = 0; i < n_sec; i++) free((char *)sec[i].name);
-        n_names = 0;
-        sqlite3_reset(qi);
-        sqlite3_bind_int64(qi, 1, leg);
-        sqlite3_bind_blob(qi, 2, data, (int)len, free);
-        if (sqlite3_step(qi) != SQLITE_DONE) {
-            *msg = sqlite3_mprintf("leg %lld: %s", (long long)leg, sqlite3_errmsg(db));
-            goto out;
-        }
-    }
-    rc = 0;
-out:
-    sqlite3_finalize(ql);
-    sqlite3_finalize(qs);
-    sqlite3_finalize(qi);
-    for (int i = 0; i < n_names; i++) free((char *)sec[i].name);
-    free(sec);
-    free(steps);
-    free(tops);
-    free(offs);
-    free(first);
-    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1921,65 +884,66 @@ static int digest_parse(const char *hex, int64_t *v)
     return 1;
 }
 
-enum { BASE_CACHE_MAX = 1 << 23 };   /* entries (8 bytes each) */
 
-static void cache_clear(tg_store *st)
+/* order[0..n-1]: the indices of lp's steps in ascending step order
+ * (insertion sort: the steps come in order, or nearly). */
+static void steps_order(const store_leg_prompt *lp, int *order)
 {
-    for (int i = 0; i < st->n_cache; i++) store_tops_free(&st->cache[i]);
-    free(st->cache), free(st->cache_pid);
-    st->cache = NULL, st->cache_pid = NULL;
-    st->n_cache = 0, st->cache_entries = 0, st->cache_leg = 0;
-}
-
-/* The decoded top-k of prompt pid of st->base_leg into *out (owned by the
- * cache, valid until the next call). Returns 0 or -1 with e. */
-static int base_tops(tg_store *st, int64_t pid, const store_tops **out, tg_err *e)
-{
-    if (st->cache_leg != st->base_leg) cache_clear(st);
-    for (int i = 0; i < st->n_cache; i++)
-        if (st->cache_pid[i] == pid) {
-            *out = &st->cache[i];
-            return 0;
-        }
-    store_tops t;
-    if (store_tops_read(st->db, st->base_leg, pid, &t, e) < 0) return -1;
-    size_t n = t.n ? t.off[t.n - 1] + (size_t)t.n_top[t.n - 1] : 0;
-    if (st->cache_entries + n > BASE_CACHE_MAX) cache_clear(st);
-    store_tops *c = realloc(st->cache, sizeof *c * (size_t)(st->n_cache + 1));
-    if (c) st->cache = c;
-    int64_t *p = realloc(st->cache_pid, sizeof *p * (size_t)(st->n_cache + 1));
-    if (p) st->cache_pid = p;
-    if (!c || !p) {
-        store_tops_free(&t);
-        return tg_errf(e, "%s: out of memory", st->path);
+    for (int i = 0; i < lp->n_steps; i++) order[i] = i;
+    for (int i = 1; i < lp->n_steps; i++) {
+        int k = order[i], j = i;
+        while (j > 0 && lp->steps[order[j - 1]].step > lp->steps[k].step) order[j] = order[j - 1], j--;
+        order[j] = k;
     }
-    st->cache_leg = st->base_leg;
-    st->cache[st->n_cache] = t;
-    st->cache_pid[st->n_cache] = pid;
-    st->cache_entries += n;
-    *out = &st->cache[st->n_cache++];
-    return 0;
 }
 
-/* Writes the rows of one prompt of a leg. Returns 0 or -1 with e. */
-static int put_leg_prompt(tg_store *st, const store_leg *leg, int64_t leg_id,
-                          const store_leg_prompt *lp, ck_sec *sec, tg_err *e)
+/* Whether leg's top-k is the same as base_leg's step_top rows: the same
+ * (prompt, step, rank, id, f32 bits) in every entry and no other row.
+ * pid[i] is the prompt id of leg->prompts[i], pord the prompts in
+ * ascending pid order, order[i] prompt i's steps in ascending order.
+ * Returns 1 same, 0 not (malformed input included: put_leg_prompt names
+ * it), or -1 with e. */
+static int leg_same_as(tg_store *st, int64_t base_leg, const store_leg *leg, const int64_t *pid,
+                       const int *pord, int *const *order, tg_err *e)
 {
-    int64_t pid;
-    sqlite3_stmt *s = stmt(st, Q_PROMPT_FIND, e);
+    sqlite3_stmt *s = stmt(st, Q_BASE_TOPS, e);
     if (!s) return -1;
-    sqlite3_bind_int64(s, 1, leg->run_id);
-    bind_text(s, 2, lp->prompt_id);
-    int r = step_int(st, s, &pid, e, "looking up a prompt");
-    if (r < 0) return -1;
-    if (r == 0)
-        return tg_errf(e, "prompt %s: not a prompt of run %lld", lp->prompt_id ? lp->prompt_id : "(null)",
-                       (long long)leg->run_id);
-    if (lp->n_steps < 0 || (lp->n_steps > 0 && !lp->steps))
-        return tg_errf(e, "prompt %s: n_steps %d without steps", lp->prompt_id, lp->n_steps);
+    sqlite3_bind_int64(s, 1, base_leg);
+    int same = 1, r = SQLITE_ROW;
+    for (int a = 0; a < leg->n_prompts && same; a++) {
+        const store_leg_prompt *lp = &leg->prompts[pord[a]];
+        for (int b = 0; b < lp->n_steps && same; b++) {
+            const store_step *sp = &lp->steps[order[pord[a]][b]];
+            if (sp->n_top < 0 || sp->n_top > MAX_TOP || (sp->n_top > 0 && !sp->top)) same = 0;
+            for (int k = 0; k < sp->n_top && same; k++) {
+                tg_top t;
+                const char *why;
+                if ((r = sqlite3_step(s)) != SQLITE_ROW || sqlite3_column_int64(s, 0) != pid[pord[a]] ||
+                    sqlite3_column_int64(s, 1) != sp->step || sqlite3_column_int64(s, 2) != k + 1 ||
+                    column_top(s, 3, &t, &why) < 0 || t.id != sp->top[k].id ||
+                    memcmp(&t.logit, &sp->top[k].logit, 4))
+                    same = 0;
+            }
+        }
+    }
+    if (same) {
+        r = sqlite3_step(s);
+        same = r == SQLITE_DONE;   /* the base leg has no other rows */
+    }
+    sqlite3_reset(s);
+    if (r != SQLITE_ROW && r != SQLITE_DONE) return db_err(st, e, "reading the arm's first leg");
+    return same;
+}
+
+/* Writes the rows of one prompt of a leg (prompt id pid, steps in the
+ * order given): leg_prompt, its steps, their step_top rows unless the leg
+ * is stored as same_as another, its dumps. Returns 0 or -1 with e. */
+static int put_leg_prompt(tg_store *st, int64_t leg_id, int64_t pid, const store_leg_prompt *lp,
+                          const int *order, int same_as, tg_err *e)
+{
     char *ids = ids_json(lp->ids, lp->n_ids);
     char *dec = ids_json(lp->decoded_from, lp->n_decoded_from);
-    s = stmt(st, Q_LP_INS, e);
+    sqlite3_stmt *s = stmt(st, Q_LP_INS, e);
     if (!s) {
         free(ids), free(dec);
         return -1;
@@ -1991,60 +955,22 @@ static int put_leg_prompt(tg_store *st, const store_leg *leg, int64_t leg_id,
     sqlite3_bind_int(s, 5, lp->n_steps);
     bind_text(s, 6, lp->text);
     bind_text(s, 7, lp->error);
-    r = step_done(st, s, e, "inserting leg_prompt");
+    int r = step_done(st, s, e, "inserting leg_prompt");
     free(ids), free(dec);
     if (r < 0) return tg_err_prefix(e, "prompt %s", lp->prompt_id);
 
-    /* the steps in ascending step order (the chunk's order) */
-    int *order = malloc(sizeof *order * (size_t)(lp->n_steps ? lp->n_steps : 1));
-    ck_step *cs = calloc((size_t)(lp->n_steps ? lp->n_steps : 1), sizeof *cs);
-    if (!order || !cs) {
-        free(order), free(cs);
-        return tg_errf(e, "%s: out of memory", st->path);
-    }
-    sec->prompt_id = pid;
-    sec->name = lp->prompt_id;
-    sec->n_steps = lp->n_steps;
-    sec->steps = cs;
-    for (int i = 0; i < lp->n_steps; i++) order[i] = i;
-    for (int i = 1; i < lp->n_steps; i++) {
-        int k = order[i], j = i;
-        while (j > 0 && lp->steps[order[j - 1]].step > lp->steps[k].step) order[j] = order[j - 1], j--;
-        order[j] = k;
-    }
-    store_tops none = {0};
-    const store_tops *basep = &none;
-    if (st->base_leg && lp->n_steps > 0 && base_tops(st, pid, &basep, e) < 0) {
-        free(order);
-        return tg_err_prefix(e, "reading the arm's first leg");
-    }
-    const store_tops base = *basep;
-    int bi = 0, rc = -1;
     for (int i = 0; i < lp->n_steps; i++) {
         const store_step *sp = &lp->steps[order[i]];
-        ck_step *c = &cs[i];
-        if (sp->n_top < 0 || sp->n_top > 4096 || (sp->n_top > 0 && !sp->top)) {
-            tg_errf(e, "prompt %s step %d: n_top %d, expected 0..4096 entries", lp->prompt_id, sp->step,
-                    sp->n_top);
-            goto done;
-        }
+        if (sp->n_top < 0 || sp->n_top > MAX_TOP || (sp->n_top > 0 && !sp->top))
+            return tg_errf(e, "prompt %s step %d: n_top %d, expected 0..%d entries", lp->prompt_id, sp->step,
+                           sp->n_top, MAX_TOP);
         int64_t dg = 0;
         int hasd = digest_parse(sp->digest, &dg);
-        if (hasd < 0) {
-            tg_errf(e, "prompt %s step %d: digest \"%.20s\", expected 16 hex digits", lp->prompt_id, sp->step,
-                    sp->digest);
-            goto done;
-        }
-        *c = (ck_step){.step = sp->step, .token = sp->token, .n = sp->n_top, .top = sp->top};
-        if (sp->n_top >= 2 && isfinite(sp->top[0].logit) && isfinite(sp->top[1].logit))
-            c->has_gap = 1, c->gap = (double)sp->top[0].logit - (double)sp->top[1].logit;
-        /* the same top-k, token and gap as the arm's first leg: stored once */
-        while (bi < base.n && base.step[bi] < sp->step) bi++;
-        if (bi < base.n && base.step[bi] == sp->step && base.n_top[bi] == sp->n_top &&
-            (sp->n_top == 0 || !memcmp(base.top + base.off[bi], sp->top, sizeof(tg_top) * (size_t)sp->n_top)))
-            c->same = 1;
+        if (hasd < 0)
+            return tg_errf(e, "prompt %s step %d: digest \"%.20s\", expected 16 hex digits", lp->prompt_id,
+                           sp->step, sp->digest);
         s = stmt(st, Q_STEP_INS, e);
-        if (!s) goto done;
+        if (!s) return -1;
         sqlite3_bind_int64(s, 1, leg_id);
         sqlite3_bind_int64(s, 2, pid);
         sqlite3_bind_int(s, 3, sp->step);
@@ -2053,27 +979,30 @@ static int put_leg_prompt(tg_store *st, const store_leg *leg, int64_t leg_id,
             sqlite3_bind_int(s, 5, sp->forced);
         else
             sqlite3_bind_null(s, 5);
-        /* gap: an INTEGER of 2^-24 logits when exact (3 or 4 bytes), else REAL */
-        double g = c->gap * 16777216.0;
-        if (!c->has_gap)
-            sqlite3_bind_null(s, 6);
-        else if (fabs(c->gap) < 268435456.0 && g == trunc(g))
-            sqlite3_bind_int64(s, 6, (int64_t)g);
+        /* gap: top1 - top2 in double, when both are finite */
+        if (sp->n_top >= 2 && isfinite(sp->top[0].logit) && isfinite(sp->top[1].logit))
+            sqlite3_bind_double(s, 6, (double)sp->top[0].logit - (double)sp->top[1].logit);
         else
-            sqlite3_bind_double(s, 6, c->gap);
+            sqlite3_bind_null(s, 6);
         if (hasd)
             sqlite3_bind_int64(s, 7, dg);
         else
             sqlite3_bind_null(s, 7);
-        if (step_done(st, s, e, "inserting a step") < 0) {
-            tg_err_prefix(e, "prompt %s step %d", lp->prompt_id, sp->step);
-            goto done;
+        if (step_done(st, s, e, "inserting a step") < 0)
+            return tg_err_prefix(e, "prompt %s step %d", lp->prompt_id, sp->step);
+        for (int k = 0; k < sp->n_top && !same_as; k++) {
+            s = stmt(st, Q_TOP_INS, e);
+            if (!s) return -1;
+            sqlite3_bind_int64(s, 1, leg_id);
+            sqlite3_bind_int64(s, 2, pid);
+            sqlite3_bind_int(s, 3, sp->step);
+            sqlite3_bind_int(s, 4, k + 1);
+            sqlite3_bind_int(s, 5, sp->top[k].id);
+            bind_logit(s, 6, sp->top[k].logit);
+            if (step_done(st, s, e, "inserting a top-k row") < 0)
+                return tg_err_prefix(e, "prompt %s step %d rank %d", lp->prompt_id, sp->step, k + 1);
         }
     }
-    rc = 0;
-done:
-    free(order);
-    if (rc < 0) return -1;
 
     for (int i = 0; i < lp->n_dumps; i++) {
         const store_dump *d = &lp->dumps[i];
@@ -2107,21 +1036,64 @@ done:
     return 0;
 }
 
-static void secs_free(ck_sec *secs, int n)
+/* The per-prompt arrays of store_put_leg. */
+typedef struct leg_plan {
+    int64_t *pid;   /* prompt id of prompts[i] */
+    int *pord;      /* the prompts in ascending pid order */
+    int **order;    /* prompt i's steps in ascending step order */
+    int n;
+} leg_plan;
+
+/* Frees what plan_leg allocated and resets *p; a zeroed plan is a no-op. */
+static void plan_free(leg_plan *p)
 {
-    for (int i = 0; secs && i < n; i++) free((void *)secs[i].steps);
-    free(secs);
+    for (int i = 0; p->order && i < p->n; i++) free(p->order[i]);
+    free(p->order), free(p->pid), free(p->pord);
+    memset(p, 0, sizeof *p);
+}
+
+/* Looks up the prompt ids of leg's prompts and orders prompts and steps.
+ * Returns 0 or -1 with e (an unknown prompt, a step count without steps). */
+static int plan_leg(tg_store *st, const store_leg *leg, leg_plan *p, tg_err *e)
+{
+    int n = leg->n_prompts;
+    p->n = n;
+    p->pid = calloc((size_t)(n ? n : 1), sizeof *p->pid);
+    p->pord = calloc((size_t)(n ? n : 1), sizeof *p->pord);
+    p->order = calloc((size_t)(n ? n : 1), sizeof *p->order);
+    if (!p->pid || !p->pord || !p->order) return tg_errf(e, "%s: out of memory", st->path);
+    for (int i = 0; i < n; i++) {
+        const store_leg_prompt *lp = &leg->prompts[i];
+        sqlite3_stmt *s = stmt(st, Q_PROMPT_FIND, e);
+        if (!s) return -1;
+        sqlite3_bind_int64(s, 1, leg->run_id);
+        bind_text(s, 2, lp->prompt_id);
+        int r = step_int(st, s, &p->pid[i], e, "looking up a prompt");
+        if (r < 0) return -1;
+        if (r == 0)
+            return tg_errf(e, "prompt %s: not a prompt of run %lld", lp->prompt_id ? lp->prompt_id : "(null)",
+                           (long long)leg->run_id);
+        if (lp->n_steps < 0 || (lp->n_steps > 0 && !lp->steps))
+            return tg_errf(e, "prompt %s: n_steps %d without steps", lp->prompt_id, lp->n_steps);
+        p->order[i] = malloc(sizeof *p->order[i] * (size_t)(lp->n_steps ? lp->n_steps : 1));
+        if (!p->order[i]) return tg_errf(e, "%s: out of memory", st->path);
+        steps_order(lp, p->order[i]);
+        int j = i;
+        while (j > 0 && p->pid[p->pord[j - 1]] > p->pid[i]) p->pord[j] = p->pord[j - 1], j--;
+        p->pord[j] = i;
+    }
+    return 0;
 }
 
 int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e)
 {
-    ck_sec *secs = NULL;
+    leg_plan plan = {0};
     if (!leg->arm) return tg_errf(e, "%s: leg: arm name missing", st->path);
     if (leg->n_prompts < 0 || (leg->n_prompts > 0 && !leg->prompts))
         return tg_errf(e, "%s: leg of %s: n_prompts %d without prompts", st->path, leg->arm,
                        leg->n_prompts);
     if (exec_q(st, Q_BEGIN, e) < 0) return -1;
-    int64_t arm_id, bin_id = 0, leg_id;
+    int64_t arm_id, bin_id = 0, leg_id, base_leg = 0;
     sqlite3_stmt *s = stmt(st, Q_ARM_FIND, e);
     if (!s) goto fail;
     sqlite3_bind_int64(s, 1, leg->run_id);
@@ -2133,6 +1105,18 @@ int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e)
                 (long long)leg->run_id);
         goto fail;
     }
+    if (plan_leg(st, leg, &plan, e) < 0) {
+        tg_err_prefix(e, "%s: leg %s/%d", st->path, leg->arm, leg->leg);
+        goto fail;
+    }
+    /* the same top-k as the arm's first leg in every step: stored once */
+    s = stmt(st, Q_BASE_LEG, e);
+    if (!s) goto fail;
+    sqlite3_bind_int64(s, 1, leg->run_id);
+    sqlite3_bind_int64(s, 2, arm_id);
+    if (step_int(st, s, &base_leg, e, "looking up the arm's first leg") < 0) goto fail;
+    int same = 0;
+    if (base_leg && (same = leg_same_as(st, base_leg, leg, plan.pid, plan.pord, plan.order, e)) < 0) goto fail;
     if (leg->binary_path || leg->binary_sha256) {
         const char *bin[3] = {leg->binary_path ? leg->binary_path : "",
                               leg->binary_sha256 ? leg->binary_sha256 : "",
@@ -2182,59 +1166,28 @@ int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e)
     sqlite3_bind_double(s, 19, leg->ms_decode);
     sqlite3_bind_double(s, 20, leg->wall_s);
     bind_text(s, 21, now);
+    if (same)
+        sqlite3_bind_int64(s, 22, base_leg);
+    else
+        sqlite3_bind_null(s, 22);
     if (step_done(st, s, e, "inserting the leg") < 0) {
         tg_err_prefix(e, "leg %s/%d", leg->arm, leg->leg);
         goto fail;
     }
     leg_id = sqlite3_last_insert_rowid(st->db);
-    s = stmt(st, Q_BASE_LEG, e);
-    if (!s) goto fail;
-    sqlite3_bind_int64(s, 1, leg->run_id);
-    sqlite3_bind_int64(s, 2, arm_id);
-    sqlite3_bind_int64(s, 3, leg_id);
-    st->base_leg = 0;
-    if (step_int(st, s, &st->base_leg, e, "looking up the arm's first leg") < 0) goto fail;
-    secs = calloc((size_t)(leg->n_prompts ? leg->n_prompts : 1), sizeof *secs);
-    if (!secs) {
-        tg_errf(e, "%s: out of memory", st->path);
-        goto fail;
-    }
-    for (int i = 0; i < leg->n_prompts; i++) {
-        if (put_leg_prompt(st, leg, leg_id, &leg->prompts[i], &secs[i], e) < 0) {
+    /* prompts in id order, steps in step order: the rows go in key order */
+    for (int a = 0; a < leg->n_prompts; a++) {
+        int i = plan.pord[a];
+        if (put_leg_prompt(st, leg_id, plan.pid[i], &leg->prompts[i], plan.order[i], same, e) < 0) {
             tg_err_prefix(e, "%s: leg %s/%d", st->path, leg->arm, leg->leg);
             goto fail;
         }
     }
-    /* the leg's top-k chunk, sections in prompt id order */
-    for (int i = 1; i < leg->n_prompts; i++) {
-        ck_sec k = secs[i];
-        int j = i;
-        while (j > 0 && secs[j - 1].prompt_id > k.prompt_id) secs[j] = secs[j - 1], j--;
-        secs[j] = k;
-    }
-    unsigned char *chunk = NULL;
-    size_t clen = 0;
-    if (chunk_encode(secs, leg->n_prompts, &chunk, &clen, e) < 0) {
-        tg_err_prefix(e, "%s: leg %s/%d", st->path, leg->arm, leg->leg);
-        goto fail;
-    }
-    s = stmt(st, Q_TOP_INS, e);
-    if (!s) {
-        free(chunk);
-        goto fail;
-    }
-    sqlite3_bind_int64(s, 1, leg_id);
-    if (st->base_leg)
-        sqlite3_bind_int64(s, 2, st->base_leg);
-    else
-        sqlite3_bind_null(s, 2);
-    sqlite3_bind_blob(s, 3, chunk, (int)clen, free);
-    if (step_done(st, s, e, "inserting the leg's top-k chunk") < 0) goto fail;
     if (exec_q(st, Q_COMMIT, e) < 0) goto fail;
-    secs_free(secs, leg->n_prompts);
+    plan_free(&plan);
     return 0;
 fail:
     exec_q(st, Q_ROLLBACK, NULL);
-    secs_free(secs, leg->n_prompts);
+    plan_free(&plan);
     return -1;
 }

@@ -69,7 +69,7 @@ typedef struct store_step {
     int32_t forced;          /* the token appended instead (teacher forcing), or -1 */
     char digest[17];         /* XXH3-64 hex of the full logits, "" if none */
     int n_top;
-    const tg_top *top;       /* n_top entries, descending */
+    const tg_top *top;       /* n_top (0..4096) entries, descending */
 } store_step;
 
 typedef struct store_dump {
@@ -128,13 +128,16 @@ int store_latest_run(tg_store *st, const char *spec_name, int64_t *run_id, tg_er
  * migrates older stores up to it and refuses newer ones. */
 /* Version 2 added run.uid (a random 32-hex-digit id, unique across stores). */
 /* Version 3 added noise_band and the localize tables (docs/localize.md). */
-/* Version 4 moved the top-k out of the step rows into one chunk per leg
- * (leg_top), stores step.gap compactly and replaced the view v_step_top by
- * v_step (docs/store.md). */
-#define STORE_SCHEMA_VERSION 4
+/* Version 4 kept the top-k in one binary chunk per leg (leg_top). */
+/* Version 5 keeps the top-k in plain rows (step_top: one row per rank, the
+ * f32 logit as a REAL, NaN and -0.0 with their bits), leg.same_as for legs
+ * stored once, gap REAL in every step row, and the view v_top. Stores of
+ * versions 1..4 with step rows are refused: their top-k blobs are no longer
+ * decoded (docs/store.md). */
+#define STORE_SCHEMA_VERSION 5
 
-/* The top-k of the steps of one (leg, prompt), decoded: step i has number
- * step[i] (ascending) and n_top[i] entries at top + off[i]. */
+/* The top-k of the steps of one (leg, prompt): step i has number step[i]
+ * (ascending) and n_top[i] (0..4096) entries at top + off[i]. */
 typedef struct store_tops {
     int n;
     int *step, *n_top;
@@ -142,19 +145,15 @@ typedef struct store_tops {
     tg_top *top;
 } store_tops;
 
-/* Reads and decodes the top-k of every step of (leg_id, prompt_id) from the
- * leg's chunk (and, for steps stored once, the arm's first leg's chunk).
- * Returns 0 with *out (free with store_tops_free; n 0 when the leg has no
- * steps of that prompt), or -1 with e naming the leg, prompt and what is
- * corrupt. */
+/* Reads the top-k of every step of (leg_id, prompt_id) from its step_top
+ * rows (those of the leg its same_as names, when set), every id and f32
+ * logit bit-exact as stored. Returns 0 with *out (free with
+ * store_tops_free; n 0 when the leg has no steps of that prompt), or -1
+ * with e naming the leg, prompt, step and rank of a row that holds no
+ * valid entry. */
 int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store_tops *out, tg_err *e);
 void store_tops_free(store_tops *t);          /* NULL is a no-op; resets *t */
 /* Index of step number step in t, or -1. */
 int store_tops_find(const store_tops *t, int step);
-
-/* Decoding of the version-3 per-step blob (step.top before version 4; the
- * migration reads it): writes up to cap entries into top and returns the
- * count, or -1 with e naming the corruption. */
-int store_decode_top(const void *blob, size_t len, tg_top *top, int cap, tg_err *e);
 
 #endif

@@ -19,7 +19,12 @@ void svg_escape(FILE *out, const char *s)
         case '>': fputs("&gt;", out); break;
         case '"': fputs("&quot;", out); break;
         case '\'': fputs("&apos;", out); break;
-        default: fputc(*s, out);
+        default:
+            /* XML 1.0 has no C0 controls but tab, newline, CR (not even as &#N;) */
+            if (((unsigned char)*s < 0x20 && *s != '\t' && *s != '\n' && *s != '\r') || *s == 0x7f)
+                fprintf(out, "\\x%02x", (unsigned char)*s);
+            else
+                fputc(*s, out);
         }
     }
 }

@@ -24,7 +24,9 @@ int svg_bars(FILE *out, const char *title, int n_groups, const char *const *labe
 int svg_scatter(FILE *out, const char *title, const char *xlabel, const char *ylabel, int n,
                 const double *x, const double *y, const int *mark, double hline);
 
-/* Writes s with &, <, >, " and ' escaped for XML. */
+/* Writes s with &, <, >, " and ' escaped for XML, and C0 control bytes
+ * (but tab, newline, CR) and DEL as the text "\xNN" (XML cannot carry
+ * them), so JUnit and SVG stay well-formed. */
 void svg_escape(FILE *out, const char *s);
 
 #endif

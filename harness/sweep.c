@@ -11,6 +11,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <getopt.h>
 #include <jansson.h>
 #include <libfyaml.h>
 #include <limits.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -76,18 +78,19 @@ static int slurp(const char *path, char **out, size_t *len, tg_err *e)
     return 0;
 }
 
-/* The absolute form of a path named in the sweep file: as given when it
- * exists relative to the current directory (or is absolute), else relative
- * to the sweep file's folder. Returns a malloc'ed string. */
+/* The absolute form of a spec path named in the sweep file: as given when
+ * absolute, else relative to the sweep file's folder (never the current
+ * directory, so a sweep resolves the same wherever it is run from).
+ * Returns a malloc'ed string. */
 static char *resolve_path(const char *sweep_path, const char *p)
 {
     char real[PATH_MAX];
-    if (p[0] == '/' || access(p, F_OK) == 0) return xstrdup(realpath(p, real) ? real : p);
+    if (p[0] == '/') return xstrdup(realpath(p, real) ? real : p);
     char *dir = xstrdup(sweep_path), *slash = strrchr(dir, '/');
     char buf[PATH_MAX];
     if (slash) {
         *slash = 0;
-        snprintf(buf, sizeof buf, "%s/%s", dir, p);
+        snprintf(buf, sizeof buf, "%s/%s", *dir ? dir : "/", p);
     } else
         snprintf(buf, sizeof buf, "%s", p);
     free(dir);
@@ -485,9 +488,8 @@ int sweep_run_spec(tg_store *st, const char *path, const char *text, const char 
     /* what changed against the spec's earlier runs in this store */
     FILE *sink = fopen("/dev/null", "w");
     trend_result tr;
-    if (sink && trend_spec(st, spec->name, 0, sink, &tr, &e) == 0)
-        snprintf(row->trend, sizeof row->trend, "%s",
-                 tr.n_regressions ? "REGRESSION" : tr.n_runs < 2 ? "FIRST" : "CLEAN");
+    if (sink && trend_spec(st, spec->name, 0, 0, sink, &tr, &e) == 0)
+        snprintf(row->trend, sizeof row->trend, "%s", tr.word);
     if (sink) fclose(sink);
     rc = 0;
 done:
@@ -530,6 +532,69 @@ int sweep_exit_code(const sweep_row *rows, int n)
 }
 
 /* ------------------------------------------------------------------ */
+/* CPUs                                                                */
+
+/* The threads one process of arm i uses: its `threads` load option, else 1
+ * for the ref and gpu tiers and for exec and command arms, or 0 when the
+ * worker picks (the cpu tier and llama.cpp use every CPU they see). */
+static int arm_threads(const tg_spec *s, int i)
+{
+    const spec_arm *a = &s->arms[i];
+    json_error_t je;
+    json_t *o = json_loads(a->options_json ? a->options_json : "{}", 0, &je);
+    json_t *t = json_object_get(o, "threads");
+    int n = json_is_integer(t) ? (int)json_integer_value(t) : 0;
+    json_decref(o);
+    if (n > 0) return n;
+    if (a->kind == SPEC_ARM_LLAMA) return 0;
+    if (a->kind == SPEC_ARM_ENGINE && a->tier && !strcmp(a->tier, "cpu")) return 0;
+    return 1;
+}
+
+void sweep_spec_cpus(const tg_spec *s, int cap, sweep_cpus *c)
+{
+    memset(c, 0, sizeof *c);
+    c->threads = 1;
+    size_t nn = 0;
+    for (int i = 0; i < s->n_arms; i++) {
+        int t = arm_threads(s, i);
+        if (t == 0) {
+            if (nn < sizeof c->note)
+                nn += (size_t)snprintf(c->note + nn, sizeof c->note - nn,
+                                       "%sarm %s sets no threads (its worker takes every CPU it sees; counted as 1)",
+                                       nn ? "; " : "", s->arms[i].name);
+            t = 1;
+        }
+        if (t > c->threads) c->threads = t;
+    }
+    /* legs side by side: the spec's jobs, at most the legs there are */
+    int tasks = s->n_arms * s->legs - (strcmp(s->mode, "teacher-forced") ? 0 : 1);
+    c->jobs = s->jobs < tasks ? s->jobs : tasks;
+    if (c->jobs < 1) c->jobs = 1;
+    if (cap > 0) {
+        int fit = cap / c->threads;
+        if (fit < 1) fit = 1;
+        if (c->jobs > fit && nn < sizeof c->note)
+            nn += (size_t)snprintf(c->note + nn, sizeof c->note - nn, "%sjobs %d -> %d to fit %d CPUs",
+                                   nn ? "; " : "", c->jobs, fit, cap);
+        if (c->jobs > fit) c->jobs = fit;
+        if (c->threads > cap && nn < sizeof c->note)
+            nn += (size_t)snprintf(c->note + nn, sizeof c->note - nn,
+                                   "%san arm runs %d threads on %d CPUs: it will be slower", nn ? "; " : "",
+                                   c->threads, cap);
+    }
+    c->cpus = c->threads * c->jobs;
+}
+
+/* The CPUs this process may run on (its affinity mask), or 0 if unknown. */
+static int cpus_available(void)
+{
+    cpu_set_t cs;
+    CPU_ZERO(&cs);
+    return sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* Commands                                                            */
 
 static int usage(const char *fmt, const char *arg)
@@ -544,7 +609,7 @@ static int usage(const char *fmt, const char *arg)
 typedef struct sopts {
     const char *pos;
     const char *db, *out, *only, *shard;
-    int jobs, shards;
+    int jobs, shards, cpus;
 } sopts;
 
 static int parse_int(const char *s, int lo, int hi, int *v)
@@ -557,32 +622,54 @@ static int parse_int(const char *s, int lo, int hi, int *v)
     return 0;
 }
 
-/* Parses argv[2..] against allowed (space-separated). Returns 0 or an exit code. */
-static int parse(int argc, char **argv, const char *allowed, sopts *o)
+enum { O_DB = 1000, O_JOBS, O_ONLY, O_SHARDS, O_OUT, O_SHARD, O_CPUS };
+static const struct option SWEEP_OPTS[] = {
+    {"db", required_argument, NULL, O_DB}, {"jobs", required_argument, NULL, O_JOBS},
+    {"only", required_argument, NULL, O_ONLY}, {NULL, 0, NULL, 0}};
+static const struct option PLAN_OPTS[] = {
+    {"shards", required_argument, NULL, O_SHARDS}, {"out", required_argument, NULL, O_OUT},
+    {"cpus-per-task", required_argument, NULL, O_CPUS}, {NULL, 0, NULL, 0}};
+static const struct option RUN_OPTS[] = {
+    {"shard", required_argument, NULL, O_SHARD}, {"db", required_argument, NULL, O_DB},
+    {"jobs", required_argument, NULL, O_JOBS}, {NULL, 0, NULL, 0}};
+
+/* Parses argv[2..] (getopt_long, options and the one positional argument in
+ * any order) against the command's options lo and short options so.
+ * Returns 0 or an exit code. */
+static int parse(int argc, char **argv, const char *so, const struct option *lo, sopts *o)
 {
     memset(o, 0, sizeof *o);
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (a[0] != '-' || !a[1]) {
-            if (o->pos) return usage("unexpected argument '%s'", a);
-            o->pos = a;
-            continue;
-        }
-        char key[64], list[128];
-        snprintf(key, sizeof key, " %s ", a);
-        snprintf(list, sizeof list, " %s ", allowed);
-        if (!strstr(list, key)) return usage("unknown option '%s' for this command", a);
-        if (i + 1 >= argc) return usage("option '%s' needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--db")) o->db = v;
-        else if (!strcmp(a, "--out") || !strcmp(a, "-o")) o->out = v;
-        else if (!strcmp(a, "--only")) o->only = v;
-        else if (!strcmp(a, "--shard")) o->shard = v;
-        else if (!strcmp(a, "--jobs")) {
+    /* argv[1], the command, stands in for the program name */
+    int ac = argc - 1;
+    char **av = argv + 1;
+    optind = 0;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(ac, av, so, lo, NULL)) != -1) {
+        const char *v = optarg;
+        switch (c) {
+        case O_DB: o->db = v; break;
+        case 'o':
+        case O_OUT: o->out = v; break;
+        case O_ONLY: o->only = v; break;
+        case O_SHARD: o->shard = v; break;
+        case O_JOBS:
             if (parse_int(v, 1, 256, &o->jobs) < 0) return usage("--jobs: expected an integer 1..256, got '%s'", v);
-        } else if (!strcmp(a, "--shards")) {
+            break;
+        case O_SHARDS:
             if (parse_int(v, 1, 100000, &o->shards) < 0) return usage("--shards: expected an integer >= 1, got '%s'", v);
+            break;
+        case O_CPUS:
+            if (parse_int(v, 1, 4096, &o->cpus) < 0)
+                return usage("--cpus-per-task: expected an integer 1..4096, got '%s'", v);
+            break;
+        case ':': return usage("option '%s' needs a value", av[optind - 1]);
+        default: return usage("unknown option '%s' for this command", av[optind - 1]);
         }
+    }
+    for (int i = optind; i < ac; i++) {
+        if (o->pos) return usage("unexpected argument '%s'", av[i]);
+        o->pos = av[i];
     }
     return 0;
 }
@@ -590,7 +677,7 @@ static int parse(int argc, char **argv, const char *allowed, sopts *o)
 int sweep_main(int argc, char **argv)
 {
     sopts o;
-    int rc = parse(argc, argv, "--db --jobs --only", &o);
+    int rc = parse(argc, argv, ":", SWEEP_OPTS, &o);
     if (rc) return rc;
     if (!o.pos) return usage("sweep: expected a SWEEP file%s", "");
     tg_err e;
@@ -635,7 +722,7 @@ int sweep_main(int argc, char **argv)
 int sweep_plan_main(int argc, char **argv)
 {
     sopts o;
-    int rc = parse(argc, argv, "--shards --out -o", &o);
+    int rc = parse(argc, argv, ":o:", PLAN_OPTS, &o);
     if (rc) return rc;
     if (!o.pos) return usage("plan: expected a SWEEP file%s", "");
     if (!o.shards) return usage("plan: --shards N is required%s", "");
@@ -653,16 +740,37 @@ int sweep_plan_main(int argc, char **argv)
     json_t *units = json_array();
     if (!plan || !units) abort();
     printf("plan of sweep %s: %d specs in %d shards\n", sw->name, sw->n, o.shards);
-    printf("%-6s %-6s %s\n", "unit", "shard", "spec");
+    printf("%-6s %-6s %7s %5s %5s  %s\n", "unit", "shard", "threads", "jobs", "cpus", "spec");
+    int need = 1;
     for (int i = 0; i < sw->n; i++) {
         char sha[65];
         tg_sha256_buf(sw->e[i].text, strlen(sw->e[i].text), sha);
-        json_array_append_new(units, json_pack("{s:i, s:i, s:s, s:s, s:s, s:s}", "unit", i + 1,
+        tg_spec *s;
+        if (spec_parse(&s, sw->e[i].path, sw->e[i].text, strlen(sw->e[i].text), &e) < 0) {
+            fprintf(stderr, "tokgate: plan: %s\n", e.msg);
+            json_decref(units);
+            json_decref(plan);
+            sweep_free(sw);
+            return 2;
+        }
+        sweep_cpus c;
+        sweep_spec_cpus(s, o.cpus, &c);
+        spec_free(s);
+        if (c.cpus > need) need = c.cpus;
+        json_array_append_new(units, json_pack("{s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:i, s:i}", "unit", i + 1,
                                                "shard", sweep_shard_of(i, o.shards), "name", sw->e[i].name,
                                                "spec_path", sw->e[i].path, "spec_sha256", sha,
-                                               "spec_text", sw->e[i].text));
-        printf("%-6d %-6d %s\n", i + 1, sweep_shard_of(i, o.shards), sw->e[i].name);
+                                               "spec_text", sw->e[i].text, "threads", c.threads, "jobs", c.jobs,
+                                               "cpus", c.cpus));
+        printf("%-6d %-6d %7d %5d %5d  %s\n", i + 1, sweep_shard_of(i, o.shards), c.threads, c.jobs, c.cpus,
+               sw->e[i].name);
+        if (c.note[0]) printf("         %s: %s\n", sw->e[i].name, c.note);
     }
+    /* one request fits every unit: a shard runs its units one after the other */
+    int per_task = o.cpus > 0 ? o.cpus : need;
+    json_object_set_new(plan, "cpus_per_task", json_integer(per_task));
+    printf("cpus-per-task: %d (%s)\n", per_task,
+           o.cpus > 0 ? "as given; jobs capped to fit" : "the most threads x jobs of any unit");
     json_object_set_new(plan, "units", units);
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
@@ -691,7 +799,7 @@ static void remove_store_files(const char *path)
 int sweep_run_main(int argc, char **argv)
 {
     sopts o;
-    int rc = parse(argc, argv, "--shard --db --jobs", &o);
+    int rc = parse(argc, argv, ":", RUN_OPTS, &o);
     if (rc) return rc;
     if (!o.shard) return usage("run: --shard I/N is required%s", "");
     int si, sn;
@@ -776,10 +884,19 @@ int sweep_run_main(int argc, char **argv)
             rc = 2;
             break;
         }
+        const char *uname = json_string_value(json_object_get(u, "name"));
         fprintf(stderr, "tokgate: shard %d/%d: unit %lld %s\n", si, sn,
-                (long long)json_integer_value(json_object_get(u, "unit")),
-                json_string_value(json_object_get(u, "name")));
-        sweep_run_spec(st, path, text, bins, o.jobs, isatty(2), &rows[n++]);
+                (long long)json_integer_value(json_object_get(u, "unit")), uname ? uname : "?");
+        /* the legs side by side that the plan fitted to its CPUs, unless --jobs */
+        int jobs = o.jobs ? o.jobs : (int)json_integer_value(json_object_get(u, "jobs"));
+        int need = (int)json_integer_value(json_object_get(u, "cpus")), have = cpus_available();
+        if (!o.jobs && need > 0 && have > 0 && need > have)
+            fprintf(stderr, "tokgate: shard %d/%d: %s needs %d CPUs (%lld jobs x %lld threads) but this process "
+                            "may use %d (its CPU affinity): it will run slower; submit with --cpus-per-task=%d, "
+                            "or plan with --cpus-per-task %d\n",
+                    si, sn, uname ? uname : "?", need, (long long)json_integer_value(json_object_get(u, "jobs")),
+                    (long long)json_integer_value(json_object_get(u, "threads")), have, need, have);
+        sweep_run_spec(st, path, text, bins, jobs > 0 ? jobs : 0, isatty(2), &rows[n++]);
     }
     store_close(st);
     if (rc == 0) {

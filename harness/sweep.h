@@ -44,6 +44,22 @@ const char *sweep_entry_path(const tg_sweep *sw, int i);
  * n_shards shards: round robin. */
 int sweep_shard_of(int i, int n_shards);
 
+/* The CPUs one run of a spec needs (tokgate plan, docs/sweep.md). */
+typedef struct sweep_cpus {
+    int threads;             /* the most threads one arm process uses (its `threads` option; 1 for the
+                              * ref tier, exec and command arms; 1 when unset on a cpu or llama arm,
+                              * said in note) */
+    int jobs;                /* legs side by side: the spec's jobs, at most its legs, capped to fit */
+    int cpus;                /* threads x jobs */
+    char note[512];          /* what was assumed or capped, or "" */
+} sweep_cpus;
+
+/* The CPUs spec s needs to run at full speed; cap > 0 is the CPUs there
+ * are: jobs is lowered (never below 1) so that threads x jobs fits it, and
+ * an arm with more threads than cap is noted. Never fails. */
+struct tg_spec;
+void sweep_spec_cpus(const struct tg_spec *s, int cap, sweep_cpus *c);
+
 /* What one spec of a sweep gave. */
 typedef struct sweep_row {
     char name[128];          /* spec name */
@@ -52,7 +68,8 @@ typedef struct sweep_row {
     int n_arms, n_pass;      /* gate arms scored / passed */
     char divergences[32];    /* GENERATION_DIVERGENCES k/n, "-" if none */
     double seconds;
-    char trend[16];          /* TREND of the spec after this run (trend.h): CLEAN | REGRESSION | FIRST, or "-" */
+    char trend[16];          /* TREND of the spec after this run (trend.h): CLEAN | REGRESSION | FIRST |
+                              * NO_BASELINE, or "-" */
     char error[1100];        /* why ERROR, else "" */
 } sweep_row;
 

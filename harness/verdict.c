@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common.h"
 #include "compare.h"
 #include "noise.h"
 
@@ -38,11 +39,6 @@ void verdict_wilson(int k, int n, double *lo, double *hi)
     double half = z * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n)) / den;
     *lo = mid - half < 0 ? 0 : mid - half;
     *hi = mid + half > 1 ? 1 : mid + half;
-}
-
-static int db_fail(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
 /* ------------------------------------------------------------------ */
@@ -72,10 +68,28 @@ static void decide_prompt(const cmp_run *r, const cmp_arm *arm, int p, int *v, c
         *v = V_FAIL;
         snprintf(why, cap, "tokenization differs from the reference's");
     } else if (ap->first_bad >= 0) {
-        const cmp_row *row = &g->rows[ap->first_bad];
-        *v = V_FAIL;
-        snprintf(why, cap, "step %d: %s (token %d, reference %d, rank %d)", row->step,
-                 compare_class_name(row->cls), row->token, row->ref_token, row->rank);
+        /* the first step the arm fails; a step whose reference logits are
+         * degenerate judges nothing, so it makes the prompt not measurable
+         * unless the arm fails elsewhere */
+        const cmp_row *bad = NULL, *ref_degen = NULL;
+        for (int i = ap->first_bad; i < g->n_rows && !bad; i++) {
+            const cmp_row *row = &g->rows[i];
+            if (row->prompt != p || row->cls == CMP_UNCOMPARABLE || compare_class_ok(row->cls, r->policy)) continue;
+            if (row->degenerate == 1) {
+                if (!ref_degen) ref_degen = row;
+            } else
+                bad = row;
+        }
+        if (bad) {
+            *v = V_FAIL;
+            snprintf(why, cap, "step %d: %s (token %d, reference %d, rank %d)%s", bad->step,
+                     compare_class_name(bad->cls), bad->token, bad->ref_token, bad->rank,
+                     bad->degenerate ? ": the arm's logits have a NaN or infinity" : "");
+        } else {
+            *v = V_NM;
+            snprintf(why, cap, "step %d: the reference's logits are degenerate (NaN, infinite or all equal): "
+                     "no token can be judged", ref_degen->step);
+        }
     } else if (ap->missing_steps > 0) {
         *v = V_FAIL;
         snprintf(why, cap, "%d steps fewer than the reference", ap->missing_steps);
@@ -106,7 +120,9 @@ static void decide_arm(const cmp_run *r, const cmp_arm *arm, arm_verdict *av)
     const char *why_legs = NULL;
     char buf[512];
     if (!r->ref_ok) {
-        why_legs = r->ref_why;
+        why_legs = r->ref_why;   /* a broken reference: resuming would not help */
+    } else if (r->unfinished) {
+        why_legs = r->unfinished_why;
     } else if (arm->legs_clean < 2) {
         const char *leg_why = "";
         int leg_no = 0;
@@ -117,10 +133,10 @@ static void decide_arm(const cmp_run *r, const cmp_arm *arm, arm_verdict *av)
             }
         if (leg_no)
             snprintf(buf, sizeof buf, "%d/%d legs clean, fewer than 2 (leg %d: %.200s)",
-                     arm->legs_clean, arm->n_legs, leg_no, leg_why);
+                     arm->legs_clean, arm->legs_expected, leg_no, leg_why);
         else
             snprintf(buf, sizeof buf, "%d/%d legs clean, fewer than 2", arm->legs_clean,
-                     arm->n_legs);
+                     arm->legs_expected);
         why_legs = buf;
     } else if (!arm->legs_identical) {
         snprintf(buf, sizeof buf, "clean legs differ: %.300s", arm->identical_why);
@@ -356,8 +372,10 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         const cmp_arm *arm = &r->arms[a];
         const char *name = arm->name;
         if (put_kv(w, name, NULL, "ROLE", "%s", arm->is_ref ? "reference" : arm->role) < 0) return -1;
-        if (put_kv(w, name, NULL, "LEGS_CLEAN", "%d/%d", arm->legs_clean, arm->n_legs) < 0) return -1;
-        if (put_kv(w, name, NULL, "LEGS_IDENTICAL", "%s", arm->legs_identical ? "YES" : "NO") < 0) return -1;
+        if (put_kv(w, name, NULL, "LEGS_CLEAN", "%d/%d", arm->legs_clean, arm->legs_expected) < 0) return -1;
+        if (put_kv(w, name, NULL, "LEGS_IDENTICAL", "%s",
+                   !arm->identical_known ? "UNKNOWN" : arm->legs_identical ? "YES" : "NO") < 0)
+            return -1;
         if (!arm->legs_identical &&
             put_kv(w, name, NULL, "LEGS_IDENTICAL_WHY", "%s", arm->identical_why) < 0) return -1;
         for (int l = 0; l < arm->n_legs; l++)
@@ -455,10 +473,12 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         any_fail |= av->v == V_FAIL;
         any_nm |= av->v == V_NM;
         tk_k += t_k, tk_n += t_n, gen_k += g_k, gen_n += g_n;
-        lc_k += arm->legs_clean, lc_n += arm->n_legs;
-        ident &= arm->legs_identical;
-        rth += arm->reference_tier_hits;
-        dops += arm->device_ops;
+        lc_k += arm->legs_clean, lc_n += arm->legs_expected;
+        /* YES only when every gate arm had two clean legs to compare */
+        if (!arm->legs_identical) ident = 0;
+        else if (!arm->identical_known && ident == 1) ident = 2;
+        rth = common_add_sat(rth, arm->reference_tier_hits);
+        dops = common_add_sat(dops, arm->device_ops);
     }
     if (ref->n_legs && ref->legs[0].leg == 1)
         for (int p = 0; p < r->n_prompts; p++) {
@@ -470,13 +490,15 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         }
     int overall = n_gate == 0 ? V_NM : any_fail ? V_FAIL : any_nm ? V_NM : V_PASS;
     if (!r->ref_ok && overall != V_FAIL) overall = V_NM;
+    if (r->unfinished) overall = V_NM;   /* whatever the stored legs say */
+    if (n_gate == 0) ident = 2;          /* no arm had legs to compare */
     int n_split = 0;
     for (int c = 0; c < r->n_contested; c++) n_split += r->contested[c].oracle_split;
     if (put_kv(w, NULL, NULL, "TOKEN_GATE", "%s", VWORD[overall]) < 0 ||
         put_kv(w, NULL, NULL, "TOKENIZER_DIVERGENCES", "%d/%d", tk_k, tk_n) < 0 ||
         put_kv(w, NULL, NULL, "GENERATION_DIVERGENCES", "%d/%d", gen_k, gen_n) < 0 ||
         put_kv(w, NULL, NULL, "LEGS_CLEAN", "%d/%d", lc_k, lc_n) < 0 ||
-        put_kv(w, NULL, NULL, "LEGS_IDENTICAL", "%s", ident ? "YES" : "NO") < 0 ||
+        put_kv(w, NULL, NULL, "LEGS_IDENTICAL", "%s", ident == 1 ? "YES" : ident == 2 ? "UNKNOWN" : "NO") < 0 ||
         put_kv(w, NULL, NULL, "ORACLE_REPRO", "%s",
                repro_no ? "NO" : (repro_yes && !repro_first) ? "YES" : "FIRST") < 0 ||
         put_kv(w, NULL, NULL, "REFERENCE_TIER_HITS", "%lld", (long long)rth) < 0 ||
@@ -484,7 +506,8 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
         put_kv(w, NULL, NULL, "NEAR_TIES", "%d", n_near) < 0 ||
         put_kv(w, NULL, NULL, "CONTESTED", "%d", r->n_contested) < 0 ||
         put_kv(w, NULL, NULL, "ORACLE_SPLITS", "%d", n_split) < 0 ||
-        put_kv(w, NULL, NULL, "GATE_ARMS", "%d", n_gate) < 0)
+        put_kv(w, NULL, NULL, "GATE_ARMS", "%d", n_gate) < 0 ||
+        (r->n_degenerate && put_kv(w, NULL, NULL, "DEGENERATE_STEPS", "%d", r->n_degenerate) < 0))
         return -1;
     if (r->n_variants > 0) {
         int split = 0, known = 0;
@@ -497,7 +520,10 @@ static int put_verdicts(writer *w, const cmp_run *r, arm_verdict *avs, verdict_r
             put_kv(w, NULL, NULL, "NOISE_BANDS_KNOWN", "%d/%d", known, r->n_bands) < 0)
             return -1;
     }
-    if (!r->ref_ok && put_kv(w, NULL, NULL, "REASON", "%s", r->ref_why) < 0) return -1;
+    if (!r->ref_ok) {
+        if (put_kv(w, NULL, NULL, "REASON", "%s", r->ref_why) < 0) return -1;
+    } else if (r->unfinished && put_kv(w, NULL, NULL, "REASON", "%s", r->unfinished_why) < 0)
+        return -1;
     if (custody_worst >= 0) {
         static const char *const CW[] = {"EXACT", "PREFIX", "UNKNOWN", "DIVERGE"};
         if (put_kv(w, NULL, NULL, "CHAIN_OF_CUSTODY", "%s", CW[custody_worst]) < 0) return -1;
@@ -522,7 +548,7 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     double band = 0;
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT policy, band FROM run WHERE id=?1", -1, &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading the run");
+        return common_sql_err(db, e, "reading the run");
     sqlite3_bind_int64(s, 1, run_id);
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
@@ -531,7 +557,7 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     }
     sqlite3_finalize(s);
     if (rc == SQLITE_DONE) return tg_errf(e, "store: no run %lld", (long long)run_id);
-    if (rc != SQLITE_ROW) return db_fail(db, e, "reading the run");
+    if (rc != SQLITE_ROW) return common_sql_err(db, e, "reading the run");
     if (o.policy_kind) snprintf(policy, sizeof policy, "%s", o.policy_kind);
     if (o.band >= 0 && isfinite(o.band)) band = o.band;
     if (strcmp(policy, "exact") && strcmp(policy, "near-tie") && strcmp(policy, "noise"))
@@ -545,23 +571,15 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     writer w = {db, NULL, NULL, NULL, run_id, 0, policy, band};
     if (compare_run(st, run_id, policy, band, &r, e) < 0) return -1;
     int ret = -1;
-    arm_verdict *avs = calloc((size_t)r->n_arms, sizeof *avs);
-    if (!avs) {
-        tg_errf(e, "out of memory");
-        goto out;
-    }
+    arm_verdict *avs = xcalloc((size_t)r->n_arms, sizeof *avs);
     for (int a = 0; a < r->n_arms; a++) {
-        avs[a].pv = calloc((size_t)(r->n_prompts + 1), sizeof *avs[a].pv);
-        avs[a].preason = calloc((size_t)(r->n_prompts + 1), sizeof *avs[a].preason);
-        if (!avs[a].pv || !avs[a].preason) {
-            tg_errf(e, "out of memory");
-            goto out;
-        }
+        avs[a].pv = xcalloc((size_t)(r->n_prompts + 1), sizeof *avs[a].pv);
+        avs[a].preason = xcalloc((size_t)(r->n_prompts + 1), sizeof *avs[a].preason);
         if (!r->arms[a].is_ref && !r->arms[a].is_custody) decide_arm(r, &r->arms[a], &avs[a]);
     }
 
     if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
-        db_fail(db, e, "starting the verdict transaction");
+        common_sql_err(db, e, "starting the verdict transaction");
         goto out;
     }
     if (sqlite3_prepare_v2(db, "SELECT coalesce(max(set_no), 0) + 1 FROM verdict_set WHERE run_id=?1",
@@ -623,7 +641,7 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     ret = 0;
     goto out;
 sqlfail:
-    db_fail(db, e, "writing the verdict set");
+    common_sql_err(db, e, "writing the verdict set");
     sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
 out:
     sqlite3_finalize(w.v);
@@ -642,12 +660,12 @@ int verdict_latest_set(tg_store *st, int64_t run_id, int *set, tg_err *e)
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT coalesce(max(set_no), 0) FROM verdict_set WHERE run_id=?1", -1,
                            &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading verdict sets");
+        return common_sql_err(db, e, "reading verdict sets");
     sqlite3_bind_int64(s, 1, run_id);
     int rc = sqlite3_step(s);
     *set = rc == SQLITE_ROW ? sqlite3_column_int(s, 0) : 0;
     sqlite3_finalize(s);
-    if (rc != SQLITE_ROW) return db_fail(db, e, "reading verdict sets");
+    if (rc != SQLITE_ROW) return common_sql_err(db, e, "reading verdict sets");
     return 0;
 }
 
@@ -658,7 +676,7 @@ int verdict_get_overall(tg_store *st, int64_t run_id, int set, char word[16], tg
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(db, "SELECT overall FROM verdict_set WHERE run_id=?1 AND set_no=?2", -1,
                            &s, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading a verdict set");
+        return common_sql_err(db, e, "reading a verdict set");
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_int(s, 2, set);
     int rc = sqlite3_step(s);
@@ -667,7 +685,7 @@ int verdict_get_overall(tg_store *st, int64_t run_id, int set, char word[16], tg
     if (rc == SQLITE_DONE)
         return tg_errf(e, "run %lld has no verdict set %d: run `tokgate rescore %lld`",
                        (long long)run_id, set, (long long)run_id);
-    if (rc != SQLITE_ROW) return db_fail(db, e, "reading a verdict set");
+    if (rc != SQLITE_ROW) return common_sql_err(db, e, "reading a verdict set");
     return 0;
 }
 
@@ -688,7 +706,7 @@ int verdict_gate_passed(tg_store *st, const char *spec_name, const char *artifac
                            "SELECT 1 FROM leg JOIN binary ON binary.id = leg.binary_id"
                            " WHERE leg.run_id=?1 AND binary.sha256=?2 LIMIT 1",
                            -1, &b, NULL) != SQLITE_OK) {
-        db_fail(db, e, "looking up gate runs");
+        common_sql_err(db, e, "looking up gate runs");
         goto out;
     }
     sqlite3_bind_text(s, 1, spec_name, -1, SQLITE_STATIC);
@@ -725,7 +743,7 @@ int verdict_gate_passed(tg_store *st, const char *spec_name, const char *artifac
         goto out;
     }
     if (rc != SQLITE_DONE) {
-        db_fail(db, e, "looking up gate runs");
+        common_sql_err(db, e, "looking up gate runs");
         goto out;
     }
     tg_errf(e, "no gate run of %s on artifact %.16s... with these binaries: run `tokgate gate` first",

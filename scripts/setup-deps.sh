@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential pkg-config git ca-certificates xz-utils
   libsqlite3-dev sqlite3 libzstd-dev libcmocka-dev libpcre2-dev
-  libjansson-dev libfyaml-dev libxxhash-dev libssl-dev
+  libjansson-dev libfyaml-dev libxxhash-dev libssl-dev libcurl4-openssl-dev
   clang libclang-rt-14-dev valgrind
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross libstdc++6-arm64-cross qemu-user
   hipcc libamdhip64-dev rocm-device-libs

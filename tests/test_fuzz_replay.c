@@ -28,6 +28,7 @@
 #include "fuzz/fuzz_gguf.c"
 #include "fuzz/fuzz_proto.c"
 #include "fuzz/fuzz_spec.c"
+#include "fuzz/fuzz_store.c"
 #include "fuzz/fuzz_tokenizer.c"
 
 typedef int (*fuzz_fn)(const uint8_t *, size_t);
@@ -40,6 +41,7 @@ static const struct {
     {"tokenizer", fuzz_tokenizer_one},
     {"spec", fuzz_spec_one},
     {"proto", fuzz_proto_one},
+    {"store", fuzz_store_one},
 };
 
 static fuzz_fn target(const char *name)
@@ -148,6 +150,7 @@ static void test_replay_tokenizer(void **u)
 }
 static void test_replay_spec(void **u) { (void)u; replay_target("spec", 10); }
 static void test_replay_proto(void **u) { (void)u; replay_target("proto", 10); }
+static void test_replay_store(void **u) { (void)u; replay_target("store", 10); }
 
 int main(int argc, char **argv)
 {
@@ -159,7 +162,7 @@ int main(int argc, char **argv)
     if (argc >= 2) {
         fuzz_fn fn = target(argv[1]);
         if (!fn) {
-            fprintf(stderr, "usage: %s [gguf|tokenizer|spec|proto FILE...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [gguf|tokenizer|spec|proto|store FILE...]\n", argv[0]);
             return 2;
         }
         for (int i = 2; i < argc; i++) {
@@ -175,6 +178,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_replay_tokenizer),
         cmocka_unit_test(test_replay_spec),
         cmocka_unit_test(test_replay_proto),
+        cmocka_unit_test(test_replay_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,8 @@
  * tg-llama (and optionally tg-engine) are built; it is skipped otherwise.
  */
 #include <limits.h>
+#include <sched.h>
+#include <math.h>
 #include <setjmp.h>
 #include <sqlite3.h>
 #include <stdarg.h>
@@ -55,7 +57,7 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", NULL};
+    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "cut.gguf", NULL};
     char p[2 * PATH_MAX];
     for (int i = 0; names[i]; i++) {
         snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
@@ -261,9 +263,345 @@ static void test_faulted_arms(void **unused)
     }
     arm_verdict(st, r.run_id, "good", w);
     assert_string_equal(w, "PASS");
+    /* the hung arm's REASON is the stored cause, not the harness's own kill */
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                        "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'hang' AND"
+                                        " prompt IS NULL AND key = ?2", -1, &q, NULL), SQLITE_OK);
+    static const char *const keys[] = {"LEG1_NOT_CLEAN", "REASON"};
+    for (int k = 0; k < 2; k++) {
+        sqlite3_reset(q);
+        sqlite3_bind_int64(q, 1, r.run_id);
+        sqlite3_bind_text(q, 2, keys[k], -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        const char *v = (const char *)sqlite3_column_text(q, 0);
+        if (!strstr(v, "timeout: hello: no complete answer within 0.5 s")) print_message("%s=%s\n", keys[k], v);
+        assert_non_null(strstr(v, "timeout: hello: no complete answer within 0.5 s"));
+        assert_null(strstr(v, "killed by signal"));
+    }
+    sqlite3_finalize(q);
     assert_integrity(st);
     store_close(st);
     spec_free(s);
+}
+
+/* Non-finite and flat logits (docs/protocol.md spells NaN "nan"): a leg
+ * that sends them is accepted and stored (it was a protocol error that
+ * killed the arm), the step is classed DEGENERATE, and no step whose
+ * reference logits are degenerate passes: a flat or NaN reference makes
+ * the arm NOT_MEASURABLE, an arm's own NaN logits make it FAIL. */
+static void test_degenerate_logits(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    static const char *const cases[][4] = {
+        /* reference mode, test arm mode, the arm's verdict, reason fragment */
+        {"flat-logits", "ok", "NOT_MEASURABLE", "reference's logits are degenerate"},
+        {"nan-logits", "ok", "NOT_MEASURABLE", "reference's logits are degenerate"},
+        {"ok", "nan-logits", "FAIL", "the arm's logits have a NaN"},
+    };
+    for (int c = 0; c < 3; c++) {
+        char *t;
+        assert_true(asprintf(&t,
+                             "name: degenerate\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                             "steps: 3\ntop_k: 4\nlegs: 2\nreference: ref\npolicy: {kind: near-tie, band: 0.5}\n"
+                             "arms:\n  - {name: ref, exec: [%s, %s], role: oracle}\n  - {name: arm, exec: [%s, %s]}\n",
+                             m, sha, fa, cases[c][0], fa, cases[c][1]) > 0);
+        tg_spec *s = write_spec(t);
+        free(t);
+        tg_store *st = open_db();
+        gate_options o = opts();
+        gate_result r;
+        tg_err e;
+        if (gate_run(st, s, &o, &r, &e) < 0) {
+            print_message("gate_run: %s\n", e.msg);
+            fail();
+        }
+        /* accepted: no leg has a cause, every step is stored */
+        long long causes = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND cause IS NOT NULL", r.run_id, NULL);
+        if (causes) {
+            sqlite3_stmt *q;
+            sqlite3_prepare_v2(store_db(st), "SELECT cause FROM leg WHERE run_id = ?1 AND cause IS NOT NULL", -1, &q, NULL);
+            sqlite3_bind_int64(q, 1, r.run_id);
+            if (sqlite3_step(q) == SQLITE_ROW) print_message("%s: cause %s\n", cases[c][0], sqlite3_column_text(q, 0));
+            sqlite3_finalize(q);
+        }
+        assert_int_equal(causes, 0);
+        assert_int_equal(q_int(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id WHERE l.run_id = ?1",
+                               r.run_id, NULL), 4 * 3);
+        verdict_options vo = verdict_options_default();
+        verdict_result vr;
+        assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+        assert_string_equal(vr.verdict, cases[c][2]);
+        char w[32];
+        arm_verdict(st, r.run_id, "arm", w);
+        assert_string_equal(w, cases[c][2]);
+        assert_int_equal(q_int(st, "SELECT count(*) FROM compare WHERE run_id = ?1 AND class = 'DEGENERATE'",
+                               r.run_id, NULL), 2 * 3);
+        sqlite3_stmt *q;
+        assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                            "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'arm' AND"
+                                            " prompt = 'p1' AND key = 'REASON'", -1, &q, NULL), SQLITE_OK);
+        sqlite3_bind_int64(q, 1, r.run_id);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        const char *why = (const char *)sqlite3_column_text(q, 0);
+        if (!strstr(why, cases[c][3])) print_message("%s/%s: REASON %s\n", cases[c][0], cases[c][1], why);
+        assert_non_null(strstr(why, cases[c][3]));
+        sqlite3_finalize(q);
+        if (c < 2)
+            assert_int_equal(q_int(st, "SELECT CAST(value AS INTEGER) FROM verdict WHERE run_id = ?1 AND arm IS NULL"
+                                       " AND key = 'DEGENERATE_STEPS'", r.run_id, NULL), 3);
+        /* the NaNs came back from the store as NaNs */
+        if (c == 1) {
+            store_tops tt;
+            int64_t leg = q_int(st, "SELECT l.id FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
+                                    " AND a.name = 'ref' AND l.leg = 1", r.run_id, NULL);
+            int64_t pid = q_int(st, "SELECT id FROM prompt WHERE run_id = ?1", r.run_id, NULL);
+            assert_int_equal(store_tops_read(store_db(st), leg, pid, &tt, &e), 0);
+            assert_int_equal(tt.n, 3);
+            assert_true(isnan(tt.top[tt.off[0]].logit));
+            store_tops_free(&tt);
+        }
+        store_close(st);
+        spec_free(s);
+    }
+}
+
+/* Without --jobs the threads of the running legs stay within the CPUs: on
+ * 2 CPUs, 2-thread arms run one leg at a time (llama.cpp's spinning
+ * threads made --jobs 2 with threads 2 four times slower), 1-thread arms
+ * two at a time, an arm asking for more than all CPUs runs alone; --jobs N
+ * runs N legs at a time regardless. The legs are made slow (200 ms a step)
+ * so that they would overlap without the budget. */
+static void test_cpu_budget(void **unused)
+{
+    (void)unused;
+    cpu_set_t old, two;
+    assert_int_equal(sched_getaffinity(0, sizeof old, &old), 0);
+    if (CPU_COUNT(&old) < 2) {
+        print_message("skip: fewer than 2 CPUs\n");
+        skip();
+    }
+    CPU_ZERO(&two);
+    for (int i = 0, k = 0; i < CPU_SETSIZE && k < 2; i++)
+        if (CPU_ISSET(i, &old)) CPU_SET(i, &two), k++;
+    assert_int_equal(sched_setaffinity(0, sizeof two, &two), 0);
+    assert_int_equal(gate_cpus(), 2);
+    setenv("TG_FAULT_DELAY_MS", "200", 1);
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    static const int threads[] = {2, 1, 8};
+    static const int peak[] = {2, 2, 2};
+    for (int c = 0; c < 3; c++) {
+        char *t;
+        assert_true(asprintf(&t,
+                             "name: jobs\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                             "steps: 2\ntop_k: 2\nlegs: 2\njobs: 4\nreference: ref\npolicy: {kind: exact}\n"
+                             "arms:\n  - {name: ref, exec: [%s, ok], options: {threads: %d}}\n"
+                             "  - {name: a, exec: [%s, ok], options: {threads: %d}}\n"
+                             "  - {name: b, exec: [%s, ok], options: {threads: %d}}\n",
+                             m, sha, fa, threads[c], fa, threads[c], fa, threads[c]) > 0);
+        tg_spec *s = write_spec(t);
+        free(t);
+        for (int i = 0; i < 3; i++) assert_int_equal(gate_arm_threads(s, i, 2), threads[c]);
+        tg_store *st = open_db();
+        gate_options o = opts();
+        o.jobs = 0;
+        gate_result r;
+        tg_err e;
+        assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+        print_message("threads %d: peak %d threads at once\n", threads[c], r.peak_threads);
+        assert_int_equal(r.cpu_budget, 2);
+        assert_int_equal(r.jobs, 4);
+        assert_true(r.peak_threads <= peak[c]);
+        if (threads[c] == 1) assert_int_equal(r.peak_threads, 2);   /* 1-thread legs did run side by side */
+        o.jobs = 3;   /* an explicit --jobs: no budget */
+        assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+        assert_int_equal(r.cpu_budget, 0);
+        assert_int_equal(r.jobs, 3);
+        store_close(st);
+        spec_free(s);
+    }
+    unsetenv("TG_FAULT_DELAY_MS");
+    sched_setaffinity(0, sizeof old, &old);
+}
+
+/* Counters near INT64_MAX (a worker's word): two decodes a leg and two
+ * legs sum past it; the sums saturate at INT64_MAX instead of wrapping to
+ * negative numbers (signed overflow). */
+static void test_counters_saturate(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: counters\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}, {id: p2, text: cd}]\n"
+                         "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: big, exec: [%s, huge-counters]}\n",
+                         m, sha, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    assert_true(q_int(st, "SELECT min(device_ops) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
+                          " AND a.name = 'big'", r.run_id, NULL) == INT64_MAX);
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    static const char *const keys[] = {"DEVICE_OPS", "REFERENCE_TIER_HITS"};
+    for (int i = 0; i < 2; i++) {
+        sqlite3_stmt *q;
+        assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                            "SELECT value FROM verdict WHERE run_id = ?1 AND arm IS ?2 AND"
+                                            " prompt IS NULL AND key = ?3", -1, &q, NULL), SQLITE_OK);
+        for (int lvl = 0; lvl < 2; lvl++) {
+            sqlite3_reset(q);
+            sqlite3_bind_int64(q, 1, r.run_id);
+            if (lvl) sqlite3_bind_text(q, 2, "big", -1, SQLITE_STATIC);
+            else sqlite3_bind_null(q, 2);
+            sqlite3_bind_text(q, 3, keys[i], -1, SQLITE_STATIC);
+            assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+            assert_string_equal((const char *)sqlite3_column_text(q, 0), "9223372036854775807");
+        }
+        sqlite3_finalize(q);
+    }
+    store_close(st);
+    spec_free(s);
+}
+
+/* A worker's refusal is stored once ("load: no such model", not "load:
+ * arm x: load: load: load: ...") and its ANSI escapes never reach a
+ * terminal: the cause and every report show them as \x1b. */
+static void test_worker_error_text(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: errtext\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                         "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: x, exec: [%s, error-load]}\n",
+                         m, sha, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    tg_store *st = open_db();
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(store_db(st),
+                                        "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE"
+                                        " l.run_id = ?1 AND a.name = 'x'", -1, &q, NULL), SQLITE_OK);
+    sqlite3_bind_int64(q, 1, r.run_id);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(q, 0), "load: \\x1b[31mno such model\\x1b[0m");
+    sqlite3_finalize(q);
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    report_options ro = {REPORT_TEXT, 0};
+    assert_int_equal(report_write(st, r.run_id, &ro, f, &e), 0);
+    fclose(f);
+    assert_null(strchr(buf, 0x1b));
+    assert_non_null(strstr(buf, "load: \\x1b[31mno such model"));
+    free(buf);
+    store_close(st);
+    spec_free(s);
+}
+
+/* Input errors found before anything runs (exit 2, nothing stored): a
+ * model that is not a whole GGUF file for an engine arm (every leg failed
+ * and the run was NOT_MEASURABLE, exit 1), and steps x top_k whose scoring
+ * would need far more memory than the machine has. */
+static void test_inputs_checked_first(void **unused)
+{
+    (void)unused;
+    char sha[65], m[2 * PATH_MAX], cut[2 * PATH_MAX], shipped[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    path_in(cut, sizeof cut, "cut.gguf");
+    snprintf(shipped, sizeof shipped, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    const char *fa = fault_arm();
+    /* the shipped model cut after 1 MiB: a truncated download */
+    FILE *in = fopen(shipped, "rb"), *out = fopen(cut, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    static char buf[1 << 20];
+    assert_int_equal(fread(buf, 1, sizeof buf, in), sizeof buf);
+    assert_int_equal(fwrite(buf, 1, sizeof buf, out), sizeof buf);
+    fclose(in);
+    fclose(out);
+    char cut_sha[65];
+    tg_err e;
+    assert_int_equal(tg_sha256_file(cut, cut_sha, &e), 0);
+    const char *paths[] = {m, cut}, *shas[] = {sha, cut_sha};
+    tg_store *st = open_db();
+    long long runs = q_int(st, "SELECT count(*) FROM run", 0, NULL);
+    for (int i = 0; i < 2; i++) {
+        char *t;
+        assert_true(asprintf(&t,
+                             "name: notgguf\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                             "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+                             "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: eng, engine: ref}\n",
+                             paths[i], shas[i], fa) > 0);
+        tg_spec *s = write_spec(t);
+        free(t);
+        gate_options o = opts();
+        gate_result r;
+        assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
+        if (!strstr(e.msg, "expected a whole GGUF file for arm eng")) print_message("%s\n", e.msg);
+        assert_non_null(strstr(e.msg, "expected a whole GGUF file for arm eng"));
+        spec_free(s);
+    }
+    /* 3 arms x 1000 legs x 100000 steps x top-1024: terabytes */
+    char *t;
+    assert_true(asprintf(&t,
+                         "name: huge\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
+                         "steps: 100000\ntop_k: 1024\nlegs: 1000\nreference: ref\npolicy: {kind: exact}\n"
+                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: a, exec: [%s, ok]}\n"
+                         "  - {name: b, exec: [%s, ok]}\n", m, sha, fa, fa, fa) > 0);
+    tg_spec *s = write_spec(t);
+    free(t);
+    gate_options o = opts();
+    gate_result r;
+    assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
+    if (!strstr(e.msg, "GiB of memory (3 arms x 1000 legs x 1 prompts x 100000 steps x top-1024)"))
+        print_message("%s\n", e.msg);
+    assert_non_null(strstr(e.msg, "GiB of memory (3 arms x 1000 legs x 1 prompts x 100000 steps x top-1024)"));
+    spec_free(s);
+    assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
+    store_close(st);
+    /* the CLI: exit status 2, an input error */
+    char tg[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
+    snprintf(tg, sizeof tg, "%s/tokgate", g_bin);
+    if (!exists(tg)) return;
+    path_in(sp, sizeof sp, "s.yaml");
+    path_in(db, sizeof db, "t.db");
+    char *argv[] = {tg, "gate", sp, "--db", db, NULL};
+    char *outp;
+    size_t n;
+    arm_exit x;
+    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &outp, &n, &x, &e), -1);
+    assert_int_equal(x.exit_status, 2);
+    arm_exit_free(&x);
 }
 
 /* A pinned hash that does not match: nothing new is stored. */
@@ -543,6 +881,11 @@ static void test_real_gate_dumps(void **unused)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_degenerate_logits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cpu_budget, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_counters_saturate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_error_text, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inputs_checked_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume, setup, teardown),

@@ -42,6 +42,7 @@
 
 #include <jansson.h>
 
+#include "arm.h"
 #include "util.h"
 
 extern char **environ;
@@ -299,6 +300,127 @@ static void decode(wproc *w, const int32_t *prompt, int n, int steps, const int3
                    int32_t *tokens, char (*digests)[17])
 {
     decode_gaps(w, prompt, n, steps, force, tokens, digests, NULL);
+}
+
+/* The shipped model with one metadata value patched (key: a GGUF key of
+ * type u32 or f32, located by its length-prefixed name), written to out. */
+static void patch_model(const char *key, uint32_t type, const void *val, const char *out)
+{
+    FILE *f = fopen(MODEL, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    unsigned char *b = malloc((size_t)n);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    unsigned char pat[128];
+    uint64_t kl = strlen(key);
+    memcpy(pat, &kl, 8);
+    memcpy(pat + 8, key, kl);
+    unsigned char *at = memmem(b, (size_t)n, pat, 8 + kl);
+    assert_non_null(at);
+    uint32_t t;
+    memcpy(&t, at + 8 + kl, 4);
+    assert_int_equal(t, type);
+    memcpy(at + 12 + kl, val, 4);
+    f = fopen(out, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    free(b);
+}
+
+/* llama.cpp aborts on these files (GGML_ASSERT: 100000 layers at load, a
+ * negative RMS epsilon in the first decode) and ggml's abort handler runs
+ * gdb, whose backtrace goes to fd 1. tg-llama keeps its answers on a
+ * private descriptor, so the harness sees the crash for what it is
+ * ("crash: SIGABRT during load"), not a protocol error on gdb's first line. */
+static void test_abort_is_a_crash_not_a_protocol_error(void **state)
+{
+    (void)state;
+    need(TG_LLAMA, "tg-llama");
+    need(LIB_X86, "libllama (x86-64)");
+    need(MODEL, "the shipped model");
+    char dir[] = "/tmp/tg-test-llama-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char bc[sizeof dir + 16], eps[sizeof dir + 16];
+    snprintf(bc, sizeof bc, "%s/bc.gguf", dir);
+    snprintf(eps, sizeof eps, "%s/eps.gguf", dir);
+    uint32_t layers = 100000;
+    float neg = -1e-6f;
+    patch_model("qwen3.block_count", 4, &layers, bc);
+    patch_model("qwen3.attention.layer_norm_rms_epsilon", 6, &neg, eps);
+    const char *models[] = {bc, eps}, *want[] = {"crash: SIGABRT during load", "crash: SIGABRT during decode"};
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {TG_LLAMA, "--lib", LIB_X86, NULL};
+        arm_config cfg = {.name = "llama", .argv = argv, .timeout_request = 120};
+        tg_arm *a;
+        tg_err e;
+        assert_int_equal(arm_start(&a, &cfg, &e), 0);
+        assert_int_equal(arm_hello(a, NULL, &e), 0);
+        int rc = arm_load(a, models[i], "{\"threads\":1}", NULL, &e);
+        if (rc == 0) {
+            int32_t prompt[] = {1, 2};
+            arm_decode_req q = {.prompt = prompt, .n_prompt = 2, .steps = 2, .top_k = 4};
+            arm_decode_res r;
+            rc = arm_decode(a, &q, &r, NULL, NULL, &e);
+            arm_decode_res_free(&r);
+        }
+        assert_int_equal(rc, -1);
+        assert_true(arm_failed(a));
+        const char *cause = arm_cause(a);
+        if (!cause || strncmp(cause, want[i], strlen(want[i])))
+            fail_msg("%s: cause '%s', expected '%s'", models[i], cause ? cause : "(none)", want[i]);
+        arm_free(a);
+        unlink(models[i]);
+    }
+    rmdir(dir);
+}
+
+/* A worker whose reader is gone stops at the first failed write instead of
+ * decoding on: 4000 steps take about 10 s on this model; with its stdout
+ * closed after the first step line tg-llama must be gone within 3 s. */
+static void test_stops_at_first_failed_write(void **state)
+{
+    (void)state;
+    need(TG_LLAMA, "tg-llama");
+    need(LIB_X86, "libllama (x86-64)");
+    need(MODEL, "the shipped model");
+    wproc w;
+    start_llama(&w, TG_LLAMA, LIB_X86, NULL);
+    json_decref(wp_ask(&w, "{\"op\":\"hello\"}"));
+    char req[4096];
+    snprintf(req, sizeof req, "{\"op\":\"load\",\"model\":\"%s\",\"options\":{\"threads\":1}}", MODEL);
+    json_t *j = wp_ask(&w, req);
+    expect_ok(j, "load");
+    json_decref(j);
+    wp_send(&w, "{\"op\":\"decode\",\"prompt\":[1,2],\"steps\":4000}");
+    j = wp_read(&w);
+    assert_non_null(json_object_get(j, "step"));
+    json_decref(j);
+    double t0 = tg_now();
+    close(w.from);   /* the harness is gone */
+    int st = 0, done = 0;
+    while (!done && tg_now() - t0 < 30) {
+        done = waitpid(w.pid, &st, WNOHANG) == w.pid;
+        if (!done) {
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    double took = tg_now() - t0;
+    if (!done) {
+        kill(w.pid, SIGKILL);
+        waitpid(w.pid, &st, 0);
+    }
+    close(w.to);
+    free(w.buf);
+    print_message("tg-llama exited %.2f s after its stdout closed\n", took);
+    assert_true(done);
+    assert_true(took < 3.0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
 }
 
 /* ---- faults ---- */
@@ -794,6 +916,8 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_library),
+        cmocka_unit_test(test_abort_is_a_crash_not_a_protocol_error),
+        cmocka_unit_test(test_stops_at_first_failed_write),
         cmocka_unit_test(test_not_a_libllama),
         cmocka_unit_test(test_not_gguf_and_malformed),
         cmocka_unit_test(test_greedy_repeatable),

@@ -3,8 +3,8 @@
  *
  *  - localize_table on crafted tensors: the trend rule (layer 0 seeds it),
  *    the third-pair rule, mismatched sizes;
- *  - the dump blobs (byte shuffle + zstd) round-trip bit for bit and a
- *    corrupt blob is refused;
+ *  - a stored dump blob decodes to its n values (the codec itself is
+ *    tested in test_common);
  *  - the schema migration to the localize tables from an older store;
  *  - real runs of tg-engine: a tg-mkmodel tiny Q4_K_M file (4 layers) and
  *    the shipped trained model, with an arm perturbed by the documented
@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "v3fixture.h"
+#include "common.h"
 
 #include <limits.h>
 #include <math.h>
@@ -189,30 +190,6 @@ static void test_table_third(void **st)
     assert_non_null(strstr(e.msg, "layer 0 stage ffn_norm"));
 }
 
-static void test_pack(void **st)
-{
-    (void)st;
-    float x[1000], y[1000];
-    for (int i = 0; i < 1000; i++) x[i] = (float)sin(i * 0.37) * (float)(i % 7);
-    x[3] = -0.0f;
-    x[4] = NAN;
-    x[5] = INFINITY;
-    void *blob;
-    size_t len;
-    tg_err e;
-    assert_int_equal(localize_pack(x, 1000, &blob, &len, &e), 0);
-    assert_true(len > 0 && len < 4000);
-    assert_int_equal(localize_unpack(blob, len, y, 1000, &e), 0);
-    assert_memory_equal(x, y, sizeof x);
-    /* the wrong size and a damaged frame are refused */
-    assert_int_equal(localize_unpack(blob, len, y, 999, &e), -1);
-    ((unsigned char *)blob)[len / 2] ^= 0x5a;
-    ((unsigned char *)blob)[len - 1] ^= 0xff;
-    int rc = localize_unpack(blob, len, y, 1000, &e);
-    assert_true(rc == -1 || memcmp(x, y, sizeof x) != 0);
-    free(blob);
-}
-
 static void test_migration(void **st_)
 {
     (void)st_;
@@ -222,7 +199,7 @@ static void test_migration(void **st_)
     tg_err e;
     assert_int_equal(store_open(&st, db, &e), 0);
     /* make it a version-2 store: the version-3 step table, without the version-3 tables */
-    assert_int_equal(sqlite3_exec(store_db(st), V4_TO_V3_SQL, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(store_db(st), STORE_TO_V3_SQL, NULL, NULL, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_exec(store_db(st),
                                   "DROP TABLE localize_row; DROP TABLE localize_dump;"
                                   " DROP TABLE localize_arm; DROP TABLE localize; DROP TABLE noise_band;"
@@ -363,7 +340,7 @@ static void test_real_mkmodel(void **st_)
     assert_int_equal(sqlite3_step(q), SQLITE_ROW);
     int64_t nn = sqlite3_column_int64(q, 0);
     float *buf = malloc(sizeof(float) * (size_t)nn);
-    assert_int_equal(localize_unpack(sqlite3_column_blob(q, 1), (size_t)sqlite3_column_bytes(q, 1), buf, nn, &e), 0);
+    assert_int_equal(common_blob_decode(sqlite3_column_blob(q, 1), (size_t)sqlite3_column_bytes(q, 1), buf, nn, &e), 0);
     free(buf);
     sqlite3_finalize(q);
     /* without the option: the same tier at another thread count names none */
@@ -418,7 +395,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_trend),
         cmocka_unit_test(test_table_third),
-        cmocka_unit_test(test_pack),
         cmocka_unit_test(test_migration),
         cmocka_unit_test(test_real_mkmodel),
         cmocka_unit_test(test_real_trained),

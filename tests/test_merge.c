@@ -152,7 +152,9 @@ static void test_run_uid(void **state)
     assert_int_equal(count("a.db", "PRAGMA user_version"), STORE_SCHEMA_VERSION);
 }
 
-/* A version-1 store (no uid column) is migrated and its runs get uids. */
+/* A version-1 store (no uid column) with step rows is refused (its top-k
+ * blobs are not read any more); without step rows it is migrated and its
+ * runs get uids. */
 static void test_migrate_v1(void **state)
 {
     (void)state;
@@ -172,12 +174,12 @@ static void test_migrate_v1(void **state)
         const char *t = (const char *)sqlite3_column_text(s, 0);
         int v1 = 0;
         for (int i = 0; V1[i]; i++) v1 |= !strcmp(V1[i], t);
-        if (!v1 && strcmp(t, "leg_top")) snprintf(later[n_later++], 64, "%s", t);
+        if (!v1 && strcmp(t, "step_top")) snprintf(later[n_later++], 64, "%s", t);
     }
     sqlite3_finalize(s);
     char *msg = NULL;
-    /* first back to the version-3 layout of the step table */
-    if (sqlite3_exec(db, V4_TO_V3_SQL, NULL, NULL, &msg) != SQLITE_OK) fail_msg("making a v3 store: %s", msg);
+    /* first back to the version-3 layout of the step and leg tables */
+    if (sqlite3_exec(db, STORE_TO_V3_SQL, NULL, NULL, &msg) != SQLITE_OK) fail_msg("making a v3 store: %s", msg);
     for (int i = 0; i < n_later; i++) {
         char q[128];
         snprintf(q, sizeof q, "DROP TABLE \"%.60s\"", later[i]);
@@ -189,10 +191,65 @@ static void test_migrate_v1(void **state)
     sqlite3_close(db);
     tg_err e;
     tg_store *st;
+    assert_int_equal(store_open(&st, p, &e), -1);
+    if (!strstr(e.msg, "v1.db: schema version 1 (tokgate before schema version 5)") || !strstr(e.msg, "--db"))
+        fail_msg("opening a v1 store with steps: %s", e.msg);
+    assert_int_equal(count("v1.db", "PRAGMA user_version"), 1);
+    /* merge refuses it with the same message */
+    merge_stats ms;
+    assert_int_equal(merge_into("c.db", "v1.db", &ms, &e), -1);
+    if (!strstr(e.msg, "v1.db: schema version 1")) fail_msg("merging a v1 store with steps: %s", e.msg);
+    assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "DELETE FROM step", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
     if (store_open(&st, p, &e) < 0) fail_msg("opening a v1 store: %s", e.msg);
     store_close(st);
     assert_int_equal(count("v1.db", "PRAGMA user_version"), STORE_SCHEMA_VERSION);
     assert_int_equal(count("v1.db", "SELECT count(*) FROM run WHERE length(uid) = 32"), 1);
+}
+
+/* A hash of every top-k entry of the run of spec `spec` in store `name`,
+ * read through store_tops_read and keyed by names (arm, leg number,
+ * prompt, step, rank), so stores with other ids compare. */
+static uint64_t tops_hash(const char *name, const char *spec)
+{
+    char p[2 * PATH_MAX];
+    path_in(p, sizeof p, name);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT lp.leg_id, lp.prompt_id, a.name, l.leg, pr.name FROM leg_prompt lp"
+                                            " JOIN leg l ON l.id = lp.leg_id JOIN arm a ON a.id = l.arm_id"
+                                            " JOIN prompt pr ON pr.id = lp.prompt_id JOIN run r ON r.id = l.run_id"
+                                            " JOIN spec s ON s.id = r.spec_id WHERE s.name = ?1", -1, &q, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_text(q, 1, spec, -1, SQLITE_STATIC);
+    uint64_t h = 0;
+    int n = 0;
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        store_tops t;
+        tg_err e;
+        if (store_tops_read(db, sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1), &t, &e) < 0)
+            fail_msg("%s: %s", name, e.msg);
+        uint64_t k = 1469598103934665603ull;
+        for (const char *c = (const char *)sqlite3_column_text(q, 2); *c; c++) k = (k ^ (unsigned char)*c) * 1099511628211ull;
+        for (const char *c = (const char *)sqlite3_column_text(q, 4); *c; c++) k = (k ^ (unsigned char)*c) * 1099511628211ull;
+        k = (k ^ (uint64_t)sqlite3_column_int(q, 3)) * 1099511628211ull;
+        for (int i = 0; i < t.n; i++)
+            for (int j = 0; j < t.n_top[i]; j++) {
+                uint32_t u;
+                memcpy(&u, &t.top[t.off[i] + (size_t)j].logit, 4);
+                k = (k ^ (uint64_t)t.step[i]) * 1099511628211ull;
+                k = (k ^ ((uint64_t)(uint32_t)t.top[t.off[i] + (size_t)j].id << 32 | u)) * 1099511628211ull;
+                n++;
+            }
+        h += k;   /* order-free over (leg, prompt) */
+        store_tops_free(&t);
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    assert_true(n > 0);
+    return h;
 }
 
 /* Two shards merge into the sum of their rows; verdicts and step blobs survive re-keying. */
@@ -214,33 +271,19 @@ static void test_merge_two_shards(void **state)
                      3 * count("a.db", "SELECT count(*) FROM step"));
     assert_int_equal(count("d.db", "SELECT count(*) FROM verdict"),
                      d0 + count("a.db", "SELECT count(*) FROM verdict") + count("b.db", "SELECT count(*) FROM verdict"));
-    /* every leg's top-k chunk came along, its base leg re-keyed to the new first leg */
-    assert_int_equal(count("d.db", "SELECT count(*) FROM leg_top"), count("d.db", "SELECT count(*) FROM leg"));
-    assert_int_equal(count("d.db", "SELECT count(*) FROM leg_top t WHERE t.base_leg IS NOT NULL AND NOT EXISTS"
-                                   " (SELECT 1 FROM leg b JOIN leg l ON l.id = t.leg_id WHERE b.id = t.base_leg"
-                                   " AND b.arm_id = l.arm_id AND b.run_id = l.run_id)"), 0);
-    {
-        /* and every step's top-k reads back */
-        sqlite3 *db;
-        char dp[2 * PATH_MAX];
-        path_in(dp, sizeof dp, "d.db");
-        assert_int_equal(sqlite3_open(dp, &db), SQLITE_OK);
-        sqlite3_stmt *q;
-        sqlite3_prepare_v2(db, "SELECT DISTINCT leg_id, prompt_id FROM step", -1, &q, NULL);
-        int legs = 0;
-        while (sqlite3_step(q) == SQLITE_ROW) {
-            store_tops t;
-            tg_err e2;
-            if (store_tops_read(db, sqlite3_column_int64(q, 0), sqlite3_column_int64(q, 1), &t, &e2) < 0)
-                fail_msg("merged top-k: %s", e2.msg);
-            for (int i = 0; i < t.n; i++) assert_true(t.n_top[i] > 0);
-            store_tops_free(&t);
-            legs++;
-        }
-        sqlite3_finalize(q);
-        sqlite3_close(db);
-        assert_true(legs > 0);
-    }
+    /* every top-k row came along, the legs stored once re-keyed to their run's first leg */
+    assert_int_equal(count("d.db", "SELECT count(*) FROM step_top"),
+                     3 * count("a.db", "SELECT count(*) FROM step_top"));
+    assert_int_equal(count("d.db", "SELECT count(*) FROM leg WHERE same_as IS NOT NULL"),
+                     3 * count("a.db", "SELECT count(*) FROM leg WHERE same_as IS NOT NULL"));
+    assert_true(count("a.db", "SELECT count(*) FROM leg WHERE same_as IS NOT NULL") > 0);
+    assert_int_equal(count("d.db", "SELECT count(*) FROM leg l WHERE l.same_as IS NOT NULL AND NOT EXISTS"
+                                   " (SELECT 1 FROM leg b WHERE b.id = l.same_as AND b.arm_id = l.arm_id"
+                                   " AND b.run_id = l.run_id AND b.leg = 1)"), 0);
+    /* and every step's top-k reads back as in its shard */
+    assert_true(tops_hash("d.db", "s1") == tops_hash("a.db", "s1"));
+    assert_true(tops_hash("d.db", "s2") == tops_hash("b.db", "s2"));
+    assert_true(tops_hash("d.db", "s1") != tops_hash("b.db", "s2"));
     assert_int_equal(count("d.db", "PRAGMA foreign_key_check"), -1);   /* no violations: no rows */
     /* the verdicts travel with their run */
     assert_int_equal(count("d.db", "SELECT count(*) FROM run r JOIN spec s ON s.id = r.spec_id"

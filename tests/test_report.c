@@ -371,6 +371,39 @@ static void test_unscored_run(void **state)
     free(buf);
 }
 
+/* Control bytes in stored text (a worker's message, a host name) never
+ * reach the markup raw: JUnit (XML cannot carry C0 controls at all) and
+ * markdown show them as \xNN, so the XML stays well-formed. */
+static void test_control_bytes_escaped(void **state)
+{
+    ctx *c = *state;
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(store_db(c->st),
+                                        "UPDATE verdict SET value = ?2 WHERE run_id = ?1 AND key = 'REASON'",
+                                        -1, &q, NULL), SQLITE_OK);
+    sqlite3_bind_int64(q, 1, c->run);
+    sqlite3_bind_text(q, 2, "bad \x1b[31mred\x1b[0m \x01\x7f end", -1, SQLITE_STATIC);
+    assert_int_equal(sqlite3_step(q), SQLITE_DONE);
+    sqlite3_finalize(q);
+    assert_int_equal(sqlite3_prepare_v2(store_db(c->st), "UPDATE run SET host = 'h\x02st' WHERE id = ?1", -1, &q,
+                                        NULL), SQLITE_OK);
+    sqlite3_bind_int64(q, 1, c->run);
+    assert_int_equal(sqlite3_step(q), SQLITE_DONE);
+    sqlite3_finalize(q);
+    static const report_format fmts[] = {REPORT_JUNIT, REPORT_MD};
+    for (int i = 0; i < 2; i++) {
+        char *t = render(c, fmts[i], 0);
+        for (const unsigned char *p = (const unsigned char *)t; *p; p++)
+            if ((*p < 0x20 && *p != '\n' && *p != '\t' && *p != '\r') || *p == 0x7f)
+                fail_msg("format %d: raw control byte 0x%02x at offset %ld", (int)fmts[i], *p,
+                         (long)(p - (const unsigned char *)t));
+        HAS(t, "bad \\x1b[31mred\\x1b[0m \\x01\\x7f end");
+        HAS(t, "h\\x02st");
+        if (fmts[i] == REPORT_JUNIT) check_xml(t);
+        free(t);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +416,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_step_view, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rescore_keeps_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unscored_run, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_control_bytes_escaped, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

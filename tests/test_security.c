@@ -431,8 +431,10 @@ static void test_dump_size_checked(void **unused)
     assert_int_equal(arm_hello(a, NULL, &e), 0);
     int32_t prompt[] = {1, 2};
     int dsteps[] = {0};
+    char dir[512];
+    assert_int_equal(arm_dump_dir_make(dir, sizeof dir, "sec", &e), 0);
     arm_decode_req q = {.prompt = prompt, .n_prompt = 2, .steps = 2, .top_k = 2,
-                        .dump_steps = dsteps, .n_dump_steps = 1, .dump_path = "/tmp"};
+                        .dump_steps = dsteps, .n_dump_steps = 1, .dump_path = dir};
     arm_decode_res r;
     double t0 = tg_now();
     assert_int_equal(arm_decode(a, &q, &r, NULL, NULL, &e), -1);
@@ -448,6 +450,48 @@ static void test_dump_size_checked(void **unused)
         fail();
     }
     arm_free(a);
+    arm_dump_dir_remove(dir);
+}
+
+/* A dump line is read only when the decode asked for dumps, and only from
+ * the dump folder the harness made: a worker naming /dev/zero (or any
+ * absolute path) made the harness open it even without dumps. */
+static void test_dump_outside_folder_refused(void **unused)
+{
+    (void)unused;
+    const char *b = getenv("TG_BUILD");
+    char fa[PATH_MAX * 2];
+    if (b) snprintf(fa, sizeof fa, "%s/bin/tg-fault-arm", b);
+    else snprintf(fa, sizeof fa, "%s/build/bin/tg-fault-arm", g_root);
+    struct stat st;
+    if (stat(fa, &st)) {
+        print_message("skipped: needs the test double %s\n", fa);
+        skip();
+    }
+    tg_err e;
+    char dir[512];
+    assert_int_equal(arm_dump_dir_make(dir, sizeof dir, "sec", &e), 0);
+    int dsteps[] = {0};
+    int32_t prompt[] = {1, 2};
+    for (int asked = 0; asked < 2; asked++) {
+        char *argv[] = {fa, "dump-abs", NULL};
+        arm_config cfg = {.name = "dump-abs", .argv = argv, .timeout_request = 20, .grace = 0.5};
+        tg_arm *a;
+        assert_int_equal(arm_start(&a, &cfg, &e), 0);
+        assert_int_equal(arm_hello(a, NULL, &e), 0);
+        arm_decode_req q = {.prompt = prompt, .n_prompt = 2, .steps = 2, .top_k = 2};
+        if (asked) q.dump_steps = dsteps, q.n_dump_steps = 1, q.dump_path = dir;
+        arm_decode_res r;
+        assert_int_equal(arm_decode(a, &q, &r, NULL, NULL, &e), -1);
+        arm_decode_res_free(&r);
+        const char *want = asked ? "is outside the dump folder" : "this decode asked for no dumps";
+        if (!arm_cause(a) || !strstr(arm_cause(a), want)) {
+            print_message("cause: %s\nexpected: %s\n", arm_cause(a) ? arm_cause(a) : "(none)", want);
+            fail();
+        }
+        arm_free(a);
+    }
+    arm_dump_dir_remove(dir);
 }
 
 int main(void)
@@ -461,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_gguf_sizes_checked),
         cmocka_unit_test(test_proto_sizes_checked),
         cmocka_unit_test(test_dump_size_checked),
+        cmocka_unit_test(test_dump_outside_folder_refused),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -36,7 +36,7 @@ static void rm_rf(const char *dir)
 {
     /* only files this test wrote, one level deep plus sub/ */
     const char *names[] = {"s.yaml", "m.gguf", "prompts.txt", "sub/s.yaml", "sub/p.txt", "sub/m.gguf", "lib.so",
-                           "sub", NULL};
+                           "fifo", "sub", NULL};
     char p[PATH_MAX + 64];
     for (int i = 0; names[i]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -222,7 +222,7 @@ static void test_malformed(void **st)
     load_bad(edit(15, "  - {name: cpu, engine: cpu, llama: {lib: x}}"), "15:6: arms[0]: expected exactly one of engine, llama, command, exec");
     load_bad(edit(15, "  - {name: cpu}"), "15:6: arms[0]: expected exactly one of");
     load_bad(edit(15, "  - {name: llama-cpu, engine: cpu}"), "16:12: arms[1].name: expected a unique name, 'llama-cpu' is also arms[0]");
-    load_bad(edit(15, "  - {name: \"a b\", engine: cpu}"), "15:13: arms[0].name: expected letters");
+    load_bad(edit(15, "  - {name: \"a b\", engine: cpu}"), "15:13: arms[0].name: expected 1..128 letters");
     load_bad(edit(16, "  - {name: llama-cpu, llama: {lib: [x]}}"), "16:37: arms[1].llama.lib: expected a string path");
     load_bad(edit(16, "  - {name: llama-cpu, llama: {lib: x, wrap: qemu}}"), "16:45: arms[1].llama.wrap: expected a list of argv words");
     load_bad(edit(16, "  - {name: llama-cpu, llama: {lib: x, libs: y}}"), "16:39: arms[1].llama.libs: unknown key");
@@ -423,6 +423,126 @@ static void test_command_strip(void **st)
     load_bad(edit(15, "  - {name: cpu, engine: cpu, strip: [x]}"), "15:30: arms[0].strip: expected strip only on a command arm, not engine");
 }
 
+/* Hostile specs refused at spec time, each with its file and line:
+ * an alias bomb (it expanded to hundreds of millions of nodes and hung),
+ * names that would write outside the evidence folder or break markup,
+ * thread counts the workers refuse at load, prompts that are not text. */
+static void test_hostile_specs(void **st)
+{
+    (void)st;
+    /* a 341-byte alias bomb (9^9 nodes); refused at once */
+    char bomb[1024] = "a: &a [x,x,x,x,x,x,x,x,x]\n";
+    const char *prev = "a";
+    static const char *const names[] = {"b", "c", "d", "e", "f", "g", "h", "i", "j"};
+    for (int i = 0; i < 9; i++) {
+        char l[128];
+        snprintf(l, sizeof l, "%s: &%s [*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s]\n", names[i], names[i], prev, prev,
+                 prev, prev, prev, prev, prev, prev, prev);
+        strcat(bomb, l);
+        prev = names[i];
+    }
+    alarm(20);
+    load_bad(bomb, "1:1: spec: expected a small YAML document");
+    alarm(0);
+    /* a self-referencing anchor is refused too; a plain alias still works */
+    load_bad("a: &x [*x]\n", "1:1: spec: expected a small YAML document");
+    char *t = strdup(edit(16, "  - {name: llama-cpu, llama: {lib: lib.so, options: &o {threads: 2}}}"));
+    char *t2 = NULL;
+    char *fp = strstr(t, "fault_patterns:");
+    *fp = 0;
+    assert_true(asprintf(&t2, "%s  - {name: other, llama: {lib: lib.so, options: *o}}\n", t) > 0);
+    tg_spec *sp = load_ok(t2);
+    assert_string_equal(sp->arms[5].options_json, "{\"threads\":2}");
+    spec_free(sp);
+    free(t), free(t2);
+    /* names: no path separators, no leading dot or dash, no control bytes */
+    load_bad(edit(1, "name: ../../x"), "1:7: name: expected 1..128 letters, digits");
+    load_bad(edit(1, "name: .hidden"), "1:7: name: expected");
+    load_bad(edit(1, "name: \"a\\x1bb\""), "1:8: name: expected 1..128");
+    load_bad(edit(1, "name: \"a\\0b\""), "1:8: name: expected the spec's name, got a string with a NUL byte");
+    load_bad(edit(15, "  - {name: -cpu, engine: cpu}"), "15:12: arms[0].name: expected 1..128");
+    /* the message quotes the value with its control bytes escaped */
+    write_file("s.yaml", edit(1, "name: \"a\\x1b[31mb\""));
+    char p[PATH_MAX + 16];
+    snprintf(p, sizeof p, "%s/s.yaml", g_dir);
+    tg_spec *s = NULL;
+    tg_err e;
+    assert_int_equal(spec_load(&s, p, &e), -1);
+    assert_null(strchr(e.msg, 0x1b));
+    assert_non_null(strstr(e.msg, "a\\x1b[31mb"));
+    /* threads: the workers' own ranges (tg-engine 1..512, tg-llama 1..1024) */
+    load_bad(edit(15, "  - {name: cpu, engine: cpu, options: {threads: 513}}"),
+             "15:49: arms[0].options.threads: expected an integer 1..512, got 513");
+    load_bad(edit(15, "  - {name: cpu, engine: cpu, options: {threads: 16777216}}"), "15:49: arms[0].options.threads: expected an integer 1..512, got 16777216");
+    load_bad(edit(16, "  - {name: llama-cpu, llama: {lib: lib.so, options: {threads: 1025}}}"),
+             "16:63: arms[1].llama.options.threads: expected an integer 1..1024");
+    sp = load_ok(edit(16, "  - {name: llama-cpu, llama: {lib: lib.so, options: {n_gpu_layers: -1}}}"));
+    spec_free(sp);
+    /* inline prompt text: a NUL, null, ~ and nothing are refused */
+    load_bad(edit(5, "  - {id: b, text: \"a\\0b\"}"), "5:20: prompts[1].text: expected the prompt text, got a NUL byte");
+    load_bad(edit(5, "  - {id: b, text: null}"), "5:19: prompts[1].text: expected the prompt text (a non-empty string), got null");
+    load_bad(edit(5, "  - {id: b, text: ~}"), "5:19: prompts[1].text: expected the prompt text (a non-empty string), got null");
+    load_bad(edit(5, "  - {id: b, text: }"), "5:13: prompts[1].text: expected the prompt text (a non-empty string), got null");
+    sp = load_ok(edit(5, "  - {id: b, text: \"null\"}"));   /* quoted: the word itself */
+    assert_string_equal(sp->prompts[1].text, "null");
+    spec_free(sp);
+}
+
+/* A prompt file: invalid UTF-8 is refused with file:line; a UTF-8 byte
+ * order mark is not part of the first prompt. */
+static void test_prompt_file_text(void **st)
+{
+    (void)st;
+    char *t = NULL;
+    assert_true(asprintf(&t, "%s", edit(3, "prompts: prompts.txt")) > 0);
+    /* lines 4 and 5 (the inline list) go too */
+    char *l4 = strstr(t, "  - {id: a");
+    char *l6 = strstr(t, "steps:");
+    memmove(l4, l6, strlen(l6) + 1);
+    write_file("prompts.txt", "first\nsecond \xff\xfe bytes\nthird\n");
+    char want[PATH_MAX + 128];
+    snprintf(want, sizeof want, "3:10: prompts: %s/prompts.txt:2: expected UTF-8 text, got byte 0xff", g_dir);
+    load_bad(t, want);
+    write_file("prompts.txt", "\xEF\xBB\xBF" "first\nsecond\n");
+    tg_spec *s = load_ok(t);
+    assert_int_equal(s->n_prompts, 2);
+    assert_string_equal(s->prompts[0].text, "first");
+    spec_free(s);
+    free(t);
+}
+
+/* A model or prompt path that is not a regular file (a FIFO without a
+ * writer, /dev/zero) is refused at once: hashing or reading it hung. */
+static void test_non_regular_files(void **st)
+{
+    (void)st;
+    char fifo[PATH_MAX + 16];
+    snprintf(fifo, sizeof fifo, "%s/fifo", g_dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    char *t = NULL;
+    assert_true(asprintf(&t, "%s", edit(3, "prompts: fifo")) > 0);
+    char *l4 = strstr(t, "  - {id: a");
+    char *l6 = strstr(t, "steps:");
+    memmove(l4, l6, strlen(l6) + 1);
+    load_bad(t, "3:10: prompts: expected a readable prompt file");
+    free(t);
+    static const char *const models[] = {"fifo", "/dev/zero"};
+    for (int i = 0; i < 2; i++) {
+        char line[256];
+        snprintf(line, sizeof line, "model: {path: %s, sha256: " SHA_A "}", models[i]);
+        tg_spec *s = load_ok(edit(2, line));
+        char hex[65];
+        tg_err e;
+        assert_int_equal(spec_check_artifact(s, hex, NULL, &e), -1);
+        if (!strstr(e.msg, "expected a regular file")) print_message("%s\n", e.msg);
+        assert_non_null(strstr(e.msg, "model.path"));
+        assert_non_null(strstr(e.msg, "expected a regular file"));
+        spec_free(s);
+    }
+    alarm(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,6 +555,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_artifact_hash, setup, teardown),
         cmocka_unit_test_setup_teardown(test_argv, setup, teardown),
         cmocka_unit_test_setup_teardown(test_command_strip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hostile_specs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prompt_file_text, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

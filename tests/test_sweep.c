@@ -1,20 +1,33 @@
 /*
- * test_sweep.c: sweep files (harness/sweep.c) and history trends
- * (harness/trend.c).
+ * test_sweep.c: sweep files (harness/sweep.c), the CPUs a plan asks for,
+ * and history trends (harness/trend.c).
  *
  * The sweep-file tests resolve entries without running anything: overrides
  * replace spec keys, `arms` keeps a subset, `arm_options` lands in the right
- * options mapping, shards are assigned round robin, and every bad input is
- * an error naming the file and what was expected.
+ * options mapping, `spec:` paths resolve from the sweep file's folder only,
+ * shards are assigned round robin, the CPUs of a unit are threads x jobs
+ * (jobs capped to a given allocation), and every bad input is an error
+ * naming the file and what was expected.
  *
- * The trend test runs real nights of the shipped tiny trained model (cpu
- * tier against llama.cpp's CPU build, 2 prompts x 8 steps x 2 legs) into one
- * store: two clean nights must give no regression, a night whose llama arm
- * runs with a 4-bit KV cache (a deliberately perturbed arm option) must be
- * flagged and named as the first bad run, and `tokgate trend` must exit 1
- * with an SVG plot in its markdown report. Skipped when the workers or the model are missing.
+ * The history test runs real nights of the shipped tiny trained model (cpu
+ * tier against llama.cpp's CPU build, one prompt x 8 steps x 2 legs) into
+ * one store through sweep files: a good night; a broken night (the cpu arm
+ * cannot load: NOT_MEASURABLE, no data), which is flagged and never becomes
+ * a baseline, so the next good night is CLEAN; a night with the engine's
+ * `perturb` option (a near tie flips, the verdict stays PASS), flagged as a
+ * tokens regression whose likely cause is that option; a night on the same
+ * binaries, model and spec whose kernels differ (TG_CPU_ISA=scalar), flagged
+ * as a determinism regression; a night whose reference runs with a 4-bit KV
+ * cache, blamed on the reference's configuration and not on the engine arm.
+ * Then `tokgate baseline accept` makes the latest night the baseline,
+ * `exclude` drops a night, both survive `tokgate merge`, and `tokgate
+ * trend` exits 1 on a regression with closed markdown emphasis and an SVG
+ * plot (no reference in its legend, a marker for the night without data,
+ * its axis set by what it draws) into a folder it creates. Skipped when the
+ * workers or the model are missing.
  */
 #include <limits.h>
+#include <sqlite3.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +39,7 @@
 
 #include <cmocka.h>
 
+#include "merge.h"
 #include "spec.h"
 #include "store.h"
 #include "sweep.h"
@@ -43,11 +57,13 @@ static int exists(const char *p)
 static void rm_rf(const char *dir)
 {
     /* only the files this program writes (no shell) */
-    const char *names[] = {"spec.yaml", "sweep.yaml", "bad.yaml", "t.db", "t.db-wal", "t.db-shm", "trend.txt", NULL};
+    const char *names[] = {"spec.yaml", "sweep.yaml", "bad.yaml", "t.db", "t.db-wal", "t.db-shm", "trend.txt",
+                           "m.db", "m.db-wal", "m.db-shm", "sub/spec.yaml", "sub/sweep.yaml", "svg/a/b/night-trend.svg",
+                           "sub", "svg/a/b", "svg/a", "svg", NULL};
     char p[2 * PATH_MAX];
     for (int i = 0; names[i]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        unlink(p);
+        if (unlink(p) != 0) rmdir(p);
     }
     rmdir(dir);
 }
@@ -210,7 +226,110 @@ static void test_sweep_bad_input(void **state)
     }
 }
 
-/* Runs the spec `night` of the sweep file into db; returns the row. */
+/* spec: paths resolve from the sweep file's folder, never the current directory. */
+static void test_sweep_paths_from_sweep_folder(void **state)
+{
+    (void)state;
+    write_spec();                                   /* g_dir/spec.yaml: name tiny */
+    char sub[2 * PATH_MAX], cwd[PATH_MAX];
+    snprintf(sub, sizeof sub, "%s/sub", g_dir);
+    assert_int_equal(mkdir(sub, 0777), 0);
+    /* sub/spec.yaml: the same spec under another name */
+    char p[2 * PATH_MAX];
+    snprintf(p, sizeof p, "%s/spec.yaml", g_dir);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    assert_non_null(strstr(text, "name: tiny\n"));
+    char moved[16500];
+    snprintf(moved, sizeof moved, "name: tiny-sub\n%s", strstr(text, "name: tiny\n") + strlen("name: tiny\n"));
+    write_file("sub/spec.yaml", moved);
+    write_file("sub/sweep.yaml", "name: paths\nspecs: [{spec: spec.yaml}]\n");
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(g_dir), 0);              /* ./spec.yaml exists here too */
+    tg_err e;
+    tg_sweep *sw = NULL;
+    int rc = sweep_load(&sw, "sub/sweep.yaml", &e);
+    assert_int_equal(chdir(cwd), 0);
+    if (rc < 0) fail_msg("sweep_load: %s", e.msg);
+    if (strcmp(sweep_entry_name(sw, 0), "tiny-sub"))
+        fail_msg("spec: spec.yaml resolved to %s (%s), expected the sweep folder's (tiny-sub)",
+                 sweep_entry_path(sw, 0), sweep_entry_name(sw, 0));
+    sweep_free(sw);
+    /* a spec only in the current directory is not found */
+    snprintf(p, sizeof p, "%s/sub/spec.yaml", g_dir);
+    unlink(p);
+    assert_int_equal(chdir(g_dir), 0);
+    rc = sweep_load(&sw, "sub/sweep.yaml", &e);
+    assert_int_equal(chdir(cwd), 0);
+    if (rc == 0) {
+        sweep_free(sw);
+        fail_msg("spec: spec.yaml was found in the current directory, not beside the sweep file");
+    }
+    if (!strstr(e.msg, "sub/spec.yaml")) fail_msg("the error should name sub/spec.yaml: %s", e.msg);
+}
+
+/* A unit needs threads x jobs CPUs; a cap lowers jobs, never threads. */
+static void test_sweep_cpus(void **state)
+{
+    (void)state;
+    write_spec();
+    tg_err e;
+    tg_sweep *sw = load_sweep("name: c\n"
+                              "specs:\n"
+                              "  - {spec: spec.yaml, name: two, arms: [cpu, llama-cpu]}\n"
+                              "  - {spec: spec.yaml, name: four, arm_options: {cpu: {threads: 4}}}\n"
+                              "  - {spec: spec.yaml, name: unset, arms: [ref, llama-cpu],\n"
+                              "     arm_options: {llama-cpu: {threads: 1}}, overrides: {jobs: 3}}\n",
+                              &e);
+    if (!sw) fail_msg("sweep_load: %s", e.msg);
+    tg_spec *s[3];
+    for (int i = 0; i < 3; i++) {
+        const char *t = sweep_entry_text(sw, i);
+        if (spec_parse(&s[i], sweep_entry_path(sw, i), t, strlen(t), &e) < 0) fail_msg("entry %d: %s", i, e.msg);
+    }
+    sweep_cpus c;
+    sweep_spec_cpus(s[0], 0, &c);                    /* threads 2 (cpu and llama), jobs 2 */
+    assert_int_equal(c.threads, 2);
+    assert_int_equal(c.jobs, 2);
+    assert_int_equal(c.cpus, 4);
+    assert_string_equal(c.note, "");
+    sweep_spec_cpus(s[0], 2, &c);                    /* two CPUs: one leg at a time */
+    assert_int_equal(c.jobs, 1);
+    assert_int_equal(c.cpus, 2);
+    if (!strstr(c.note, "jobs 2 -> 1")) fail_msg("note: %s", c.note);
+    sweep_spec_cpus(s[0], 1, &c);                    /* fewer CPUs than threads: said */
+    assert_int_equal(c.cpus, 2);
+    if (!strstr(c.note, "2 threads on 1 CPUs")) fail_msg("note: %s", c.note);
+    sweep_spec_cpus(s[1], 0, &c);
+    assert_int_equal(c.threads, 4);
+    assert_int_equal(c.cpus, 8);
+    sweep_spec_cpus(s[2], 0, &c);                    /* ref: 1 thread; jobs 3 of 3 legs (4 minus the first reference leg) */
+    assert_int_equal(c.threads, 1);
+    assert_int_equal(c.jobs, 3);
+    assert_int_equal(c.cpus, 3);
+    for (int i = 0; i < 3; i++) spec_free(s[i]);
+    sweep_free(sw);
+    /* a cpu arm without threads takes every CPU: noted */
+    sw = load_sweep("name: c\nspecs:\n  - spec: spec.yaml\n    arms: [cpu, llama-cpu]\n", &e);
+    if (!sw) fail_msg("sweep_load: %s", e.msg);
+    const char *t = sweep_entry_text(sw, 0);
+    char *nt = strdup(t), *at = strstr(nt, "threads: 2");
+    assert_non_null(at);
+    memcpy(at, "n_ctx: 512", 10);                    /* the cpu arm's only option */
+    tg_spec *x;
+    if (spec_parse(&x, sweep_entry_path(sw, 0), nt, strlen(nt), &e) < 0) fail_msg("%s", e.msg);
+    sweep_spec_cpus(x, 0, &c);
+    if (!strstr(c.note, "arm cpu sets no threads")) fail_msg("note: %s", c.note);
+    spec_free(x);
+    free(nt);
+    sweep_free(sw);
+}
+
+/* Runs the only spec of the sweep text into st; returns its row. */
 static sweep_row run_night(tg_store *st, const char *sweep_text)
 {
     tg_err e;
@@ -223,19 +342,54 @@ static sweep_row run_night(tg_store *st, const char *sweep_text)
     return row;
 }
 
-/* trend_spec into a string; returns the result. */
+/* trend_spec of "night" into buf; returns the result. */
 static trend_result trend_of(tg_store *st, char *buf, size_t n)
 {
     FILE *f = fmemopen(buf, n, "w");
     assert_non_null(f);
     trend_result r;
     tg_err e;
-    if (trend_spec(st, "night", 0, f, &r, &e) < 0) fail_msg("trend_spec: %s", e.msg);
+    if (trend_spec(st, "night", 0, 0, f, &r, &e) < 0) fail_msg("trend_spec: %s", e.msg);
     fclose(f);
     return r;
 }
 
-static void test_trend_flags_perturbed_night(void **state)
+/* Runs `tokgate ARGS...` in process (NULL-terminated); returns its exit code. */
+static int tokgate(int (*fn)(int, char **), ...)
+{
+    char *argv[24];
+    int argc = 0;
+    va_list ap;
+    va_start(ap, fn);
+    char *a;
+    while (argc < 23 && (a = va_arg(ap, char *))) argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    fflush(stdout);
+    return fn(argc, argv);
+}
+
+/* How many times prefix occurs in out. */
+static int count_lines(const char *out, const char *prefix)
+{
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, prefix)); p++) n++;
+    return n;
+}
+
+/* Fails with msg after printing out whole (fail_msg cuts long messages). */
+static void fail_with(const char *out, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", out);
+    fail_msg("%s (output above)", msg);
+}
+
+static void test_trend_history(void **state)
 {
     (void)state;
     char p[2 * PATH_MAX], lib[2 * PATH_MAX];
@@ -254,56 +408,148 @@ static void test_trend_flags_perturbed_night(void **state)
     tg_err e;
     tg_store *st;
     if (store_open(&st, db, &e) < 0) fail_msg("%s", e.msg);
-    static const char CLEAN[] =
-        "name: nightly\n"
-        "specs:\n"
-        "  - {spec: spec.yaml, name: night, arms: [cpu, llama-cpu], overrides: {steps: 8, prompts: [\n"
-        "      {id: p1, text: \"The following options are supported:\"},\n"
-        "      {id: p2, text: \"def __init__(self, *args, **kwargs):\"}]}}\n";
-    /* the same spec name, with llama.cpp's KV cache in 4 bits: its logits move */
-    static const char PERTURBED[] =
-        "name: nightly\n"
-        "specs:\n"
-        "  - {spec: spec.yaml, name: night, arms: [cpu, llama-cpu], overrides: {steps: 8, prompts: [\n"
-        "      {id: p1, text: \"The following options are supported:\"},\n"
-        "      {id: p2, text: \"def __init__(self, *args, **kwargs):\"}]},\n"
-        "     arm_options: {llama-cpu: {type_k: q4_0, type_v: q4_0, flash_attn: \"on\"}}}\n";
-    char out[32768];
-    sweep_row n1 = run_night(st, CLEAN);
-    sweep_row n2 = run_night(st, CLEAN);
-    if (strcmp(n1.verdict, "PASS") || strcmp(n2.verdict, "PASS"))
-        fail_msg("clean nights should pass: %s, %s", n1.verdict, n2.verdict);
+    /* one prompt x 8 steps; the perturbation below flips its step 7 (a near tie) */
+#define NIGHT(extra)                                                                                        \
+    "name: nightly\n"                                                                                       \
+    "specs:\n"                                                                                              \
+    "  - {spec: spec.yaml, name: night, arms: [cpu, llama-cpu], overrides: {steps: 8, prompts: [\n"          \
+    "      {id: p2, text: \"def __init__(self, *args, **kwargs):\"}]}" extra "}\n"
+    static const char GOOD[] = NIGHT("");
+    static const char BROKEN[] = NIGHT(", arm_options: {cpu: {kv_type: q4_0}}");
+    static const char PERTURBED[] = NIGHT(", arm_options: {cpu: {perturb: \"bf16:ffn_out:3\"}}");
+    static const char REF_KV4[] = NIGHT(", arm_options: {llama-cpu: {type_k: q4_0, type_v: q4_0, flash_attn: \"on\"}}");
+    char out[65536];
+
+    /* 1. a good night, 2. a broken one (cpu cannot load), 3. a good one */
+    sweep_row n1 = run_night(st, GOOD);
+    if (strcmp(n1.verdict, "PASS") || strcmp(n1.trend, "FIRST")) fail_msg("night 1: %s %s", n1.verdict, n1.trend);
+    sweep_row n2 = run_night(st, BROKEN);
+    if (strcmp(n2.verdict, "NOT_MEASURABLE") || strcmp(n2.trend, "REGRESSION"))
+        fail_msg("the broken night: %s, trend %s (expected NOT_MEASURABLE, REGRESSION)", n2.verdict, n2.trend);
     trend_result r = trend_of(st, out, sizeof out);
-    assert_int_equal(r.n_runs, 2);
-    if (r.n_regressions || r.n_changes) fail_msg("two clean nights gave %d regressions, %d changes:\n%s",
-                                                 r.n_regressions, r.n_changes, out);
-    if (!strstr(out, "TREND=CLEAN")) fail_msg("expected TREND=CLEAN:\n%s", out);
-
-    /* the sweep's summary column says the same */
-    if (strcmp(n1.trend, "FIRST") || strcmp(n2.trend, "CLEAN"))
-        fail_msg("summary trend of nights 1, 2: %s, %s (expected FIRST, CLEAN)", n1.trend, n2.trend);
-    sweep_row n3 = run_night(st, PERTURBED);
-    if (strcmp(n3.trend, "REGRESSION")) fail_msg("summary trend of night 3: %s, expected REGRESSION", n3.trend);
+    if (!strstr(out, "REGRESSION cpu: verdict NOT_MEASURABLE") || !strstr(out, "options.kv_type"))
+        fail_with(out, "the broken night should be a verdict regression caused by kv_type");
+    sweep_row n3 = run_night(st, GOOD);
     r = trend_of(st, out, sizeof out);
-    if (r.n_regressions == 0) fail_msg("the perturbed night (%s) was not flagged:\n%s", n3.verdict, out);
-    if (r.first_run != n3.run_id) fail_msg("first bad run %lld, expected %lld:\n%s", (long long)r.first_run,
-                                           (long long)n3.run_id, out);
-    char want[64];
-    snprintf(want, sizeof want, "first in run %lld", (long long)n3.run_id);
-    if (!strstr(out, want) || !strstr(out, "TREND=REGRESSION")) fail_msg("expected '%s':\n%s", want, out);
+    if (strcmp(n3.trend, "CLEAN") || strcmp(r.word, "CLEAN") || r.n_regressions)
+        fail_with(out, "the good night after a broken one: trend %s / %s, %d regressions (the broken night must "
+                       "not be a baseline)", n3.trend, r.word, r.n_regressions);
+    char want[256];
+    snprintf(want, sizeof want, "run %lld against run %lld (the last 1 good run", (long long)n3.run_id,
+             (long long)n1.run_id);
+    if (!strstr(out, want)) fail_with(out, "expected '%s'", want);
+    if (!strstr(out, "no: NOT_MEASURABLE (no data: cpu)")) fail_with(out, "night 2's status should say no data");
 
-    /* the command: exit 1 on a regression, an SVG plot in the markdown report */
+    /* 4. the engine's perturb option: a near tie flips, the verdict stays PASS */
+    sweep_row n4 = run_night(st, PERTURBED);
+    r = trend_of(st, out, sizeof out);
+    if (strcmp(n4.verdict, "PASS")) fail_with(out, "the perturbed night should still pass: %s", n4.verdict);
+    if (strcmp(r.word, "REGRESSION") || !strstr(out, "REGRESSION cpu: tokens: ") ||
+        !strstr(out, "p2/7 leg 1: token") || !strstr(out, "arm cpu: configuration options.perturb - -> \"bf16:ffn_out:3\""))
+        fail_with(out, "the perturbed night should be a tokens regression of cpu caused by its perturb option");
+    if (r.first_run != n4.run_id) fail_msg("first run %lld, expected %lld", (long long)r.first_run, (long long)n4.run_id);
+
+    /* 5. the same binaries, model and spec as night 3, other kernels: a determinism regression */
+    setenv("TG_CPU_ISA", "scalar", 1);
+    sweep_row n5 = run_night(st, GOOD);
+    unsetenv("TG_CPU_ISA");
+    r = trend_of(st, out, sizeof out);
+    snprintf(want, sizeof want, "differ from run %lld, with the same binaries, model and spec", (long long)n3.run_id);
+    if (strcmp(n5.trend, "REGRESSION") || !strstr(out, "REGRESSION cpu: determinism:") || !strstr(out, want) ||
+        !strstr(out, "binaries, model and spec unchanged; device of cpu:"))
+        fail_with(out, "the scalar-kernel night should be a determinism regression against run %lld (night 4 is "
+                       "no baseline)", (long long)n3.run_id);
+    if (r.first_run != n5.run_id) fail_msg("first run %lld, expected %lld", (long long)r.first_run, (long long)n5.run_id);
+
+    /* 6. the reference's KV cache in 4 bits: the reference changed, not cpu */
+    sweep_row n6 = run_night(st, REF_KV4);
+    r = trend_of(st, out, sizeof out);
+    if (strcmp(n6.trend, "REGRESSION") || r.n_regressions == 0) fail_with(out, "the KV-q4 reference night was not flagged");
+    if (strstr(out, "REGRESSION cpu: tokens") || strstr(out, "REGRESSION cpu: determinism"))
+        fail_with(out, "cpu is blamed for tokens it decoded over the changed reference");
+    int n_causes = count_lines(out, "likely cause (run"),
+        n_ref = count_lines(out, "): arm llama-cpu (the reference): configuration ");
+    if (n_causes == 0 || n_ref != n_causes || !strstr(out, "llama.options.type_k - -> \"q4_0\""))
+        fail_with(out, "every regression should name the reference's configuration (type_k) first");
+    if (strstr(out, "REGRESSION cpu:") && !strstr(out, "(cpu itself unchanged)"))
+        fail_with(out, "a regression of cpu should say cpu itself is unchanged");
     store_close(st);
-    char outp[2 * PATH_MAX];
+
+    /* the team accepts night 6 as the new baseline: CLEAN, the reason kept */
+    char r6[32], r2[32];
+    snprintf(r6, sizeof r6, "%lld", (long long)n6.run_id);
+    snprintf(r2, sizeof r2, "%lld", (long long)n2.run_id);
+    assert_int_equal(tokgate(trend_baseline_main, "tokgate", "baseline", "accept", r2, "--db", db, "--reason", "x", NULL), 2);
+    assert_int_equal(tokgate(trend_baseline_main, "tokgate", "baseline", "accept", r6, "--db", db, NULL), 2);
+    assert_int_equal(tokgate(trend_baseline_main, "tokgate", "baseline", "accept", r6, "--db", db, "--reason",
+                             "llama.cpp KV cache in q4_0 from now on", NULL), 0);
+    if (store_open(&st, db, &e) < 0) fail_msg("%s", e.msg);
+    r = trend_of(st, out, sizeof out);
+    if (strcmp(r.word, "CLEAN") || !strstr(out, "is an accepted baseline") || !strstr(out, "KV cache in q4_0 from now on"))
+        fail_with(out, "after accepting run %s the trend should be CLEAN with the reason", r6);
+    store_close(st);
+    /* excluding night 6 makes night 5 the latest again */
+    assert_int_equal(tokgate(trend_baseline_main, "tokgate", "baseline", "exclude", r6, "--db", db, "--reason",
+                             "wrong cluster", NULL), 0);
+    if (store_open(&st, db, &e) < 0) fail_msg("%s", e.msg);
+    r = trend_of(st, out, sizeof out);
+    store_close(st);
+    if (r.latest_run != n5.run_id || strcmp(r.word, "REGRESSION") || r.n_excluded != 1 || !strstr(out, "excluded: wrong cluster"))
+        fail_with(out, "with run %s excluded the latest should be run %lld again", r6, (long long)n5.run_id);
+    /* the decisions travel with merge */
+    char mdb[2 * PATH_MAX];
+    snprintf(mdb, sizeof mdb, "%s/m.db", g_dir);
+    assert_int_equal(tokgate(merge_main, "tokgate", "merge", db, "-o", mdb, NULL), 0);
+    assert_int_equal(tokgate(merge_main, "tokgate", "merge", db, "-o", mdb, NULL), 0);   /* idempotent */
+    if (store_open(&st, mdb, &e) < 0) fail_msg("%s", e.msg);
+    char out2[65536];
+    trend_result r2m;
+    FILE *f = fmemopen(out2, sizeof out2, "w");
+    if (trend_spec(st, "night", 0, 0, f, &r2m, &e) < 0) fail_msg("%s", e.msg);
+    fclose(f);
+    sqlite3_stmt *q;
+    int marks = -1;
+    if (sqlite3_prepare_v2(store_db(st), "SELECT count(*) FROM trend_mark", -1, &q, NULL) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW)
+        marks = sqlite3_column_int(q, 0);
+    sqlite3_finalize(q);
+    store_close(st);
+    if (marks != 2 || r2m.n_excluded != 1 || strcmp(r2m.word, r.word))
+        fail_msg("merged store: %d marks (expected 2), %d excluded, trend %s (expected %s)", marks, r2m.n_excluded,
+                 r2m.word, r.word);
+
+    /* the command: exit 1 on a regression; markdown emphasis closed; the SVG */
+    char outp[2 * PATH_MAX], svgd[2 * PATH_MAX];
     snprintf(outp, sizeof outp, "%s/trend.txt", g_dir);
-    char *argv[] = {"tokgate", "trend", "night", "--db", db, "--format", "md", "--out", outp, NULL};
-    assert_int_equal(trend_main(9, argv), 1);
-    FILE *f = fopen(outp, "r");
+    snprintf(svgd, sizeof svgd, "%s/svg/a/b", g_dir);
+    assert_int_equal(tokgate(trend_main, "tokgate", "trend", "night", "--db", db, "--format", "md", "--out", outp,
+                             "--svg", svgd, NULL), 1);
+    f = fopen(outp, "r");
     assert_non_null(f);
     size_t n = fread(out, 1, sizeof out - 1, f);
     out[n] = 0;
     fclose(f);
-    if (!strstr(out, "<svg") || !strstr(out, "</svg>")) fail_msg("no SVG plot in the md trend:\n%.2000s", out);
+    if (!strstr(out, "<svg") || !strstr(out, "</svg>")) fail_with(out, "no SVG plot in the md trend");
+    for (char *line = out; line && *line;) {
+        char *nl = strchr(line, '\n');
+        int stars = 0;
+        for (char *c = line; *c && c != nl; c++)
+            if (c[0] == '*' && c[1] == '*') stars++, c++;
+        if (stars % 2) fail_msg("unclosed ** in the md trend: %.*s", nl ? (int)(nl - line) : 200, line);
+        line = nl ? nl + 1 : NULL;
+    }
+    if (!strstr(out, "- **REGRESSION** cpu: determinism")) fail_with(out, "md regression line");
+    char svgp[2 * PATH_MAX + 32];
+    snprintf(svgp, sizeof svgp, "%s/night-trend.svg", svgd);
+    f = fopen(svgp, "r");
+    if (!f) fail_msg("--svg %s: no %s", svgd, svgp);
+    n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    fclose(f);
+    if (strstr(out, ">llama-cpu</text>")) fail_with(out, "the reference is in the SVG legend");
+    if (!strstr(out, ">cpu</text>")) fail_with(out, "cpu is not in the SVG legend");
+    if (!strstr(out, "<title>cpu: no data (NOT_MEASURABLE)</title>")) fail_with(out, "no marker for the night without data");
+    if (strstr(out, ">1.000</text>")) fail_with(out, "the axis is stretched to 1 by the night it does not draw");
 }
 
 int main(void)
@@ -312,7 +558,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sweep_resolves_overrides, setup, teardown),
         cmocka_unit_test(test_sweep_shards),
         cmocka_unit_test_setup_teardown(test_sweep_bad_input, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_trend_flags_perturbed_night, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sweep_paths_from_sweep_folder, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sweep_cpus, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trend_history, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,14 +1,15 @@
 /*
- * v3fixture.h: the data of the v3 store fixture tests/data/store-v3.sql
- * (test_store.c's test_migrate_v3 migrates it and compares with this).
+ * v3fixture.h: the data of the old store fixtures tests/data/store-v3.sql
+ * and tests/data/store-v4.sql (written by the v3 and the v4 store code with
+ * fixture_put below; test_store.c's test_old_store_refused opens them).
  * Arm "a", legs 1 and 2 (leg 2 equal to leg 1 except step 2 of prompt p1,
  * so leg 2's other steps were stored as same_as references), prompts p1 and
  * p2 with 4 steps each, a raw-format step (negative id), a repeated id, a
  * single-entry step (gap NULL) and a missing digest.
  *
- * The SQL was made by the v3 store code (tokgate before schema version 4)
- * with fixture_put below: build a program calling it against a v3 checkout,
- * then `sqlite3 DB .dump` (plus PRAGMA user_version=3). Compiled only with
+ * The SQL was made by the v3 (v4) store code with fixture_put below: build
+ * a program calling it against a checkout of that version, then `sqlite3
+ * DB .dump` (plus PRAGMA user_version=3 or 4). Compiled only with
  * V3_FIXTURE_PUT defined.
  */
 #ifndef TG_V3FIXTURE_H
@@ -60,12 +61,14 @@ static int fixture_put(tg_store *st, int64_t *run, tg_err *e)
 }
 #endif
 
-/* SQL that turns a current (version 4) store back into the version-3
- * layout: the step table with its top and same_as columns (both NULL: the
- * top-k is dropped), no leg_top, the view v_step_top. For tests that make an
- * older store by taking a current one apart; user_version is the caller's. */
-__attribute__((unused)) static const char V4_TO_V3_SQL[] =
-    "DROP VIEW v_step; DROP TABLE leg_top; ALTER TABLE step RENAME TO step_v4;\n"
+/* SQL that turns a current (version 5) store back into the version-3
+ * layout: no step_top, leg without same_as, the step table with its top and
+ * same_as columns (both NULL: the top-k is dropped), the view v_step_top.
+ * For tests that make an older store by taking a current one apart;
+ * user_version is the caller's. */
+__attribute__((unused)) static const char STORE_TO_V3_SQL[] =
+    "DROP VIEW v_top; DROP VIEW v_step; DROP TABLE step_top; ALTER TABLE leg DROP COLUMN same_as;\n"
+    "ALTER TABLE step RENAME TO step_v4;\n"
     "CREATE TABLE step(\n"
     "  leg_id INTEGER NOT NULL, prompt_id INTEGER NOT NULL, step INTEGER NOT NULL,\n"
     "  token INTEGER NOT NULL, forced INTEGER, gap REAL, digest INTEGER, top BLOB,\n"
@@ -73,8 +76,7 @@ __attribute__((unused)) static const char V4_TO_V3_SQL[] =
     "  PRIMARY KEY(leg_id, prompt_id, step),\n"
     "  FOREIGN KEY(leg_id, prompt_id) REFERENCES leg_prompt(leg_id, prompt_id) ON DELETE CASCADE\n"
     ") WITHOUT ROWID;\n"
-    "INSERT INTO step SELECT leg_id, prompt_id, step, token, forced,\n"
-    "  CASE typeof(gap) WHEN 'integer' THEN gap / 16777216.0 ELSE gap END, digest, NULL, NULL FROM step_v4;\n"
+    "INSERT INTO step SELECT leg_id, prompt_id, step, token, forced, gap, digest, NULL, NULL FROM step_v4;\n"
     "DROP TABLE step_v4;\n"
     "CREATE VIEW v_step_top AS\n"
     "  SELECT s.leg_id, s.prompt_id, s.step, s.token, s.forced, s.gap, s.digest,\n"

@@ -531,7 +531,16 @@ int main(int argc, char **argv)
     }
     proto_ops ops = {.ud = &w, .hello = on_hello, .load = on_load, .tokenize = on_tokenize,
                      .detokenize = on_detokenize, .decode = on_decode, .replay = on_replay};
-    int rc = proto_serve(stdin, stdout, &ops);
+    /* answers on a private descriptor, fd 1 pointed at stderr (nothing a
+     * library prints can corrupt the stream; a failed write ends us) */
+    tg_err pe;
+    FILE *out = proto_private_out("tg-engine", &pe);
+    if (!out) {
+        fprintf(stderr, "%s\n", pe.msg);
+        return 1;
+    }
+    int rc = proto_serve(stdin, out, &ops);
+    fclose(out);
     unload(&w);
 #ifdef TG_WITH_GPU
     free(w.gtop);

@@ -550,6 +550,15 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    /* the answers go to a private descriptor: llama.cpp and ggml print to
+     * stdout (ggml's abort handler runs gdb, whose backtrace lands on fd 1)
+     * and must not corrupt the protocol stream */
+    tg_err pe;
+    FILE *out = proto_private_out("tg-llama", &pe);
+    if (!out) {
+        fprintf(stderr, "%s\n", pe.msg);
+        return 1;
+    }
     if (!w.lib_path || !*w.lib_path)
         tg_errf(&w.lib_err, "no libllama given: start tg-llama with --lib PATH/libllama.so or "
                             "set TG_LLAMA_LIB");
@@ -562,10 +571,11 @@ int main(int argc, char **argv)
                      .tokenize = cb_tokenize,
                      .detokenize = cb_detokenize,
                      .decode = cb_decode};
-    int rc = proto_serve(stdin, stdout, &ops);
+    int rc = proto_serve(stdin, out, &ops);
     if (w.dl) {
         worker_unload(&w);
         llama_dl_free(w.dl);
     }
+    fclose(out);
     return rc == 0 ? 0 : 1;
 }

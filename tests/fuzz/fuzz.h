@@ -1,7 +1,8 @@
 /*
  * fuzz.h: the fuzz targets of tokgate (tests/fuzz/). Each target takes
  * arbitrary bytes and drives one parser of untrusted input: the GGUF reader,
- * the tokenizer, the spec parser and the arm-protocol request parser. A
+ * the tokenizer, the spec parser, the arm-protocol request parser and the
+ * store's top-k rows. A
  * target returns 0 whatever the input (bad input must be refused with an
  * error, never crash, leak or read out of bounds); it asserts only on
  * broken invariants of our own code (an error without a message).
@@ -21,6 +22,7 @@ int fuzz_gguf_one(const uint8_t *data, size_t size);
 int fuzz_tokenizer_one(const uint8_t *data, size_t size);
 int fuzz_spec_one(const uint8_t *data, size_t size);
 int fuzz_proto_one(const uint8_t *data, size_t size);
+int fuzz_store_one(const uint8_t *data, size_t size);
 
 /* The shipped model (for the tokenizer target): $TG_FUZZ_MODEL, else
  * $TG_ROOT/models/tiny-trained-qwen3-Q4_K_M.gguf, else that path relative

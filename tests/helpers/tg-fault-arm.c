@@ -29,12 +29,29 @@
  *                 without answering (so stdout never reaches EOF: only a
  *                 kill of the whole process group ends the leg)
  *   segv-prompt2  a good first decode, SIGSEGV in the second one
- *   dump-lie      a decode whose first line is a dump line naming /dev/zero
- *                 with n = 2^31 values (the harness must check n against
- *                 the file before it allocates or reads)
+ *   dump-lie      a decode whose first line is a dump line naming an 8-byte
+ *                 file in the dump folder with n = 2^31 values (the harness
+ *                 must check n against the file before it allocates or reads)
+ *   dump-abs      a decode whose first line is a dump line naming /dev/zero
+ *                 (outside the dump folder; sent whether dumps were asked
+ *                 for or not)
+ *   error-load    answers load with {"ok":false} and an error that repeats
+ *                 the op's name and carries ANSI escapes ("load: load:
+ *                 \033[31mno such model\033[0m"), and stays up
+ *   huge-counters a good session whose done lines report device_ops,
+ *                 host_ops and an "ops" counter "matmul/ref" of 2^63 - 2 each
+ *   nan-logits    a good session whose step lines give every logit as "nan"
+ *                 (the protocol's spelling of a NaN logit)
+ *   flat-logits   a good session whose step lines give every logit the same
+ *                 value (a flat distribution: no argmax to judge by)
+ *
+ * With TG_FAULT_PIDFILE set, every instance appends its pid to that file
+ * first (tests check that no worker outlives tokgate); TG_FAULT_DELAY_MS
+ * makes every step line that many milliseconds late (so legs overlap).
  */
 #include <jansson.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,10 +99,24 @@ static void decode(const char *mode, json_t *req)
     }
     long last = 0;
     for (size_t i = 0; i < json_array_size(prompt); i++) last = json_integer_value(json_array_get(prompt, i));
-    if (!strcmp(mode, "dump-lie"))
+    if (!strcmp(mode, "dump-lie")) {
+        const char *dir = json_string_value(json_object_get(json_object_get(req, "dump"), "path"));
+        char file[4096];
+        snprintf(file, sizeof file, "%s/s0-l0-q.f32", dir ? dir : ".");
+        FILE *f = fopen(file, "wb");
+        if (f) {
+            fwrite("12345678", 1, 8, f);
+            fclose(f);
+        }
         answer(json_pack("{s:{s:i,s:i,s:s,s:I,s:s}}", "dump", "step", 0, "layer", 0, "stage", "q", "n",
-                         (json_int_t)1 << 31, "file", "/dev/zero"));
+                         (json_int_t)1 << 31, "file", file));
+    }
+    if (!strcmp(mode, "dump-abs"))
+        answer(json_pack("{s:{s:i,s:i,s:s,s:I,s:s}}", "dump", "step", 0, "layer", 0, "stage", "q", "n",
+                         (json_int_t)4, "file", "/dev/zero"));
+    const char *delay = getenv("TG_FAULT_DELAY_MS");
     for (int s = 0; s < steps; s++) {
+        if (delay) msleep(atol(delay));
         if (!strcmp(mode, "segv-decode") && s == 2) crash();
         if (!strcmp(mode, "eof-decode") && s == 1) {
             fclose(stdout);
@@ -94,13 +125,24 @@ static void decode(const char *mode, json_t *req)
         }
         int tok = (int)((last * 7 + 3) % 50);
         json_t *top = json_array();
-        for (int k = 0; k < top_k && k < 4; k++)
-            json_array_append_new(top, json_pack("[i,f]", (tok + k) % 50 + (k ? 50 * k : 0), 10.0 - k * 0.5));
+        for (int k = 0; k < top_k && k < 4; k++) {
+            int id = (tok + k) % 50 + (k ? 50 * k : 0);
+            if (!strcmp(mode, "nan-logits")) json_array_append_new(top, json_pack("[i,s]", id, "nan"));
+            else if (!strcmp(mode, "flat-logits")) json_array_append_new(top, json_pack("[i,f]", id, 10.0));
+            else json_array_append_new(top, json_pack("[i,f]", id, 10.0 - k * 0.5));
+        }
         json_t *line = json_pack("{s:i,s:o,s:o,s:s}", "step", s,
                                  "token", !strcmp(mode, "wrong-step") ? json_string("x") : json_integer(tok),
                                  "top", top, "digest", "0123456789abcdef");
         answer(line);
         last = force && s < (int)json_array_size(force) ? json_integer_value(json_array_get(force, (size_t)s)) : tok;
+    }
+    if (!strcmp(mode, "huge-counters")) {
+        json_int_t big = INT64_MAX - 1;
+        answer(json_pack("{s:b,s:b,s:{s:I,s:I,s:{s:I}},s:{s:f,s:f,s:f}}", "ok", 1, "done", 1, "counters",
+                         "device_ops", big, "host_ops", big, "ops", "matmul/ref", big, "ms", "load", 1.0,
+                         "prefill", 2.0, "decode", 3.0));
+        return;
     }
     answer(json_pack("{s:b,s:b,s:{s:i,s:i},s:{s:f,s:f,s:f}}", "ok", 1, "done", 1, "counters", "device_ops", 0,
                      "host_ops", steps, "ms", "load", 1.0, "prefill", 2.0, "decode", 3.0));
@@ -109,6 +151,14 @@ static void decode(const char *mode, json_t *req)
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "ok";
+    const char *pidfile = getenv("TG_FAULT_PIDFILE");
+    if (pidfile) {
+        FILE *f = fopen(pidfile, "a");
+        if (f) {
+            fprintf(f, "%d\n", (int)getpid());
+            fclose(f);
+        }
+    }
     if (!strcmp(mode, "ignore-term")) signal(SIGTERM, SIG_IGN);
     int decodes = 0;
     if (!strcmp(mode, "fault-stderr")) {
@@ -155,6 +205,8 @@ int main(int argc, char **argv)
             } else
                 answer(json_pack("{s:b,s:{s:s,s:s,s:s}}", "ok", 1, "arm", "kind", "test-double", "version",
                                  "fault-arm 1", "device", "none"));
+        } else if (!strcmp(op, "load") && !strcmp(mode, "error-load")) {
+            answer(json_pack("{s:b,s:s}", "ok", 0, "error", "load: load: \033[31mno such model\033[0m"));
         } else if (!strcmp(op, "load")) {
             answer(json_pack("{s:b,s:{s:s,s:i}}", "ok", 1, "model", "arch", "none", "n_vocab", 200));
         } else if (!strcmp(op, "tokenize")) {
