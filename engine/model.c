@@ -310,18 +310,18 @@ static int tg_opts_parse_pert(tg_opts *o, const char *spec, tg_err *e)
     int layer, used = 0;
     double eps = 0;
     if (sscanf(spec, "%31[a-z0-9.=+-]:%31[a-z_]:%d%n", kind, stage, &layer, &used) != 3 || spec[used] != '\0')
-        return tg_errf(e, "perturb '%s': expected \"KIND:STAGE:LAYER\" (KIND bf16, f16, scale=E or noise=E), "
+        return tg_errf(e, "perturb '%s': expected \"KIND:STAGE:LAYER\" (KIND bf16, f16, scale=E, noise=E or drop), "
                        "e.g. \"bf16:ffn_out:3\" or \"scale=1e-4:q_rope:2\"", spec);
     int k = !strcmp(kind, "bf16") ? 1 : !strcmp(kind, "f16") ? 2 : !strncmp(kind, "scale=", 6) ? 3
-          : !strncmp(kind, "noise=", 6) ? 4 : 0;
-    if (k >= 3) {
+          : !strncmp(kind, "noise=", 6) ? 4 : !strcmp(kind, "drop") ? 5 : 0;
+    if (k == 3 || k == 4) {
         char *end;
         eps = strtod(kind + 6, &end);
         if (*end || !(eps > -1 && eps < 1e6) || eps == 0)
             return tg_errf(e, "perturb '%s': %.5s needs a nonzero number E > -1, e.g. scale=1e-4", spec, kind);
     }
     if (!k)
-        return tg_errf(e, "perturb '%s': kind '%s' is not one of bf16, f16, scale=E, noise=E", spec, kind);
+        return tg_errf(e, "perturb '%s': kind '%s' is not one of bf16, f16, scale=E, noise=E, drop", spec, kind);
     int st = tg_rstage_parse(stage);
     if (st < 0)
         return tg_errf(e, "perturb '%s': stage '%s' is not a replay stage (docs/protocol.md, \"replay\")", spec, stage);

@@ -137,9 +137,11 @@ typedef struct tg_opts {
     /* A calibrated perturbation at any replay stage (replay_hook.h):
      * "KIND:STAGE:LAYER", KIND bf16 | f16 (round), scale=E (times 1+E),
      * noise=E (times 1+E*u, u uniform with unit variance, a fixed hash of
-     * the position and column); applied by the stage hooks where the tier
-     * computes the stage, for every token. pert_kind 0: none. */
-    int pert_kind;           /* 0 none, 1 bf16, 2 f16, 3 scale, 4 noise */
+     * the position and column), drop (the stage's output is zero: the term
+     * is dropped, e.g. drop:attn_out:L leaves layer L's residual without
+     * its attention); applied by the stage hooks where the tier computes
+     * the stage, for every token. pert_kind 0: none. */
+    int pert_kind;           /* 0 none, 1 bf16, 2 f16, 3 scale, 4 noise, 5 drop */
     int pert_stage;          /* enum tg_rstage */
     int pert_layer;          /* -1 for out_norm and logits */
     double pert_eps;

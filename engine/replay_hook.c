@@ -367,6 +367,8 @@ double tg_pert_value(const tg_opts *o, double v, int pos, int64_t col)
         double u = ((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0) * 1.7320508075688772;
         return v * (1.0 + o->pert_eps * u);
     }
+    case 5:
+        return 0.0;
     default:
         return v;
     }
