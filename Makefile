@@ -57,11 +57,16 @@ HARNESS_OBJ := $(HARNESS_SRC:%.c=$(BUILD)/obj/%.o)
 ORACLE_SRC  := $(filter-out oracles/llama/tg-llama.c,$(wildcard oracles/llama/*.c))
 ORACLE_OBJ  := $(ORACLE_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC    := $(wildcard tests/test_*.c)
+TEST_OBJ    := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
+HELPER_OBJ  := $(HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 HELPERS     := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/bin/%)
 TOOL_SRC    := $(wildcard engine/tools/*.c)
 TOOLS       := $(TOOL_SRC:engine/tools/%.c=$(BUILD)/bin/%)
+# The programs' own objects (their main()s), outside the libraries.
+MAIN_SRC    := $(wildcard engine/worker/main.c harness/main.c oracles/llama/tg-llama.c) $(TOOL_SRC)
+MAIN_OBJ    := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
 LIB_ENGINE  := $(BUILD)/lib/libtg_engine.a
 LIB_HARNESS := $(BUILD)/lib/libtg_harness.a
@@ -103,13 +108,22 @@ $(CACHE)/npm/.fetched: scripts/fetch-npm.sh
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_FLAGS) -c $< -o $@
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(FP_FLAGS) $(ISA_FLAGS) -c $< -o $@
+
+# No multiply-add contraction (gcc contracts a * b + c into one fused,
+# singly rounded op by default wherever the ISA has FMA: aarch64, or x86-64
+# with -mfma) for the engine objects whose bytes are a contract on every
+# machine: the ref tier's sums (forward_ref.c), the scalar reference of
+# every tensor type and the vector scale search that must write its bytes
+# (quant.c, quant_fast.c), and the SIMD kernels whose order of operations
+# is written out (engine/cpu/kernels_*.c). This is the one place that sets
+# it; each of those files also says so with a pragma.
+NO_FP_CONTRACT := -ffp-contract=off
+FP_STRICT := forward_ref quant quant_fast cpu/kernels_avx2 cpu/kernels_avx512 cpu/kernels_neon
+$(FP_STRICT:%=$(BUILD)/obj/engine/%.o): FP_FLAGS := $(NO_FP_CONTRACT)
 
 # SIMD kernels get their ISA flags; everything else stays portable and the
 # engine picks a kernel at run time from what the CPU reports.
-# The ref tier's sums keep one order on every machine: no multiply-add
-# contraction (gcc contracts by default where the ISA has FMA, e.g. aarch64).
-$(BUILD)/obj/engine/forward_ref.o: ISA_FLAGS := -ffp-contract=off
 $(BUILD)/obj/%_avx2.o: ISA_FLAGS := -mavx2 -mfma -mf16c
 $(BUILD)/obj/%_avx512.o: ISA_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
@@ -148,12 +162,18 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_HARNESS) $(LIB_ORACLE) $(LIB_ENGI
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 # tg-llama: compiled against llama.h of the matching llama.cpp source, links
-# nothing of llama.cpp (the library is dlopen'ed at run time).
+# nothing of llama.cpp (the library is dlopen'ed at run time). The objects
+# that include it wait for the header: on a fresh clone `make all` fetches
+# the pinned packages (scripts/fetch-npm.sh, into $(CACHE)), or stops with
+# a one-line hint when that cannot be done here.
 LLAMA_INC := -I$(LLAMA_CPP_DIR)/include -I$(LLAMA_CPP_DIR)/ggml/include
+LLAMA_H   := $(LLAMA_CPP_DIR)/include/llama.h
 $(BUILD)/obj/oracles/llama/%.o: CPPFLAGS += $(LLAMA_INC)
-$(BUILD)/obj/oracles/llama/%.o: | $(CACHE)/npm/.fetched
 $(BUILD)/obj/tests/%.o: CPPFLAGS += $(LLAMA_INC)
-$(BUILD)/obj/tests/%.o: | $(CACHE)/npm/.fetched
+$(ORACLE_OBJ) $(BUILD)/obj/oracles/llama/tg-llama.o $(TEST_OBJ) $(HELPER_OBJ): | $(LLAMA_H)
+$(LLAMA_H):
+	@TOKGATE_CACHE=$(CACHE) bash scripts/fetch-npm.sh >&2 && [ -f $@ ] || \
+	 { echo "make: $@ is missing (llama.cpp headers): run \`make deps\` (or set LLAMA_CPP_DIR)" >&2; exit 1; }
 $(BUILD)/bin/tg-llama: $(BUILD)/obj/oracles/llama/tg-llama.o $(LIB_ORACLE) $(LIB_ENGINE)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -282,5 +302,8 @@ bench-gpu:
 clean:
 	rm -rf build
 
--include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(TEST_SRC:%.c=$(BUILD)/obj/%.d) \
+# The header dependencies gcc wrote (-MMD) for every object this Makefile
+# compiles: libraries, programs, tests and helpers.
+-include $(ENGINE_OBJ:.o=.d) $(HARNESS_OBJ:.o=.d) $(ORACLE_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) \
+         $(TEST_OBJ:.o=.d) $(HELPER_OBJ:.o=.d) \
          $(BUILD)/obj/oracles/http/tg-http.d

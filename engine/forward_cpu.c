@@ -23,6 +23,8 @@
  * computes it, so the bytes depend neither on the thread count nor on
  * timing. Attention hands out (token, head) pairs the same way, each
  * computed whole by one thread.
+ *
+ * The tier's table, tg_tier_cpu (tier.h), is at the end of the file.
  */
 #include <assert.h>
 #include <math.h>
@@ -31,9 +33,12 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
-#include "forward.h"
 #include "quant.h"
 #include "threadpool.h"
+#include "tier.h"
+#if defined(__x86_64__)
+#include "cpu/forward_avx2.h"
+#endif
 
 typedef struct cpu_state {
     tg_pool *pool;
@@ -90,14 +95,6 @@ static void k_vec_dot(uint32_t type, int n, float *s, const void *x, const void 
 {
     tg_cpu_vec_dot(type)(n, s, x, y);
 }
-
-#if defined(__x86_64__)
-/* forward_cpu_avx2.c */
-float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide);
-void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a);
-void tg_fa_scale_f16_avx2(int n, tg_half *y, float a);
-void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
-#endif
 
 /* 0: portable code; 1: AVX2 helpers with ggml's 8-lane order; 2: AVX2
  * helpers with ggml's 16-lane (AVX-512) order. Follows the kernels' ISA, as
@@ -160,20 +157,21 @@ static int k_has_matmul(uint32_t type)
     return tg_cpu_vec_dot(type) != NULL;
 }
 
-const char *tg_cpu_tier_isa(void)
+/* "x86-64 avx2, 2 threads, f16 KV": the machine and the kernels' ISA the
+ * runtime dispatch picked, the pool's threads, the cache type. Returns 0. */
+static int cpu_describe(const tg_session *s, const tg_opts *o, char *buf, size_t n)
 {
-    static char buf[64];
-    if (!buf[0])
-        snprintf(buf, sizeof buf, "%s %s",
+    (void)s;
+    snprintf(buf, n, "%s %s, %d thread%s, %s KV",
 #if defined(__x86_64__)
-                 "x86-64",
+             "x86-64",
 #elif defined(__aarch64__)
-                 "aarch64",
+             "aarch64",
 #else
-                 "cpu",
+             "cpu",
 #endif
-                 tg_cpu_isa());
-    return buf;
+             tg_cpu_isa(), o->threads, o->threads == 1 ? "" : "s", o->kv_f32 ? "f32" : "f16");
+    return 0;
 }
 
 /* --- matmul -------------------------------------------------------------- */
@@ -479,8 +477,9 @@ static int dump(tg_session *s, int want, int layer, int stage, const float *x, i
     return want ? tg_dump(s, layer, stage, x, n, e) : 0;
 }
 
-static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, int want, tg_err *e)
+static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags, tg_err *e)
 {
+    const int want = (flags & TG_EVAL_DUMP) != 0;
     cpu_state *c = s->tier;
     const tg_model *m = s->m;
     const tg_hparams *hp = &m->hp;
@@ -670,6 +669,8 @@ static int cpu_init(tg_session *s, tg_err *e)
 {
     const tg_model *m = s->m;
     const tg_hparams *hp = &m->hp;
+    if (s->o.f64)
+        return tg_errf(e, "option f64 is for the ref tier only");
     // every matrix must have a fast kernel for its type
     const tg_weight *check[2] = {&m->output, &m->token_embd};
     for (int i = 0; i < 2; i++)
@@ -722,8 +723,27 @@ static int cpu_init(tg_session *s, tg_err *e)
         return tg_errf(e, "cpu tier: out of memory (or threads) for n_ctx %d, n_batch %d, %d threads",
                        s->o.n_ctx, s->o.n_batch, s->o.threads);
     }
-    tg_tier_device(TG_TIER_CPU, c->nth, s->device, sizeof s->device);
     return 0;
 }
 
-const tg_tier_impl tg_tier_cpu_impl = {cpu_init, cpu_fini, cpu_eval};
+/* No eval_all: the session evaluates forced tokens one at a time. */
+/* The cpu tier's declared numerics (tier.h, numerics): llama.cpp's CPU
+ * backend's roundings, which the ref tier can apply in a replay. */
+static void cpu_numerics(const tg_opts *o, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "{\"exact\":false,\"act\":\"vec_dot\",\"kv\":\"%s\",\"attn_q\":\"kv\",\"attn_acc\":\"kv\","
+             "\"rope\":\"ggml-f32\",\"accum\":\"f32\",\"silu\":\"ggml-expf\"}",
+             o->kv_f32 ? "f32" : "f16");
+}
+
+const tg_tier_i tg_tier_cpu = {
+    .id = TG_TIER_CPU,
+    .name = "cpu",
+    .n_batch_default = 64,
+    .describe = cpu_describe,
+    .init = cpu_init,
+    .free = cpu_fini,
+    .eval = cpu_eval,
+    .numerics = cpu_numerics,
+};

@@ -13,7 +13,7 @@
  * gives the same bytes on every machine with IEEE doubles and a correctly
  * rounded libm for exp, sqrt, pow, cos and sin.
  *
- * The one order of a dot product (tg_ref_dot, forward.h): eight running
+ * The one order of a dot product (tg_ref_dot, forward_ref.h): eight running
  * sums, element j into sum j % 8, each a separate f64 multiply then add,
  * added in a fixed tree, then the tail in order. The vector code holds the
  * eight sums in two 4-lane f64 vectors (lanes 0-3 and 4-7), so every lane
@@ -34,9 +34,12 @@
  * the large models of the GPU gates affordable: a forced leg costs one
  * dequantization of the weights per batch instead of per token.
  *
- * Threads: one by default. With the threads option above 1, the mat-vecs
- * hand row ranges to a thread pool; every output is still one dot product
- * taken in the same order by one thread, so the bytes do not change.
+ * Threads: as the threads option says (the session resolves 0 to the
+ * online CPUs); above 1, the mat-vecs hand row ranges to a thread pool;
+ * every output is still one dot product taken in the same order by one
+ * thread, so the bytes do not change.
+ *
+ * The tier's table, tg_tier_ref (tier.h), is at the end of the file.
  */
 /* No multiply-add contraction, whatever the build flags (the Makefile also
  * passes -ffp-contract=off): the sums' order is the tier's contract. */
@@ -52,9 +55,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
+#include "forward_ref.h"
 #include "quant.h"
 #include "threadpool.h"
+#include "tier.h"
 
 #define REF_NB 64        /* tokens per internal batch (bounds the scratch buffers) */
 #define REF_MM_ROWS 16   /* weight rows per pool chunk */
@@ -237,6 +241,13 @@ static double rnd(const tg_session *s, double x)
     return s->o.f64 ? x : (double)(float)x;
 }
 
+/* The threads the tier runs on for options o: a pool of o->threads above 1,
+ * else the calling thread. */
+static int ref_threads(const tg_opts *o)
+{
+    return o->threads > 1 ? o->threads : 1;
+}
+
 static void ref_fini(tg_session *s)
 {
     ref_state *r = s->tier;
@@ -276,7 +287,7 @@ static int ref_init(tg_session *s, tg_err *e)
     r->sc = calloc((size_t)s->o.n_ctx, sizeof(double));
     r->kc = calloc(cache, sizeof(double));
     r->vc = calloc(cache, sizeof(double));
-    r->nth = s->o.threads > 1 ? s->o.threads : 1;
+    r->nth = ref_threads(&s->o);
     r->row = calloc((size_t)REF_ROWS1 * REF_KB * (size_t)r->nth, sizeof(float));
     r->rowd = calloc((size_t)REF_KB * (size_t)r->nth, sizeof(double));
     r->acc = calloc((size_t)REF_MM_ROWS * REF_NB * 8 * (size_t)r->nth, sizeof(double));
@@ -298,7 +309,23 @@ static int ref_init(tg_session *s, tg_err *e)
         ref_fini(s);
         return tg_errf(e, "ref tier: out of memory for a KV cache of %d positions (option n_ctx)", s->o.n_ctx);
     }
-    tg_tier_device(TG_TIER_REF, r->nth, s->device, sizeof s->device);
+    s->o.kv_f32 = 1;   /* the cache is always F32 (f64 values rounded as the activations) */
+    return 0;
+}
+
+/* "portable C reference, avx2 clones, 2 threads, f32 KV": the dot
+ * kernels' clone (x86-64: what the loader's ifunc picks by the same test),
+ * the threads, the cache, and f64 activations when set. Returns 0. */
+static int ref_describe(const tg_session *s, const tg_opts *o, char *buf, size_t n)
+{
+    (void)s;
+    const int nth = ref_threads(o);
+    const char *clone = "";
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    clone = __builtin_cpu_supports("avx2") ? ", avx2 clones" : ", baseline clones";
+#endif
+    snprintf(buf, n, "portable C reference%s, %d thread%s, f32 KV%s", clone, nth, nth == 1 ? "" : "s",
+             o->f64 ? ", f64 activations" : "");
     return 0;
 }
 
@@ -424,7 +451,7 @@ static void matmul(tg_session *s, double *out, const tg_weight *w, const double 
 
 void tg_ref_matmul(tg_session *s, double *out, const tg_weight *w, const double *x, int n)
 {
-    assert(s->impl == &tg_tier_ref_impl);
+    assert(s->t->id == TG_TIER_REF && "tg_ref_matmul: a ref-tier session");
     matmul(s, out, w, x, n);
 }
 
@@ -781,14 +808,33 @@ static int ref_run(tg_session *s, const int32_t *tokens, int n, int want_dump, f
     return 0;
 }
 
-static int ref_eval(tg_session *s, const int32_t *tokens, int n, int want_dump, tg_err *e)
+/* The table's eval: every batch computes its last token's logits. */
+static int ref_eval(tg_session *s, const int32_t *tokens, int n, unsigned flags, tg_err *e)
 {
-    return ref_run(s, tokens, n, want_dump, NULL, e);
+    return ref_run(s, tokens, n, (flags & TG_EVAL_DUMP) != 0, NULL, e);
 }
 
-static int ref_eval_all(tg_session *s, const int32_t *tokens, int n, int want_dump, float *logits, tg_err *e)
+static int ref_eval_all(tg_session *s, const int32_t *tokens, int n, unsigned flags, float *logits, tg_err *e)
 {
-    return ref_run(s, tokens, n, want_dump, logits, e);
+    return ref_run(s, tokens, n, (flags & TG_EVAL_DUMP) != 0, logits, e);
 }
 
-const tg_tier_impl tg_tier_ref_impl = {ref_init, ref_fini, ref_eval, ref_eval_all};
+/* The ref tier's declared numerics (tier.h, numerics): the exact arbiter. */
+static void ref_numerics(const tg_opts *o, char *buf, size_t n)
+{
+    (void)o;
+    snprintf(buf, n, "{\"exact\":true,\"act\":\"f32\",\"kv\":\"f32\",\"attn_q\":\"f32\",\"attn_acc\":\"f64\","
+                     "\"rope\":\"f64\",\"accum\":\"f64\",\"silu\":\"f64\"}");
+}
+
+const tg_tier_i tg_tier_ref = {
+    .id = TG_TIER_REF,
+    .name = "ref",
+    .n_batch_default = 64,
+    .describe = ref_describe,
+    .init = ref_init,
+    .free = ref_fini,
+    .eval = ref_eval,
+    .eval_all = ref_eval_all,
+    .numerics = ref_numerics,
+};

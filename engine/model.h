@@ -13,11 +13,13 @@
  * tg_session_eval() (a prompt in batches of n_batch, or one token at a time);
  * the logits of the last token evaluated stay in the session until the next
  * call. The forward pass is docs/formats.md's ("The Qwen3 forward pass").
+ * Every tier is reached through one table (tier.h); session.c holds this
+ * half, model.c the loading.
  *
  * Tiers (opts.tier):
  *   ref  plain C: weights dequantized row by row, f32 activations with f64
- *        accumulation, F32 KV cache. One thread unless the threads option
- *        is above 1 (then the mat-vec rows are shared by a pool, each row
+ *        accumulation, F32 KV cache. Threads as the threads option says (0:
+ *        all online CPUs; the mat-vec rows are shared by a pool, each row
  *        one dot product in the same order): the bytes do not depend on
  *        it. The tokens of one eval go through in batches (each weight row
  *        dequantized once per batch), with the bytes of one token at a
@@ -28,7 +30,10 @@
  *        thread pool splitting output rows with a fixed partition (every row
  *        is one dot product, so the bytes do not depend on the thread
  *        count), F16 KV cache by default.
- *   gpu  not in this library (tg_session_new refuses it).
+ *   gpu  the forward pass, top-k and logits digest on a GPU
+ *        (engine/gpu/, docs/gpu.md); only in programs linked with the GPU
+ *        objects (`make gpu`, `make hip`): elsewhere tg_session_new refuses
+ *        it. Its logits stay on the device until asked for.
  *
  * Debug perturbation (load option "perturb", for localisation tests): the
  * string "bf16:STAGE:LAYER", e.g. "bf16:ffn_out:3", rounds the activations of
@@ -127,12 +132,15 @@ const char *tg_stage_name(int stage);      /* "ffn_out"; "?" out of range */
 int tg_stage_parse(const char *s);         /* the stage, or -1 */
 
 typedef struct tg_opts {
-    enum tg_tier tier;       /* TG_TIER_REF | TG_TIER_CPU */
-    int threads;             /* cpu tier pool size; 0: all online CPUs */
-    int kv_f32;              /* cpu tier: F32 instead of F16 KV cache (ref: always F32) */
+    enum tg_tier tier;       /* TG_TIER_REF | TG_TIER_CPU | TG_TIER_GPU */
+    int threads;             /* host tiers' pool size; 0: all online CPUs */
+    int kv_f32;              /* F32 instead of F16 KV cache (ref: always F32,
+                              * resolved to 1) */
     int n_ctx;               /* KV cache positions; 0: min(n_ctx_train, 4096) */
-    int n_batch;             /* tokens per prefill batch; 0: 64 */
-    int perturb_layer;       /* -1: none; else the layer of the perturbation */
+    int n_batch;             /* tokens per prefill batch; 0: the tier's
+                              * default (ref, cpu 64; gpu 256) */
+    int perturb_layer;       /* -1: none; else the layer of the perturbation
+                              * (ref and cpu tiers) */
     int perturb_stage;       /* enum tg_stage */
     /* A calibrated perturbation at any replay stage (replay_hook.h):
      * "KIND:STAGE:LAYER", KIND bf16 | f16 (round), scale=E (times 1+E),
@@ -148,6 +156,9 @@ typedef struct tg_opts {
     int f64;                 /* ref tier only: keep activations in f64 (no
                               * rounding to f32 between ops); a yardstick
                               * for tests, not a protocol option */
+    int device;              /* gpu tier: the device index (0) */
+    int no_graph;            /* gpu tier: launch kernels one by one also for
+                              * single-token steps (no CUDA graph); same bytes */
 } tg_opts;
 
 /* Defaults: cpu tier, all threads, F16 KV, no perturbation. */
@@ -159,7 +170,8 @@ int tg_opts_parse_perturb(tg_opts *o, const char *spec, tg_err *e);
 typedef struct tg_session tg_session;
 
 /* Makes a session over m (which must outlive it). Returns 0 and *out, or -1
- * with e (unsupported tier or weight type, bad option, out of memory). */
+ * with e (a tier not in this build, an unsupported weight type or option,
+ * out of memory, no usable GPU). */
 int tg_session_new(tg_session **out, const tg_model *m, const tg_opts *o, tg_err *e);
 void tg_session_free(tg_session *s);       /* NULL is a no-op */
 /* Empties the KV cache (position 0); counters are kept. */
@@ -167,22 +179,42 @@ void tg_session_reset(tg_session *s);
 /* Positions filled in the KV cache, and its capacity. */
 int tg_session_pos(const tg_session *s);
 int tg_session_n_ctx(const tg_session *s);
+/* The session's options with every default resolved (threads, n_ctx,
+ * n_batch, kv_f32 as the tier uses them). */
+const tg_opts *tg_session_opts(const tg_session *s);
 
 /* Evaluates n >= 1 tokens at the next positions (in batches of n_batch) and
  * keeps the logits of the last one. Returns 0, or -1 with e (a token id out
- * of range, the context full); on failure the cache is left as before. */
+ * of range, the context full, a device failure); on failure the cache is
+ * left as before. */
 int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e);
 /* tg_session_eval that also gives the logits of every token: row i of
  * logits (n, n_vocab floats, the caller's) is what tg_session_logits()
  * would give after tokens[0..i] went in one token at a time, byte for byte
- * (the ref tier computes the rows in batches, the cpu tier one token at a
+ * (the ref tier computes the rows in batches, the others one token at a
  * time); the last row is also kept as the session's logits. Dumps, as for
  * an eval, are of the last token. Returns 0, or -1 with e as
  * tg_session_eval (the cache left as before, logits undefined). */
 int tg_session_eval_all(tg_session *s, const int32_t *tokens, int n, float *logits, tg_err *e);
 /* The last logits (n_vocab floats, owned by the session, valid until the
- * next eval/reset/free). */
-const float *tg_session_logits(const tg_session *s);
+ * next eval/reset/free). A tier that keeps them on its device (gpu) copies
+ * them here at the first call after an eval; NULL when that copy fails. */
+const float *tg_session_logits(tg_session *s);
+
+/* Selection. tg_session_set_top(s, k) asks the evals that follow for the
+ * top k (0: none) where the tier selects on its device (the gpu tier, for
+ * k up to 256: the logits then never cross to the host); other tiers
+ * ignore it. tg_session_top() gives the top k (>= 1) of the last logits
+ * into top[0..k) (k clamped to n_vocab; by logit descending, ties by
+ * lower id, as tg_topk) and the XXH3-64 hex digest of all n_vocab logits
+ * into digest[17]: from the device when the last eval selected at least k
+ * there, else computed here over tg_session_logits(). Returns the number
+ * of entries written, or -1 with e (a device failure). */
+void tg_session_set_top(tg_session *s, int k);
+int tg_session_top(tg_session *s, int k, tg_top *top, char digest[17], tg_err *e);
+/* Whether the tier selects on its device (then one eval and tg_session_top
+ * per step moves less than tg_session_eval_all's rows of logits). */
+int tg_session_top_on_device(const tg_session *s);
 
 /* Dumps: while fn is set, every eval calls fn for each stage of each layer
  * and for the logits, with the activations of the last token evaluated
@@ -193,10 +225,13 @@ void tg_session_set_dump(tg_session *s, tg_dump_fn fn, void *ud);
 
 /* Op counters since the session began (or since tg_ops_clear on them). */
 tg_ops *tg_session_ops(tg_session *s);
-/* "x86-64 AVX2, 2 threads" style description of where the session runs. */
+/* Where the session runs, from its real configuration: "x86-64 avx2,
+ * 2 threads, f16 KV" style (the tier's describe, tier.h). */
 const char *tg_session_device(const tg_session *s);
-/* The same description for a tier and thread count (0: all CPUs) before any
- * session exists, into buf (n bytes). */
-void tg_tier_device(enum tg_tier tier, int threads, char *buf, size_t n);
+/* The same description before any session exists, for a session with
+ * options o (o->tier; defaults resolved as tg_session_new would), into buf
+ * (n bytes). Returns 0, or -1 with buf saying why the tier cannot run here
+ * (not part of this build, no usable GPU). */
+int tg_tier_device(const tg_opts *o, char *buf, size_t n);
 
 #endif

@@ -14,9 +14,10 @@
  *   mins by weighted least squares; they write test models, so they need to
  *   be good, not byte-identical to llama-quantize. Their scale search is
  *   the one place that trades plainness for speed (tg-mkmodel spends its
- *   time there): tg_traits gives a vector search that writes the same bytes
- *   as the scalar reference, which stays here as the oracle
+ *   time there): tg_traits gives the vector search of quant_fast.c, which
+ *   writes the same bytes as the scalar reference here, the oracle
  *   (tg_from_float_ref, quant_ref.h; tests/test_quant.c holds them equal).
+ *   The pieces both searches share are inline in quant_kq.h.
  *
  * The vec_dots compute what ggml-cpu's generic code computes: integer dot
  * products per sub-block, scaled by integer sub-block scales, accumulated
@@ -32,9 +33,10 @@
 
 /* The reference rounds every product and sum separately on every target:
  * no multiply-add contraction (GCC contracts by default on aarch64, which
- * would move dequantized values and dots by an ulp from ggml's). The fast
- * weight quantizers' lanes depend on it as much (same bytes as the
- * scalar search). */
+ * would move dequantized values and dots by an ulp from ggml's). The
+ * vector scale search of quant_fast.c, which must write this file's bytes,
+ * is built the same way (and the Makefile passes -ffp-contract=off to
+ * both). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #else
@@ -44,6 +46,8 @@
 #include <assert.h>
 #include <math.h>
 #include <string.h>
+
+#include "quant_kq.h"   /* after the pragma: its inline helpers are built without contraction too */
 
 /* ---------------------------------------------------------------- halves */
 
@@ -116,20 +120,6 @@ tg_bf16 tg_f32_to_bf16(float f)
     uint32_t x = f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (tg_bf16)((x >> 16) | 0x40);
     return (tg_bf16)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
-}
-
-/* Returns v rounded to the nearest integer, ties to even (what ggml's
- * nearest_int gives for the values quantizers meet), under the default
- * rounding mode. rintf keeps the product that usually feeds it a separate
- * rounding: an add-magic-number trick would let aarch64 GCC fuse the two
- * into one FMA and round differently from ggml and from the SIMD
- * quantizers. Magnitudes beyond 2^22 (never met) are clamped first; a NaN
- * gives -4194303. */
-static inline int round_even(float v)
-{
-    v = v > 4194303.0f ? 4194303.0f : v;
-    v = v >= -4194303.0f ? v : -4194303.0f;
-    return (int)rintf(v);
 }
 
 /* -------------------------------------------------------- F32, F16, BF16 */
@@ -310,102 +300,9 @@ static void q8_K_to_float(const void *vx, float *y, int64_t k)
         for (int j = 0; j < QK_K; j++) *y++ = x[i].d * x[i].qs[j];
 }
 
-/* ---------------------------------------------- K-quant scale search */
-
-static inline int clampi(int v, int lo, int hi)
-{
-    return v < lo ? lo : v > hi ? hi : v;
-}
-
-/* Weighted sums of one candidate grid of fit_scale_min. */
-typedef struct grid_sums {
-    float wl, wl2, wlx;     /* sum w L, sum w L^2, sum w L x */
-} grid_sums;
-
-/* Quantizes x to L = clamp(round((x - lo) * iscale), 0, nmax) into L[n]
- * (n even) and returns the grid's weighted sums (two partial sums each,
- * to keep the dependency chains short). */
-static grid_sums grid_asym(int n, int nmax, const float *x, const float *w, float lo, float iscale,
-                           uint8_t *L)
-{
-    float a0 = 0, a1 = 0, b0 = 0, b1 = 0, c0 = 0, c1 = 0;
-    for (int i = 0; i < n; i += 2) {
-        const int l0 = clampi(round_even(iscale * (x[i] - lo)), 0, nmax);
-        const int l1 = clampi(round_even(iscale * (x[i + 1] - lo)), 0, nmax);
-        L[i] = (uint8_t)l0;
-        L[i + 1] = (uint8_t)l1;
-        const float wl0 = w[i] * l0, wl1 = w[i + 1] * l1;
-        a0 += wl0;
-        a1 += wl1;
-        b0 += wl0 * l0;
-        b1 += wl1 * l1;
-        c0 += wl0 * x[i];
-        c1 += wl1 * x[i + 1];
-    }
-    return (grid_sums){a0 + a1, b0 + b1, c0 + c1};
-}
-
-/* The weighted least-squares line x ~ a L + b of a grid (b clamped to <= 0)
- * and its weighted squared error, from the sums alone:
- * err = a^2 SwL2 + 2ab SwL - 2a SwLx + b^2 Sw - 2b Swx + Swxx.
- * Returns 0, or -1 when the grid is degenerate (a <= 0). */
-static int grid_fit(grid_sums g, double sw, double swx, double swxx, float *a_out, float *b_out,
-                    double *err)
-{
-    const double det = sw * g.wl2 - (double)g.wl * g.wl;
-    if (det <= 0) return -1;
-    double a = (sw * g.wlx - (double)g.wl * swx) / det;
-    double b = ((double)g.wl2 * swx - (double)g.wl * g.wlx) / det;
-    if (b > 0) {
-        b = 0;
-        a = g.wlx / (double)g.wl2;
-    }
-    if (!(a > 0)) return -1;
-    *err = a * a * g.wl2 + 2 * a * b * g.wl - 2 * a * g.wlx + b * b * sw - 2 * b * swx + swxx;
-    *a_out = (float)a;
-    *b_out = (float)b;
-    return 0;
-}
-
-/* The sums a scale-and-min fit starts from: lo = min(0, min x), hi = max x,
- * and the weighted sums of 1, x and x^2 (in double, in order). */
-static inline void fit_stats(int n, const float *x, const float *w, float *lo, float *hi, double *sw,
-                             double *swx, double *swxx)
-{
-    float l = x[0], h = x[0];
-    double a = 0, b = 0, c = 0;
-    for (int i = 0; i < n; i++) {
-        l = x[i] < l ? x[i] : l;
-        h = x[i] > h ? x[i] : h;
-        a += w[i];
-        b += (double)w[i] * x[i];
-        c += (double)w[i] * x[i] * x[i];
-    }
-    *lo = l > 0 ? 0 : l;
-    *hi = h;
-    *sw = a;
-    *swx = b;
-    *swxx = c;
-}
-
-/* The refinement of the asymmetric fit: re-rounds against the fitted line
- * (*a, *b; error err), refits, and keeps the result while the error falls
- * (at most 4 times); L (when not NULL) receives the kept grid. */
-static void refine_asym(int n, int nmax, const float *x, const float *w, double sw, double swx, double swxx,
-                        double err, float *a, float *b, uint8_t *L)
-{
-    uint8_t cand[32];
-    for (int iter = 0; iter < 4 && err < INFINITY; iter++) {
-        const grid_sums g = grid_asym(n, nmax, x, w, *b, 1 / *a, cand);
-        float na, nb;
-        double ne;
-        if (grid_fit(g, sw, swx, swxx, &na, &nb, &ne) != 0 || !(ne < err)) break;
-        err = ne;
-        *a = na;
-        *b = nb;
-        if (L) memcpy(L, cand, (size_t)n);
-    }
-}
+/* ---------------------------------------------- K-quant scale search
+ * The scalar reference searches; their shared pieces are in quant_kq.h,
+ * the vector searches that write the same bytes in quant_fast.c. */
 
 /* Fits x[i] ~ a * L[i] + b, L[i] in [0, nmax], b <= 0, minimizing the
  * weighted squared error sum w[i] (a L[i] + b - x[i])^2 over n (even,
@@ -514,276 +411,6 @@ static float block_rms(const float *x, int n)
 }
 
 
-/* ------------------------------------------- fast K-quant scale search
- *
- * The same searches as fit_scale_sym and fit_scale_min, with the candidate
- * grids side by side in vector lanes: lane c computes exactly the float and
- * double operations the scalar code performs for candidate c, in the same
- * order (same iscale division, same even/odd partial sums, the same double
- * score or least-squares fit, separate products and sums), so the chosen
- * grid, hence the bytes written, is the reference's; the choice among the
- * candidates is the reference's too (the first best wins, NaNs never).
- * Lanes hold floats; rounding is the add-and-subtract of
- * 1.5 * 2^23, which equals rintf under round-to-nearest-even for the
- * |v| <= 2^22 - 1 that round_even's clamp leaves (and gives +0 where rintf
- * gives -0, which (int) made +0 in the reference anyway). The file is built
- * without multiply-add contraction (the pragma at the top), and the x86-64
- * clones target AVX2 without FMA. The L each reference search writes is
- * never read by its callers (the final quants are recomputed against the
- * stored scales), so the fast searches return the scale alone. */
-
-typedef float kq_vf __attribute__((vector_size(32)));   /* 8 lanes */
-typedef int32_t kq_vi __attribute__((vector_size(32)));
-typedef float kq_vf4 __attribute__((vector_size(16)));  /* 4 lanes */
-typedef double kq_vd __attribute__((vector_size(32)));
-typedef int64_t kq_vl __attribute__((vector_size(32)));
-#define KQ_LANES 8
-#define KQ_MAX_CAND 32  /* candidates per search: 25 (sym), 31 (asym), padded */
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KQ_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define KQ_CLONES
-#endif
-/* The helpers below return 32-byte vectors (and take them by pointer);
- * they are always inlined, so the ABI the compiler warns about (no AVX in
- * the default clone) is never used. (GCC reports it where it emits the
- * clones, at the end of the file, so the warning stays off to the end.) */
-#if defined(__clang__)
-#pragma clang diagnostic ignored "-Wpsabi"
-#elif defined(__GNUC__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-#define KQ_INLINE static inline __attribute__((always_inline))
-
-/* Lane-wise m ? a : b for a comparison mask m (m is read twice). */
-#define KQ_SELECT(m, a, b) ((kq_vf)(((m) & (kq_vi)(a)) | (~(m) & (kq_vi)(b))))
-#define KQ_SELECT_D(m, a, b) ((kq_vd)(((m) & (kq_vl)(a)) | (~(m) & (kq_vl)(b))))
-
-/* Lane-wise clampi(round_even(v), lo, hi) as a float, for integers
- * lo <= 0 <= hi with |lo|, |hi| < 2^22. The reference clamps v to
- * +-4194303 (a NaN to -4194303), rounds, then clamps to [lo, hi]; since
- * rounding is monotone and keeps integers, clamping to [lo, hi] first (a
- * NaN to lo) and rounding then gives the same integer, with v small
- * enough for the add-and-subtract rounding. */
-KQ_INLINE kq_vf kq_round_clamp(const kq_vf *pv, float lo, float hi)
-{
-    const kq_vf zero = {0}, magic = zero + 12582912.0f;
-    kq_vf v = *pv;
-    v = KQ_SELECT(v >= lo, v, zero + lo);
-    v = KQ_SELECT(v > hi, zero + hi, v);
-    return (v + magic) - magic;
-}
-
-KQ_INLINE kq_vf kq_load(const float *p)
-{
-    kq_vf v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-KQ_INLINE void kq_store(float *p, const kq_vf *v)
-{
-    memcpy(p, v, sizeof *v);
-}
-
-/* Four floats at p, widened to double. */
-KQ_INLINE kq_vd kq_load_d(const float *p)
-{
-    kq_vf4 v;
-    memcpy(&v, p, sizeof v);
-    return __builtin_convertvector(v, kq_vd);
-}
-
-KQ_INLINE void kq_store_d(double *p, const kq_vd *v)
-{
-    memcpy(p, v, sizeof *v);
-}
-
-/* fit_scale_sym's search once max (the first x of largest magnitude, not
- * 0) is known: the candidate grids iscale = -(nmax + 0.1 step) / max for
- * step = -12 .. 12 (candidate c = step + 12; lanes past 24 are padding),
- * each grid's swl2 and swlx and score = swlx^2 / swl2 as the reference
- * computes them, and the reference's choice: the first candidate of
- * highest score among those with !(swl2 <= 0) (a NaN score never wins).
- * Returns that candidate's swlx / swl2 as a float, or 0 when none
- * qualifies. n even. */
-KQ_CLONES static float kq_sym_search(int n, int nmax, const float *x, const float *w, float max)
-{
-    enum { NC = 25 };
-    float num[KQ_MAX_CAND] = {0}, s[4][KQ_MAX_CAND];
-    for (int c = 0; c < NC; c++) num[c] = -(nmax + 0.1f * (c - 12));
-    const float lo = (float)-nmax, hi = (float)(nmax - 1);
-    for (int k = 0; k < KQ_MAX_CAND; k += KQ_LANES) {
-        const kq_vf is = kq_load(num + k) / max;
-        kq_vf b0 = {0}, b1 = {0}, c0 = {0}, c1 = {0};
-        for (int i = 0; i < n; i += 2) {
-            const kq_vf v0 = is * x[i], v1 = is * x[i + 1];
-            const kq_vf l0 = kq_round_clamp(&v0, lo, hi), l1 = kq_round_clamp(&v1, lo, hi);
-            const kq_vf wl0 = w[i] * l0, wl1 = w[i + 1] * l1;
-            b0 += wl0 * l0;
-            b1 += wl1 * l1;
-            c0 += wl0 * x[i];
-            c1 += wl1 * x[i + 1];
-        }
-        kq_store(s[0] + k, &b0);
-        kq_store(s[1] + k, &b1);
-        kq_store(s[2] + k, &c0);
-        kq_store(s[3] + k, &c1);
-    }
-    /* scores, with -1 (below any real score, which is >= 0) where the
-     * candidate does not qualify; the highest of them */
-    double swl2[KQ_MAX_CAND], swlx[KQ_MAX_CAND], score[KQ_MAX_CAND];
-    const kq_vd zero = {0};
-    kq_vd best = zero - 1;
-    for (int c = 0; c < KQ_MAX_CAND; c += 4) {
-        const kq_vd l2 = kq_load_d(s[0] + c) + kq_load_d(s[1] + c);
-        const kq_vd lx = kq_load_d(s[2] + c) + kq_load_d(s[3] + c);
-        const kq_vd sc = lx * lx / l2;
-        const kq_vd idx = {c, c + 1, c + 2, c + 3};
-        const kq_vl ok = ~(l2 <= 0) & (sc == sc) & (idx < NC);
-        const kq_vd v = KQ_SELECT_D(ok, sc, zero - 1);
-        best = KQ_SELECT_D(v > best, v, best);
-        kq_store_d(swl2 + c, &l2);
-        kq_store_d(swlx + c, &lx);
-        kq_store_d(score + c, &v);
-    }
-    double top = best[0];
-    for (int l = 1; l < 4; l++) top = best[l] > top ? best[l] : top;
-    if (top == -1) return 0;
-    int c = 0;
-    while (score[c] != top) c++;
-    assert(c < NC);
-    return (float)(swlx[c] / swl2[c]);
-}
-
-/* fit_scale_min's candidate grids, iscale = (nmax + 0.1 step) / (hi - lo)
- * for step = -10 .. 20 (candidate c = step + 10; lane 31 is padding):
- * each grid's grid_asym sums and grid_fit, as the reference computes them.
- * err[c] receives the fit's error, or NaN where grid_fit fails; a[c] and
- * b[c] the fitted line. n even. */
-KQ_CLONES static void kq_asym_search(int n, int nmax, const float *x, const float *w, float lo,
-                                     float hi, double sw, double swx, double swxx,
-                                     double err[KQ_MAX_CAND], float a[KQ_MAX_CAND],
-                                     float b[KQ_MAX_CAND])
-{
-    float num[KQ_MAX_CAND] = {0}, s[6][KQ_MAX_CAND];
-    for (int c = 0; c < 31; c++) num[c] = nmax + 0.1f * (c - 10);
-    const float range = hi - lo, lmax = (float)nmax;
-    for (int k = 0; k < KQ_MAX_CAND; k += KQ_LANES) {
-        const kq_vf is = kq_load(num + k) / range;
-        kq_vf a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0}, c0 = {0}, c1 = {0};
-        for (int i = 0; i < n; i += 2) {
-            const kq_vf v0 = is * (x[i] - lo), v1 = is * (x[i + 1] - lo);
-            const kq_vf l0 = kq_round_clamp(&v0, 0, lmax), l1 = kq_round_clamp(&v1, 0, lmax);
-            const kq_vf wl0 = w[i] * l0, wl1 = w[i + 1] * l1;
-            a0 += wl0;
-            a1 += wl1;
-            b0 += wl0 * l0;
-            b1 += wl1 * l1;
-            c0 += wl0 * x[i];
-            c1 += wl1 * x[i + 1];
-        }
-        /* the grid_sums: one float sum of the two partial sums each */
-        const kq_vf swl = a0 + a1, swl2 = b0 + b1, swlx = c0 + c1;
-        kq_store(s[0] + k, &swl);
-        kq_store(s[1] + k, &swl2);
-        kq_store(s[2] + k, &swlx);
-    }
-    /* grid_fit, lane by lane */
-    for (int c = 0; c < KQ_MAX_CAND; c += 4) {
-        const kq_vd zero = {0};
-        const kq_vd wl = kq_load_d(s[0] + c), wl2 = kq_load_d(s[1] + c), wlx = kq_load_d(s[2] + c);
-        const kq_vd det = sw * wl2 - wl * wl;
-        kq_vd fa = (sw * wlx - wl * swx) / det;
-        kq_vd fb = (wl2 * swx - wl * wlx) / det;
-        const kq_vl pos = fb > 0;
-        fb = KQ_SELECT_D(pos, zero, fb);
-        fa = KQ_SELECT_D(pos, wlx / wl2, fa);
-        const kq_vl ok = ~(det <= 0) & (fa > 0);
-        const kq_vd e = fa * fa * wl2 + 2 * fa * fb * wl - 2 * fa * wlx + fb * fb * sw
-                        - 2 * fb * swx + swxx;
-        const kq_vd e_or_nan = KQ_SELECT_D(ok, e, zero + NAN);
-        kq_store_d(err + c, &e_or_nan);
-        for (int l = 0; l < 4; l++) {
-            a[c + l] = (float)fa[l];
-            b[c + l] = (float)fb[l];
-        }
-    }
-}
-
-/* The final quants of a sub-block against its stored scale:
- * L[i] = clampi(round_even((x[i] + add) / ds), lo, hi) + bias over n (a
- * multiple of KQ_LANES) values; ds != 0. With add = 0 the sum is skipped
- * (as the Q6_K reference divides x itself; adding 0 would only turn a -0
- * into +0, which rounds to the same 0). */
-KQ_CLONES static void kq_quant_div(int n, const float *x, float add, float ds, int lo, int hi,
-                                   int bias, uint8_t *L)
-{
-    for (int i = 0; i < n; i += KQ_LANES) {
-        kq_vf v = kq_load(x + i);
-        if (add != 0) v = v + add;
-        v = v / ds;
-        v = kq_round_clamp(&v, (float)lo, (float)hi);
-        for (int l = 0; l < KQ_LANES; l++) L[i + l] = (uint8_t)((int)v[l] + bias);
-    }
-}
-
-/* w[i] = x[i] * x[i] + eps over n (a multiple of KQ_LANES) values. */
-KQ_CLONES static void kq_sq_weights(int n, const float *x, float eps, float *w)
-{
-    for (int i = 0; i < n; i += KQ_LANES) {
-        const kq_vf v = kq_load(x + i);
-        const kq_vf wi = v * v + eps;
-        kq_store(w + i, &wi);
-    }
-}
-
-/* fit_scale_sym without its L: returns the same a. */
-static float fit_scale_sym_fast(int n, int nmax, const float *x, const float *w)
-{
-    assert(n <= 32 && n % 2 == 0);
-    /* max: the first x of largest magnitude (NaNs never win), as the
-     * reference's running "fabsf(x[i]) > amax", without its branches */
-    float amax = 0, max = 0;
-    for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    if (amax == 0) return 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) == amax) {
-            max = x[i];
-            break;
-        }
-    return kq_sym_search(n, nmax, x, w, max);
-}
-
-/* fit_scale_min without its L: returns the same a and *mn. */
-static float fit_scale_min_fast(int n, int nmax, const float *x, const float *w, float *mn)
-{
-    assert(n <= 32 && n % 2 == 0);
-    float lo, hi;
-    double sw, swx, swxx;
-    fit_stats(n, x, w, &lo, &hi, &sw, &swx, &swxx);
-    if (hi <= lo) {
-        *mn = -lo;
-        return 0;
-    }
-    double err[KQ_MAX_CAND];
-    float fa[KQ_MAX_CAND], fb[KQ_MAX_CAND];
-    kq_asym_search(n, nmax, x, w, lo, hi, sw, swx, swxx, err, fa, fb);
-    double best_err = INFINITY;
-    float best_a = (hi - lo) / nmax, best_b = lo;
-    for (int c = 0; c < 31; c++) {
-        if (err[c] < best_err) {
-            best_err = err[c];
-            best_a = fa[c];
-            best_b = fb[c];
-        }
-    }
-    refine_asym(n, nmax, x, w, sw, swx, swxx, best_err, &best_a, &best_b, NULL);   /* as the reference */
-    *mn = -best_b;
-    return best_a;
-}
 
 /* Packs eight 6-bit scales and mins into the 12-byte Q4_K/Q5_K layout. */
 static void pack_scale_min_k4(const uint8_t *sc, const uint8_t *m, uint8_t *q)
@@ -807,7 +434,7 @@ static void kquant_asym_block(const float *x, int nmax, tg_half *d_out, tg_half 
     for (int j = 0; j < 8; j++) {
         kquant_weights(x + 32 * j, 32, block_rms(x + 32 * j, 32), w);
         if (fast)
-            a[j] = fit_scale_min_fast(32, nmax, x + 32 * j, w, &mn[j]);
+            a[j] = tg_kq_fit_min_fast(32, nmax, x + 32 * j, w, &mn[j]);
         else
             a[j] = fit_scale_min(32, nmax, x + 32 * j, w, Lout + 32 * j, &mn[j]);
         max_a = fmaxf(max_a, a[j]);
@@ -829,7 +456,7 @@ static void kquant_asym_block(const float *x, int nmax, tg_half *d_out, tg_half 
     for (int j = 0; j < 8; j++) {
         const float ds = d * sc[j], dm = dmin * m[j];
         if (fast) {
-            if (ds > 0) kq_quant_div(32, x + 32 * j, dm, ds, 0, nmax, 0, Lout + 32 * j);
+            if (ds > 0) tg_kq_quant_div(32, x + 32 * j, dm, ds, 0, nmax, 0, Lout + 32 * j);
             else memset(Lout + 32 * j, 0, 32);
             continue;
         }
@@ -1040,13 +667,13 @@ static void q6_K_quantize(const float *x, void *vy, int64_t k, int fast)
         float a[16], w[QK_K];
         float max_a = 0, amax_a = 0;
         /* squared-value weights: the error of large values dominates */
-        if (fast) kq_sq_weights(QK_K, x, 1e-30f, w);
+        if (fast) tg_kq_sq_weights(QK_K, x, 1e-30f, w);
         for (int j = 0; j < 16; j++) {
             const float *xs = x + 16 * j;
             float *ws = w + 16 * j;
             if (!fast)
                 for (int l = 0; l < 16; l++) ws[l] = xs[l] * xs[l] + 1e-30f;
-            a[j] = fast ? fit_scale_sym_fast(16, 32, xs, ws) : fit_scale_sym(16, 32, xs, ws, L + 16 * j);
+            a[j] = fast ? tg_kq_fit_sym_fast(16, 32, xs, ws) : fit_scale_sym(16, 32, xs, ws, L + 16 * j);
             if (fabsf(a[j]) > amax_a) {
                 amax_a = fabsf(a[j]);
                 max_a = a[j];
@@ -1068,7 +695,7 @@ static void q6_K_quantize(const float *x, void *vy, int64_t k, int fast)
                 y[i].scales[j] = (int8_t)sc;
                 const float ds = d * sc;
                 if (fast) {
-                    if (ds != 0) kq_quant_div(16, x + 16 * j, 0, ds, -32, 31, 32, L + 16 * j);
+                    if (ds != 0) tg_kq_quant_div(16, x + 16 * j, 0, ds, -32, 31, 32, L + 16 * j);
                     else memset(L + 16 * j, 32, 16);
                     continue;
                 }

@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# The GPU token gate and the GPU benchmark in one device session (an NVIDIA
-# machine with nvcc and cmake, without this project's -dev packages), from
-# what scripts/gpu-pack.sh put in .carry/gpu2/. Run from the repository root:
+# The GPU token gate and the GPU benchmark in one session on a GPU machine
+# (NVIDIA, with nvcc and cmake, without this project's -dev packages), from
+# the folder scripts/gpu-pack.sh packed. Run from the repository root:
 #
-#   OUT=/some/dir bash scripts/gpu-gate.sh
+#   bash scripts/gpu-gate.sh --pack DIR [--out DIR] [--work DIR]
+#        [--time-limit SECONDS] [--only 8b-ref] [--with-8b-llama] [--keep-llama]
+#
+#   --pack DIR          what scripts/gpu-pack.sh wrote (required)
+#   --out DIR           logs, stores and reports (/tmp/gpu-out)
+#   --work DIR          builds, models and the store (build/gpu-dev)
+#   --time-limit S      skip the phases that would not fit in S seconds from
+#                       the start (none by default)
+#   --only 8b-ref       only the 8b gate over the ref tier (below)
+#   --with-8b-llama     also specs/gpu-8b.yaml, scored against llama-cuda
+#   --keep-llama        also leave the CUDA libllama in OUT/llama-cuda-lib.tar.gz
+#                       (a later run takes it from the pack folder, by that name)
 #
 # 1. builds llama.cpp's libllama + ggml with CUDA (sm_90, CUDA graphs on,
 #    flash attention kernels on) from the bundled source into
@@ -22,32 +33,43 @@
 #    the ref tier; the gpu arm gates) and specs/gpu-0.6b.yaml (scored against
 #    llama-cuda), each with its markdown evidence (tokgate report --format md)
 #    in $OUT.
-# GPU_GATE_ONLY=8b-ref runs only steps 2, 3 (the 8b file) and that gate,
-# without building llama.cpp: a fresh machine with too little device time
-# left for the build; the spec's llama.cpp CUDA arms are then dropped (said
-# in the log) and the gate is gpu and llama.cpp CPU over the ref tier.
-# Phases are skipped when the time is short (GPU_GATE_BUDGET seconds, 560 by
-# default), so a run always leaves its logs, the store and what finished in
-# $OUT, all of it also in $OUT/0-all.tar.gz (the device runner returns only a
-# few files, the first by name); a second run on a still-warm machine reuses
-# the llama.cpp build, the models and the store, and does only what is
-# missing. In run 4 (Dec 3) llama.cpp's CUDA build took 216-253 s, the 8b
-# file 26-55 s, the tests and the benchmark about 100 s, the 0.6b gates 40
-# s and the 8b gate over the ref tier 205 s (without its llama-cuda arm; 363
-# s with it in run 5): one call of 9.5 minutes holds all but the 8b gate, a
-# second call on the still-warm machine (within 30 s) resumes what a cut
-# left, e.g. GPU_GATE_ONLY=8b-ref with the first call's kept settings.
+# --only 8b-ref runs only steps 2, 3 (the 8b file) and that gate, without
+# building llama.cpp (a machine with too little time left for the build);
+# the spec's llama.cpp CUDA arms are then dropped (said in the log) and the
+# gate is gpu and llama.cpp CPU over the ref tier.
+# With --time-limit, phases are skipped when the time is short, so a run
+# always leaves its logs, the store and what finished in OUT, all of it also
+# in OUT/0-all.tar.gz (one file to bring back); a second run with the same
+# work folder reuses the llama.cpp build, the models and the store, and does
+# only what is missing (a gate cut short is resumed). In run 4 (Dec 3)
+# llama.cpp's CUDA build took 216-253 s, the 8b file 26-55 s, the tests and
+# the benchmark about 100 s, the 0.6b gates 40 s and the 8b gate over the
+# ref tier 205 s (without its llama-cuda arm; 363 s with it in run 5).
 set -u
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
+usage() { sed -n '/^#   bash scripts\/gpu-gate.sh/,/a later run takes it/p' "$0" | sed 's/^#//' >&2; exit 2; }
+C= OUT=/tmp/gpu-out W=build/gpu-dev BUDGET=1000000000 ONLY= WITH_8B_LLAMA=0 KEEP_LLAMA=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --pack) C=${2:?--pack DIR}; shift 2 ;;
+    --out) OUT=${2:?--out DIR}; shift 2 ;;
+    --work) W=${2:?--work DIR}; shift 2 ;;
+    --time-limit) BUDGET=${2:?--time-limit SECONDS}; shift 2 ;;
+    --only) ONLY=${2:?--only 8b-ref}; shift 2 ;;
+    --with-8b-llama) WITH_8B_LLAMA=1; shift ;;
+    --keep-llama) KEEP_LLAMA=1; shift ;;
+    -h|--help) usage ;;
+    *) echo "gpu-gate: unknown argument $1" >&2; usage ;;
+  esac
+done
+[ -n "$C" ] && [ -d "$C" ] || { echo "gpu-gate: --pack DIR (a folder from scripts/gpu-pack.sh) is required" >&2; usage; }
+case $BUDGET in ''|*[!0-9]*) echo "gpu-gate: --time-limit $BUDGET: expected seconds" >&2; exit 2 ;; esac
+mkdir -p "$OUT" "$W"
+C=$(cd "$C" && pwd) W=$(cd "$W" && pwd)   # absolute: the paths below are handed to other programs
 exec > >(tee -a "$OUT/run.log") 2>&1
 T0=$(date +%s)
-BUDGET=${GPU_GATE_BUDGET:-560}
 el() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( BUDGET - $(date +%s) + T0 )); }
 say() { echo "[$(el) s] $*"; }
-C=.carry/gpu2
-W=build/gpu-dev
 mkdir -p $W/models
 DB=$W/tokgate.db
 # (tar's status 1, "file changed as we read it", is run.log growing: the
@@ -62,12 +84,11 @@ head -1 /etc/os-release; command -v nvcc >/dev/null || export PATH=/usr/local/cu
 nvcc --version | tail -1; cmake --version | head -1
 
 # ---- 1. llama.cpp CUDA, in the background --------------------------------
-LL=build/llama-cuda
+LL=$PWD/build/llama-cuda   # where the specs name it (specs/gpu-*.yaml)
 if [ ! -f $LL/lib/libllama.so ] && [ -f $C/llama-cuda-lib.tar.gz ]; then
   mkdir -p $LL/lib && tar -C $LL/lib -xzf $C/llama-cuda-lib.tar.gz && say "llama.cpp CUDA: from $C/llama-cuda-lib.tar.gz"
 fi
-ONLY=${GPU_GATE_ONLY:-}
-if [ -n "$ONLY" ] && [ "$ONLY" != 8b-ref ]; then say "GPU_GATE_ONLY=$ONLY: expected 8b-ref"; exit 2; fi
+if [ -n "$ONLY" ] && [ "$ONLY" != 8b-ref ]; then say "--only $ONLY: expected 8b-ref"; exit 2; fi
 if [ ! -f $LL/lib/libllama.so ] && [ -z "$ONLY" ]; then
   rm -rf $W/lsrc && mkdir -p $W/lsrc && tar -C $W/lsrc -xzf $C/llama-src.tar.gz
   (
@@ -87,7 +108,7 @@ if [ ! -f $LL/lib/libllama.so ] && [ -z "$ONLY" ]; then
   LPID=$!
 else
   LPID=
-  if [ -f $LL/lib/libllama.so ]; then say "llama.cpp CUDA: reusing $LL/lib"; else say "llama.cpp CUDA: not built (GPU_GATE_ONLY)"; fi
+  if [ -f $LL/lib/libllama.so ]; then say "llama.cpp CUDA: reusing $LL/lib"; else say "llama.cpp CUDA: not built (--only)"; fi
 fi
 
 # ---- 2. our binaries, libraries, the CPU libllama, the tokenizer -----------
@@ -97,8 +118,8 @@ tar -C $W/bin -xzf $C/bin.tar.gz && tar -C $W/deps -xzf $C/deps.tar.gz \
   && gzip -dc $C/tokenizer.json.gz > $W/tok/tokenizer.json || { say "unpack FAILED"; exit 1; }
 if [ -f $C/tokenizer_config.json ]; then cp $C/tokenizer_config.json $W/tok/
 else say "no $C/tokenizer_config.json: the models' sha256 will differ from the specs' (re-run scripts/gpu-pack.sh)"; fi
-export LD_LIBRARY_PATH=$PWD/$W/deps:${LD_LIBRARY_PATH:-}
-export TOKGATE_BIN=$PWD/$W/bin TG_ROOT=$PWD TG_BUILD=$PWD/$W TG_CACHE=$PWD/.cache
+export LD_LIBRARY_PATH=$W/deps:${LD_LIBRARY_PATH:-}
+export TOKGATE_BIN=$W/bin TG_ROOT=$PWD TG_BUILD=$W TG_CACHE=$PWD/.cache
 TK=$W/bin/tokgate
 ldd $TK $W/bin/tg-engine | grep "not found" && say "missing libraries (above)"
 say "device: $(printf '%s\n' '{"op":"hello","protocol":1}' '{"op":"bye"}' | $W/bin/tg-engine --tier gpu | head -1 | grep -o '"device":"[^"]*"')"
@@ -117,7 +138,7 @@ pin() {  # spec model -> $W/specs/<spec>, sha pinned (hashed once per model file
   [ "$2.sha256" -nt "$2" ] || sha256sum "$2" | cut -c1-64 > "$2.sha256"
   sha=$(cat "$2.sha256")
   mkdir -p $W/specs
-  sed -e "s/^  sha256: .*/  sha256: $sha/" -e "s|^  path: .*|  path: $PWD/$2|" specs/$1 > $W/specs/$1
+  sed -e "s/^  sha256: .*/  sha256: $sha/" -e "s|^  path: .*|  path: $2|" specs/$1 > $W/specs/$1
   say "pinned $1: $2 sha256 $sha"
 }
 # the latest run of spec file $1 in $DB that has no verdict yet (a gate cut
@@ -208,14 +229,12 @@ if [ -f $M8 ] && [ "$(left)" -gt 120 ]; then
   # decode A/B of the launch and kernel settings (512-token context, 128
   # steps, as the protocol benchmark below), greedy: each candidate is
   # timed on top of the settings kept so far and kept when it is more than
-  # 1.5% faster and test_gpu_ops passes under the whole set (the cases of an
-  # opt-in kernel, the grouped attention or the bound-first top-k, count
-  # only where the set uses it); the set holds for the rest of the run.
+  # 1.5% faster and test_gpu_ops passes under the whole set; the set holds
+  # for the rest of the run (the device string of each arm names it).
   # (a comma joins the settings of one candidate)
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   kept=; best=$(dtok "$OUT/bench_gpu-8b.txt"); best=${best:-0}
-  for cfg in TG_GPU_TOPK_FAST=1 TG_GPU_ATT_GQA=1 TG_GPU_ATT_GQA=1,TG_GPU_ATT_SPLITS=64 \
-             TG_GPU_STREAM_ROWS=2 TG_GPU_STREAM_ROWS=q6 TG_GPU_PDL=0 TG_GPU_PDL=1 \
+  for cfg in TG_GPU_STREAM_ROWS=2 TG_GPU_STREAM_ROWS=q6 TG_GPU_PDL=0 TG_GPU_PDL=1 \
              TG_GPU_ATT_SPLITS=16 TG_GPU_ATT_SPLITS=64; do
     [ "$(left)" -gt 200 ] || break
     trial=${kept:+$kept,}$cfg
@@ -225,10 +244,7 @@ if [ -f $M8 ] && [ "$(left)" -gt 120 ]; then
     [ -n "$d" ] && awk -v a="$d" -v b="$best" 'BEGIN { exit !(a > b * 1.015) }' || continue
     t="$OUT/test_gpu_ops-$(echo $trial | tr '=,' '--').txt"
     env $(echo $trial | tr , ' ') timeout 120 $W/bin/test_gpu_ops > "$t" 2>&1
-    skip='^FAIL (none)'
-    case $trial in *ATT_GQA=1*) ;; *) skip="$skip|^FAIL attention_gqa" ;; esac
-    case $trial in *TOPK_FAST=1*) ;; *) skip="$skip|^FAIL topk_fast" ;; esac
-    bad=$(grep '^FAIL' "$t" | grep -Ev "$skip" | wc -l)
+    bad=$(grep -c '^FAIL' "$t")
     if [ "$bad" = 0 ] && grep -q '^test_gpu_ops: ' "$t"; then
       kept=$trial; best=$d; say "kept: $kept ($best tok/s, test_gpu_ops passes)"
     else
@@ -254,7 +270,7 @@ HAVE_LC=0; [ -f $LL/lib/libllama.so ] && HAVE_LC=1
 bench_one() { # name, then the worker argv; load options in $LOPT
   local ids; ids=$(seq -s, 1000 1511)
   local dec="{\"op\":\"decode\",\"prompt\":[$ids],\"steps\":129,\"top_k\":32}"
-  printf '%s\n' '{"op":"hello","protocol":1}' "{\"op\":\"load\",\"model\":\"$PWD/$M8\",\"options\":$LOPT}" \
+  printf '%s\n' '{"op":"hello","protocol":1}' "{\"op\":\"load\",\"model\":\"$M8\",\"options\":$LOPT}" \
     "$dec" "$dec" "$dec" '{"op":"bye"}' | timeout 200 "${@:2}" 2>"$OUT/bench-$1.err" | grep '"done"' > "$OUT/bench-$1.jsonl"
   # the first request is the warm-up; the figures are the best of the other two
   awk -v n="$1" -F'[:,}]' '
@@ -265,7 +281,7 @@ bench_one() { # name, then the worker argv; load options in $LOPT
 }
 if [ $HAVE_LC = 1 ] && [ -f $M8 ] && [ "$(left)" -gt 60 ]; then
   LOPT='{"n_ctx":1024}' bench_one gpu $W/bin/tg-engine --tier gpu
-  LOPT='{"n_gpu_layers":999,"n_ctx":1024}' bench_one llama-cuda $W/bin/tg-llama --lib $PWD/$LL/lib/libllama.so
+  LOPT='{"n_gpu_layers":999,"n_ctx":1024}' bench_one llama-cuda $W/bin/tg-llama --lib $LL/lib/libllama.so
   awk '/^BENCH gpu /{split($3,a,"=");split($4,b,"=");gp=a[2];gd=b[2]} /^BENCH llama-cuda /{split($3,a,"=");split($4,b,"=");lp=a[2];ld=b[2]}
        END { if (lp > 0 && ld > 0) printf "RATIO gpu/llama-cuda: prefill %.2f decode %.2f\n", gp/lp, gd/ld }' "$OUT/bench.txt" | tee -a "$OUT/bench.txt"
 fi
@@ -273,7 +289,7 @@ fi
 # the gates of issue 7 (gpu, llama-cuda, llama-cpu over the ref tier's
 # tokens), then the 0.6b one scored against llama-cuda; the 8b gate may take
 # longer than one call: a still-warm machine's next call resumes it
-# (GPU_GATE_8B_LLAMA=1 also runs specs/gpu-8b.yaml, scored against llama-cuda)
+# (--with-8b-llama also runs specs/gpu-8b.yaml, scored against llama-cuda)
 if [ $HAVE_LC = 1 ] && [ -f $W/specs/gpu-0.6b-ref.yaml ] && [ "$(left)" -gt 90 ]; then gate gpu-0.6b-ref.yaml 0.6b-ref; fi
 if [ $HAVE_LC = 1 ] && [ -f $W/specs/gpu-0.6b.yaml ] && [ "$(left)" -gt 90 ]; then gate gpu-0.6b.yaml 0.6b noise; fi
 # (started only with time for the whole gate, 205 s in run 4; a cut run is
@@ -281,7 +297,7 @@ if [ $HAVE_LC = 1 ] && [ -f $W/specs/gpu-0.6b.yaml ] && [ "$(left)" -gt 90 ]; th
 if [ $HAVE_LC = 1 ] && [ -f $W/specs/gpu-8b-ref.yaml ] && { [ -n "$(unfinished gpu-8b-ref.yaml)" ] || [ "$(left)" -gt 230 ]; }; then
   gate gpu-8b-ref.yaml 8b-ref
 fi
-if [ "${GPU_GATE_8B_LLAMA:-0}" = 1 ] && [ $HAVE_LC = 1 ] && [ -f $W/specs/gpu-8b.yaml ] && [ "$(left)" -gt 100 ]; then
+if [ "$WITH_8B_LLAMA" = 1 ] && [ $HAVE_LC = 1 ] && [ -f $W/specs/gpu-8b.yaml ] && [ "$(left)" -gt 100 ]; then
   gate gpu-8b.yaml 8b noise
 fi
 
@@ -291,10 +307,9 @@ for d in $DB $W/ref.db; do
 done
 cp $W/specs/*.yaml "$OUT/" 2>/dev/null
 ls -la $LL/lib 2>/dev/null | head -20 > "$OUT/llama-libs.txt"
-# the CUDA libllama, so that a later session can skip its build (carried back
-# as .carry/gpu2/llama-cuda-lib.tar.gz; about 44 MB, over what the device
-# runner returns at Dec 2: opt in with GPU_GATE_KEEP_LLAMA=1)
-if [ "${GPU_GATE_KEEP_LLAMA:-0}" = 1 ] && [ -f $LL/lib/libllama.so ] && [ ! -f $C/llama-cuda-lib.tar.gz ]; then
+# the CUDA libllama, so that a later run can skip its build (put it in the
+# pack folder as llama-cuda-lib.tar.gz; about 44 MB: --keep-llama)
+if [ "$KEEP_LLAMA" = 1 ] && [ -f $LL/lib/libllama.so ] && [ ! -f $C/llama-cuda-lib.tar.gz ]; then
   tar -C $LL/lib -czf "$OUT/llama-cuda-lib.tar.gz" . && ls -la "$OUT/llama-cuda-lib.tar.gz"
 fi
 bundle

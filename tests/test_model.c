@@ -34,6 +34,7 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -48,11 +49,12 @@
 
 #include <jansson.h>
 
-#include "forward.h"
+#include "forward_ref.h"
 #include "gguf.h"
 #include "llama/llama_dl.h"
 #include "model.h"
 #include "quant.h"
+#include "tier.h"
 #include "util.h"
 
 extern char **environ;
@@ -661,6 +663,105 @@ static void test_options(void **state)
     assert_int_equal(tg_tier_parse("fast"), -1);
 }
 
+/* Threads of this process (entries of /proc/self/task), or -1. */
+static int task_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* The tier registry and the device strings: every registered tier is
+ * reached through its table (its id and name, a session of it evaluates
+ * and selects), and the description a session gives is its real
+ * configuration: the threads it started (counted in /proc/self/task: a
+ * pool of n is the caller plus n - 1 workers; 0 resolves to the online
+ * CPUs) and the KV cache type (ref: always f32), the same text before a
+ * session exists (tg_tier_device) and through the table's describe. */
+static void test_tier_table(void **state)
+{
+    (void)state;
+    char path[4200];
+    shipped_model(path, sizeof path);
+    tg_err e = {{0}};
+    tg_model *m;
+    assert_int_equal(tg_model_load(&m, path, &e), 0);
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_registered = 0;
+    for (int id = 0; id < TG_TIER_COUNT; id++) {
+        const tg_tier_i *t = tg_tier_find(id);
+        if (!t) {
+            // only the gpu tier may be missing (a program without the GPU objects)
+            assert_int_equal(id, TG_TIER_GPU);
+            tg_opts o = tg_opts_default();
+            o.tier = id;
+            tg_session *s = NULL;
+            assert_int_equal(tg_session_new(&s, m, &o, &e), -1);
+            assert_non_null(strstr(e.msg, "not part of this build"));
+            char buf[192];
+            assert_int_equal(tg_tier_device(&o, buf, sizeof buf), -1);
+            printf("tier %s: not in this build (%s)\n", tg_tier_name(id), buf);
+            continue;
+        }
+        n_registered++;
+        assert_int_equal(t->id, id);
+        assert_string_equal(t->name, tg_tier_name(id));
+        assert_true(t->describe && t->init && t->free && t->eval && t->n_batch_default > 0);
+        if (id == TG_TIER_GPU)
+            continue;   // needs a device: tests/gpu/test_gpu_model.c
+        const int threads[] = {3, 1, 0};
+        for (int i = 0; i < 3; i++)
+            for (int kv32 = 0; kv32 < 2; kv32++) {
+                tg_opts o = tg_opts_default();
+                o.tier = id;
+                o.threads = threads[i];
+                o.kv_f32 = kv32;
+                char before[192], want[64];
+                assert_int_equal(tg_tier_device(&o, before, sizeof before), 0);
+                const int t0 = task_count();
+                tg_session *s = NULL;
+                assert_int_equal(tg_session_new(&s, m, &o, &e), 0);
+                const int started = task_count() - t0;
+                const int nth = threads[i] ? threads[i] : (int)online;
+                const char *dev = tg_session_device(s);
+                printf("tier %s, threads option %d: %d thread(s) started, device \"%s\"\n", t->name, threads[i],
+                       started, dev);
+                assert_ptr_equal(s->t, t);
+                assert_int_equal(tg_session_opts(s)->threads, nth);
+                if (t0 > 0)
+                    assert_int_equal(started, nth - 1);
+                snprintf(want, sizeof want, ", %d thread%s, ", nth, nth == 1 ? "" : "s");
+                if (!strstr(dev, want))
+                    fail_msg("%s: device \"%s\" does not say \"%s\"", t->name, dev, want);
+                const int f32 = id == TG_TIER_REF || kv32;
+                assert_int_equal(tg_session_opts(s)->kv_f32, f32);
+                assert_non_null(strstr(dev, f32 ? "f32 KV" : "f16 KV"));
+                assert_string_equal(before, dev);   // the same description before the session
+                char via[192];
+                assert_int_equal(t->describe(s, &s->o, via, sizeof via), 0);
+                assert_string_equal(via, dev);
+                // an eval and a selection through the session reach the tier
+                const int32_t toks[] = {10, 200, 3000};
+                tg_top top[4];
+                char dig[17], host[17];
+                assert_int_equal(tg_session_eval(s, toks, 3, &e), 0);
+                assert_int_equal(tg_session_top(s, 4, top, dig, &e), 4);
+                assert_int_equal(top[0].id, tg_argmax(tg_session_logits(s), m->hp.n_vocab));
+                tg_digest_logits(tg_session_logits(s), (size_t)m->hp.n_vocab, host);
+                assert_string_equal(dig, host);
+                assert_int_equal(tg_session_top_on_device(s), t->top != NULL);
+                tg_session_free(s);
+            }
+    }
+    assert_true(n_registered >= 2);
+    tg_model_free(m);
+}
+
 /* Dumps of one eval as (layer, stage, n, first value, digest of the
  * floats); n counts every dump, the first DUMPLOG_MAX are kept. */
 #define DUMPLOG_MAX 128
@@ -837,7 +938,7 @@ static void rng_seed(const char *what)
     printf("%s: random seed %llu\n", what, (unsigned long long)g_rng);
 }
 
-/* Sums w x over [0, n) with the kernels of forward.h, the eight sums kept
+/* Sums w x over [0, n) with the kernels of forward_ref.h, the eight sums kept
  * in acc across random blocks of multiples of 8 (one_call: tg_ref_dot). */
 static double dot_blocks(const float *w, const double *wd, const double *x, int64_t n, int f64, int one_call)
 {
@@ -1387,6 +1488,7 @@ int main(void)
         cmocka_set_skip_filter(skipf);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options),
+        cmocka_unit_test(test_tier_table),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_dumps_perturb_counters),
         cmocka_unit_test(test_ref_dot),

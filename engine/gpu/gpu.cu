@@ -1,11 +1,18 @@
 /*
- * gpu.cu: the GPU arm's model and forward pass (gpu.h). Weights are copied
- * once into one device arena; a step runs the Qwen3 forward pass (docs/formats.md)
- * with the kernels of kernels.cu, then selects the top-k and digests the
- * logits on the device, and brings only those back. Single-token steps are
- * captured once into a CUDA graph and replayed: the token and position live
- * in a small pinned parameter block that the graph's first node copies to
- * the device, so the same graph serves every step.
+ * gpu.cu: the gpu tier, tg_tier_gpu (engine/tier.h's table, at the end of
+ * the file), and the extras of gpu.h. Weights are copied once into one
+ * device arena; a step runs the Qwen3 forward pass (docs/formats.md) with the
+ * kernels of kernels.cu, then selects the top-k and digests the logits on
+ * the device (when the session asked for a selection, tg_session_set_top),
+ * and brings only those back; the logits stay on the device until the
+ * session asks for them. Single-token steps are captured once into a CUDA
+ * graph and replayed: the token and position live in a small pinned
+ * parameter block that the graph's first node copies to the device, so the
+ * same graph serves every step.
+ *
+ * The session (engine/session.c) owns the position, the batching, the op
+ * counters and the dump hook; this file owns the device state (tg_gpu,
+ * s->tier). Linking this object into a program registers the tier.
  */
 #include "gpu.h"
 #include "kernels.cuh"
@@ -31,14 +38,15 @@ struct step_params {
     int32_t tokens[1];   /* n_batch entries follow */
 };
 
+/* The tier's state of one session (s->tier). */
 struct tg_gpu {
+    tg_session *s;               /* the session this state belongs to */
     tg_hparams hp;
-    tg_gpu_opts o;
-    int pos;
-    char device[160];
-    tg_ops ops;
-    tg_dump_fn dump_fn;
-    void *dump_ud;
+    int kv_f32, n_ctx, n_batch;  /* the session's resolved options */
+    int no_graph;                /* the option, or forced by TG_GPU_PROFILE */
+    char device[192];            /* the description (describe) */
+    int want_dump;               /* the eval in progress dumps its last token */
+    int sel_k;                   /* top entries the last eval selected on the device; 0: none */
 
     cudaStream_t stream;
     cudaStream_t side;           /* the digest runs here beside the top-k */
@@ -90,11 +98,10 @@ struct tg_gpu {
     int pcnt[48], npk;
 };
 
-extern "C" tg_gpu_opts tg_gpu_opts_default(void)
+/* The gpu tier's session from gpu.h's extras, which accept only it. */
+static tg_gpu *gpu_of(const tg_session *s)
 {
-    tg_gpu_opts o;
-    memset(&o, 0, sizeof o);
-    return o;
+    return s && s->t && s->t->id == TG_TIER_GPU ? (tg_gpu *)s->tier : NULL;
 }
 
 extern "C" int tg_gpu_probe(int device, char *desc, size_t n, tg_err *e)
@@ -200,22 +207,35 @@ static int fused_suits(const tg_gpu *g)
     return 1;
 }
 
-extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o, tg_err *e)
+static void gpu_state_free(tg_gpu *g);
+
+/* The table's init: uploads s->m's weights and allocates the cache and
+ * buffers on device s->o.device (the device holds its own copy of the
+ * weights). Returns 0 with s->tier set, or -1 with e (no device, an option
+ * this tier does not serve, a weight type the GPU kernels do not serve,
+ * out of device memory; each names the tensor or call). */
+static int gpu_init(tg_session *ss, tg_err *e)
 {
-    *out = NULL;
+    const tg_model *m = ss->m;
+    if (ss->o.perturb_layer >= 0)
+        return tg_errf(e, "option 'perturb': not available on the gpu tier (use cpu or ref)");
+    if (ss->o.f64)
+        return tg_errf(e, "option f64 is for the ref tier only");
     char desc[128];
-    const int dev = o ? o->device : 0;
+    const int dev = ss->o.device;
     if (tg_gpu_probe(dev, desc, sizeof desc, e)) return -1;
     tg_gpu *g = (tg_gpu *)calloc(1, sizeof *g);
     if (!g) return tg_errf(e, "out of host memory");
+    g->s = ss;
     g->hp = m->hp;
-    g->o = o ? *o : tg_gpu_opts_default();
+    g->kv_f32 = ss->o.kv_f32;
+    g->n_ctx = ss->o.n_ctx;
+    g->n_batch = ss->o.n_batch;
+    g->no_graph = ss->o.no_graph;
     const tg_hparams *hp = &g->hp;
-    if (g->o.n_ctx <= 0) g->o.n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
-    if (g->o.n_batch <= 0) g->o.n_batch = 256;
-    snprintf(g->device, sizeof g->device, "%s, %s KV, %s", desc, g->o.kv_f32 ? "f32" : "f16",
-             g->o.no_graph ? "no graphs" : "graphs");
-    const int nb = g->o.n_batch, n_ctx = g->o.n_ctx;
+    snprintf(g->device, sizeof g->device, "%s, %s KV, %s", desc, g->kv_f32 ? "f32" : "f16",
+             g->no_graph ? "no graphs" : "graphs");
+    const int nb = g->n_batch, n_ctx = g->n_ctx;
     const int qdim = hp->n_head * hp->head_dim, kvdim = hp->n_head_kv * hp->head_dim;
     size_t total = 0;
     int rc = -1;
@@ -273,7 +293,7 @@ extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o,
     /* cache and activations */
     {
         g->kv_layer_elems = (size_t)n_ctx * kvdim;
-        const size_t kv_bytes = g->kv_layer_elems * hp->n_layer * (g->o.kv_f32 ? 4 : 2);
+        const size_t kv_bytes = g->kv_layer_elems * hp->n_layer * (g->kv_f32 ? 4 : 2);
         const size_t topk_bytes = gk_topk_scratch(hp->n_vocab, TG_GPU_MAX_TOPK);
         const size_t xxh_bytes = gk_xxh3_scratch((size_t)hp->n_vocab * 4);
         if (dalloc(&g->kc, kv_bytes, e) || dalloc(&g->vc, kv_bytes, e) ||
@@ -306,7 +326,7 @@ extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o,
         const char *pe = getenv("TG_GPU_PROFILE");
         if (pe && pe[0] == '1') {
             g->prof = 1;
-            g->o.no_graph = 1;
+            g->no_graph = 1;
             for (int i = 0; i < 512; i++)
                 if (cudaEventCreate(&g->pev[i]) != cudaSuccess) { tg_errf(e, "cudaEventCreate failed"); goto fail; }
         }
@@ -325,17 +345,22 @@ extern "C" int tg_gpu_new(tg_gpu **out, const tg_model *m, const tg_gpu_opts *o,
             bufs[i]->s = (float *)(b + align256(w) + align256(w / 32 * sizeof(float)));
         }
     }
-    snprintf(g->device + strlen(g->device), sizeof g->device - strlen(g->device), ", %s decode",
-             g->fused ? "fused" : "plain");
-    *out = g;
+    {
+        char ks[160];
+        gk_describe(ks, sizeof ks);
+        const size_t len = strlen(g->device);
+        snprintf(g->device + len, sizeof g->device - len, ", %s decode, %s", g->fused ? "fused" : "plain", ks);
+    }
+    ss->tier = g;
     return 0;
 fail:
     rc = -1;
-    tg_gpu_free(g);
+    gpu_state_free(g);
     return rc;
 }
 
-extern "C" void tg_gpu_free(tg_gpu *g)
+/* Frees the device state g (NULL is a no-op). */
+static void gpu_state_free(tg_gpu *g)
 {
     if (!g) return;
     if (g->prof)
@@ -360,27 +385,23 @@ extern "C" void tg_gpu_free(tg_gpu *g)
     free(g);
 }
 
-extern "C" void tg_gpu_reset(tg_gpu *g) { g->pos = 0; }
-extern "C" int tg_gpu_pos(const tg_gpu *g) { return g->pos; }
-extern "C" int tg_gpu_n_ctx(const tg_gpu *g) { return g->o.n_ctx; }
-extern "C" int tg_gpu_n_vocab(const tg_gpu *g) { return g->hp.n_vocab; }
-extern "C" tg_ops *tg_gpu_ops(tg_gpu *g) { return &g->ops; }
-extern "C" const char *tg_gpu_device(const tg_gpu *g) { return g->device; }
-extern "C" void tg_gpu_set_dump(tg_gpu *g, tg_dump_fn fn, void *ud)
+/* The table's free. */
+static void gpu_free(tg_session *s)
 {
-    g->dump_fn = fn;
-    g->dump_ud = ud;
+    gpu_state_free((tg_gpu *)s->tier);
+    s->tier = NULL;
 }
 
 /* Copies the last of n rows (width values each) of a device buffer to the
- * host and hands it to the dump hook. Synchronizes the stream. */
+ * host and hands it to the session's dump hook, when the eval in progress
+ * dumps. Synchronizes the stream. */
 static int dump_stage(tg_gpu *g, int layer, int stage, const float *d, int n, int width, tg_err *e)
 {
-    if (!g->dump_fn) return 0;
+    if (!g->want_dump) return 0;
     GPU_CHECK(e, cudaMemcpyAsync(g->dump_buf, d + (size_t)(n - 1) * width, (size_t)width * 4,
                                  cudaMemcpyDeviceToHost, g->stream));
     GPU_CHECK(e, cudaStreamSynchronize(g->stream));
-    return g->dump_fn(g->dump_ud, layer, stage, g->dump_buf, width, e);
+    return tg_dump(g->s, layer, stage, g->dump_buf, width, e);
 }
 
 #define COUNT(ops, op, type) tg_ops_count((ops), (op), (type), TG_TIER_GPU)
@@ -430,7 +451,7 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     cudaStream_t s = g->stream;
     const int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KVD = hp->n_head_kv * HD, FF = hp->n_ff;
     const int32_t *pos0 = g->dparams, *ids = g->dparams + 1;
-    const int f16 = !g->o.kv_f32;
+    const int f16 = !g->kv_f32;
     const size_t kv_el = f16 ? 2 : 4;
     g->pn = 0;
     PROF(NULL);
@@ -464,7 +485,7 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
         COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
         PROF("qk_norm_rope_store");
-        if (gk_attention_q8(s, g->q, kc, vc, f16, g->att, g->q8a, hp->n_head, hp->n_head_kv, HD, g->o.n_ctx, pos0,
+        if (gk_attention_q8(s, g->q, kc, vc, f16, g->att, g->q8a, hp->n_head, hp->n_head_kv, HD, g->n_ctx, pos0,
                             g->att_scratch, e))
             return -1;
         COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
@@ -511,9 +532,9 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
     cudaStream_t s = g->stream;
     const int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KVD = hp->n_head_kv * HD;
     const int32_t *pos0 = g->dparams, *ids = g->dparams + 1;
-    const int f16 = !g->o.kv_f32;
+    const int f16 = !g->kv_f32;
     const size_t kv_el = f16 ? 2 : 4;
-    if (n == 1 && g->fused && !g->dump_fn) return enqueue_fused(g, k, ops, e);
+    if (n == 1 && g->fused && !g->want_dump) return enqueue_fused(g, k, ops, e);
     /* token embedding */
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, n, g->x, e)) return -1;
     COUNT(ops, TG_OP_EMBED, g->token_embd.type);
@@ -552,7 +573,7 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
         if (gk_kv_store(s, g->k, g->v, kc, vc, f16, n, KVD, pos0, e)) return -1;
         COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
         /* attention */
-        if (gk_attention(s, g->q, kc, vc, f16, g->att, n, hp->n_head, hp->n_head_kv, HD, g->o.n_ctx, pos0,
+        if (gk_attention(s, g->q, kc, vc, f16, g->att, n, hp->n_head, hp->n_head_kv, HD, g->n_ctx, pos0,
                          g->att_scratch, e))
             return -1;
         COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
@@ -645,9 +666,10 @@ static void profile_collect(tg_gpu *g)
     g->pn = 0;
 }
 
-extern "C" void tg_gpu_profile_report(tg_gpu *g, FILE *f)
+extern "C" void tg_gpu_profile_report(tg_session *s, FILE *f)
 {
-    if (!g->prof || !g->psteps) return;
+    tg_gpu *g = gpu_of(s);
+    if (!g || !g->prof || !g->psteps) return;
     double tot = 0;
     for (int j = 0; j < g->npk; j++) tot += g->pus[j];
     fprintf(f, "profile: %d fused steps, %.1f us per step (events between launches, no graph)\n", g->psteps,
@@ -664,58 +686,81 @@ static void digest_hex(uint64_t h, char hex[17])
     snprintf(hex, 17, "%016llx", (unsigned long long)h);
 }
 
-extern "C" int tg_gpu_eval(tg_gpu *g, const int32_t *tokens, int n, int top_k, tg_top *top,
-                           char digest[17], tg_err *e)
+/* The table's eval: one batch of n tokens at s->pos (the session checked
+ * ids, room and n <= n_batch). The last batch of a call selects the top
+ * s->top_k on the device when 1 <= top_k <= min(n_vocab, TG_GPU_MAX_TOPK);
+ * the logits stay on the device. Returns 0 or -1 with e. */
+static int gpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags, tg_err *e)
 {
-    const tg_hparams *hp = &g->hp;
-    if (n <= 0) return tg_errf(e, "gpu eval: %d tokens: expected at least 1", n);
-    if (g->pos + n > g->o.n_ctx)
-        return tg_errf(e, "gpu eval: %d tokens at position %d exceed the context of %d", n, g->pos, g->o.n_ctx);
-    const int kmax = hp->n_vocab < TG_GPU_MAX_TOPK ? hp->n_vocab : TG_GPU_MAX_TOPK;
-    if (top_k < 0 || top_k > kmax) return tg_errf(e, "gpu eval: top_k %d: expected 0..%d", top_k, kmax);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
-            return tg_errf(e, "gpu eval: token %d at index %d: expected an id in 0..%d", tokens[i], i,
-                           hp->n_vocab - 1);
-    int pos = g->pos;
-    for (int b0 = 0; b0 < n; b0 += g->o.n_batch) {
-        const int nb = n - b0 < g->o.n_batch ? n - b0 : g->o.n_batch;
-        const int last = b0 + nb == n;
-        const int k = last ? top_k : 0;
-        g->hparams->pos0 = pos;
-        memcpy(g->hparams->tokens, tokens + b0, (size_t)nb * sizeof(int32_t));
-        const int use_graph = nb == 1 && !g->o.no_graph && !g->dump_fn;
-        if (use_graph) {
-            if (!g->graph_ready || g->graph_k != k)
-                if (capture_graph(g, k, e)) return -1;
-            GPU_CHECK(e, cudaGraphLaunch(g->graph_exec, g->stream));
-            tg_ops_merge(&g->ops, &g->graph_ops);
-        } else {
-            GPU_CHECK(e, cudaMemcpyAsync(g->dparams, g->hparams, sizeof(int32_t) * (nb + 1),
-                                         cudaMemcpyHostToDevice, g->stream));
-            if (enqueue_step(g, nb, k, &g->ops, e)) return -1;
-        }
-        /* the pinned parameter block is reused by the next batch: wait */
-        GPU_CHECK(e, cudaStreamSynchronize(g->stream));
-        if (g->prof && g->pn > 1) profile_collect(g);
-        pos += nb;
+    tg_gpu *g = (tg_gpu *)s->tier;
+    const int kmax = g->hp.n_vocab < TG_GPU_MAX_TOPK ? g->hp.n_vocab : TG_GPU_MAX_TOPK;
+    const int k = (flags & TG_EVAL_LAST) && s->top_k >= 1 && s->top_k <= kmax ? s->top_k : 0;
+    g->sel_k = 0;
+    g->want_dump = (flags & TG_EVAL_DUMP) != 0;   /* read by dump_stage until the next eval */
+    g->hparams->pos0 = s->pos;
+    memcpy(g->hparams->tokens, tokens, (size_t)nb * sizeof(int32_t));
+    const int use_graph = nb == 1 && !g->no_graph && !g->want_dump;
+    if (use_graph) {
+        if ((!g->graph_ready || g->graph_k != k) && capture_graph(g, k, e)) return -1;
+        GPU_CHECK(e, cudaGraphLaunch(g->graph_exec, g->stream));
+        tg_ops_merge(&s->ops, &g->graph_ops);
+    } else {
+        GPU_CHECK(e, cudaMemcpyAsync(g->dparams, g->hparams, sizeof(int32_t) * (nb + 1), cudaMemcpyHostToDevice,
+                                     g->stream));
+        if (enqueue_step(g, nb, k, &s->ops, e)) return -1;
     }
-    g->pos = pos;
-    if (top_k > 0) {
-        memcpy(top, g->htop, sizeof(tg_top) * top_k);
-        if (digest) digest_hex(*g->hdigest, digest);
-    }
+    /* the pinned parameter block is reused by the next batch: wait */
+    GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    if (g->prof && g->pn > 1) profile_collect(g);
+    g->sel_k = k;
     return 0;
 }
 
-extern "C" int tg_gpu_logits(tg_gpu *g, float *out, tg_err *e)
+/* The table's logits: the last eval's n_vocab logits to out. */
+static int gpu_logits(tg_session *s, float *out, tg_err *e)
 {
+    tg_gpu *g = (tg_gpu *)s->tier;
     GPU_CHECK(e, cudaMemcpyAsync(out, g->logits, (size_t)g->hp.n_vocab * 4, cudaMemcpyDeviceToHost, g->stream));
     GPU_CHECK(e, cudaStreamSynchronize(g->stream));
     return 0;
 }
 
-extern "C" size_t tg_gpu_weight_bytes(const tg_gpu *g) { return g->weight_bytes; }
+/* The table's top: the device's selection of the last eval, when it made
+ * one of at least k entries (returns 1), else 0. */
+static int gpu_top(tg_session *s, int k, tg_top *top, char digest[17], tg_err *e)
+{
+    (void)e;
+    const tg_gpu *g = (const tg_gpu *)s->tier;
+    if (g->sel_k < k) return 0;
+    memcpy(top, g->htop, sizeof(tg_top) * k);
+    digest_hex(*g->hdigest, digest);
+    return 1;
+}
+
+/* The table's describe: the live session's device, KV cache, graphs,
+ * decode path and kernel settings (built at init); before a session, the
+ * device and the options ("none usable (why)" and -1 without one). */
+static int gpu_describe(const tg_session *s, const tg_opts *o, char *buf, size_t n)
+{
+    if (s) {
+        snprintf(buf, n, "%s", ((const tg_gpu *)s->tier)->device);
+        return 0;
+    }
+    char desc[128];
+    tg_err e = {{0}};
+    if (tg_gpu_probe(o->device, desc, sizeof desc, &e) != 0) {
+        snprintf(buf, n, "gpu: none usable (%.96s)", e.msg);
+        return -1;
+    }
+    snprintf(buf, n, "%s, %s KV, %s", desc, o->kv_f32 ? "f32" : "f16", o->no_graph ? "no graphs" : "graphs");
+    return 0;
+}
+
+extern "C" size_t tg_gpu_weight_bytes(const tg_session *s)
+{
+    const tg_gpu *g = gpu_of(s);
+    return g ? g->weight_bytes : 0;
+}
 
 extern "C" int tg_gpu_bandwidth(int device, double *bytes_per_s, tg_err *e)
 {
@@ -743,3 +788,18 @@ extern "C" int tg_gpu_bandwidth(int device, double *bytes_per_s, tg_err *e)
     cudaFree(b);
     return 0;
 }
+
+/* The gpu tier's table (tier.h), registered by linking this object. */
+extern "C" const tg_tier_i tg_tier_gpu = {
+    TG_TIER_GPU,      /* id */
+    "gpu",            /* name */
+    256,              /* n_batch_default */
+    TG_GPU_MAX_TOPK,  /* top_k_max */
+    gpu_describe,
+    gpu_init,
+    gpu_free,
+    gpu_eval,
+    NULL,             /* eval_all: one token at a time */
+    gpu_logits,
+    gpu_top,
+};

@@ -10,12 +10,18 @@
 #              compile and link only (CI has no GPU), under $(BUILD)/hip/,
 #              so the ROCm build cannot rot.
 #   gpu-test   builds with nvcc and runs the kernel-level differential tests
-#              and the model-level test; on a machine without a GPU (or
-#              without nvcc) they say SKIP and succeed.
-#   bench-gpu  decode and prefill tokens/s of the gpu arm (scripts/gpu-bench.sh).
+#              and the model-level test (scripts/gpu-test.sh; GPU_TEST_ARGS:
+#              model files for test_gpu_model); on a machine without a GPU
+#              (or without nvcc) they say SKIP and succeed.
+#   bench-gpu  decode and prefill tokens/s of the gpu tier (scripts/gpu-bench.sh;
+#              GPU_BENCH_ARGS: its options, e.g. --model FILE --llama-cuda-lib LIB).
 #
-# The host side of the engine (model loader, reference quant kernels, util)
-# comes from the top Makefile's libtg_engine.a in the same BUILD folder.
+# The host side of the engine (sessions, the ref and cpu tiers, loader,
+# quant, util) comes from the top Makefile's libtg_engine.a in the same
+# BUILD folder. The GPU objects are linked as objects, not through the
+# archive: the engine names the gpu tier's table (tg_tier_gpu) only as a
+# weak symbol, which would not pull it out of an archive; linked, it
+# registers the tier (engine/tier.h).
 
 BUILD    ?= build
 TOP      := $(CURDIR)
@@ -42,7 +48,8 @@ ifneq ($(DEPS_PREFIX),)
 endif
 
 GPU_SRC  := engine/gpu/kernels.cu engine/gpu/gpu.cu
-GPU_HDR  := $(wildcard engine/gpu/*.h engine/gpu/*.cuh) engine/util.h engine/quant.h engine/model.h engine/ops.h
+GPU_HDR  := $(wildcard engine/gpu/*.h engine/gpu/*.cuh) engine/util.h engine/quant.h engine/model.h engine/ops.h \
+            engine/tier.h
 GB       := $(BUILD)/gpu
 HB       := $(BUILD)/hip
 LIB_ENGINE := $(BUILD)/lib/libtg_engine.a
@@ -78,9 +85,10 @@ $(GB)/obj/%.o: %.cu $(GPU_HDR)
 
 $(GB)/obj/%.o: %.c $(GPU_HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(HOST_CFLAGS) -DTG_WITH_GPU=1 -c $< -o $@
+	$(CC) $(HOST_CFLAGS) -c $< -o $@
 
-$(GB)/lib/libtg_gpu.a: $(GPU_SRC:%.cu=$(GB)/obj/%.o)
+GPU_OBJ := $(GPU_SRC:%.cu=$(GB)/obj/%.o)
+$(GB)/lib/libtg_gpu.a: $(GPU_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
@@ -89,13 +97,13 @@ ifneq ($(wildcard engine/worker/main.c),)
   GPU_BINS += $(GB)/bin/tg-engine
 endif
 
-$(GB)/tests/%: $(GB)/obj/tests/gpu/%.o $(GB)/lib/libtg_gpu.a engine-lib
+$(GB)/tests/%: $(GB)/obj/tests/gpu/%.o $(GPU_OBJ) $(GB)/lib/libtg_gpu.a engine-lib
 	@mkdir -p $(dir $@)
-	$(CXX) -o $@ $< $(GB)/lib/libtg_gpu.a $(LIB_ENGINE) $(CUDA_LIBS) $(HOST_LIBS)
+	$(CXX) -o $@ $< $(GPU_OBJ) $(LIB_ENGINE) $(CUDA_LIBS) $(HOST_LIBS)
 
-$(GB)/bin/tg-engine: $(GB)/obj/engine/worker/main.o $(GB)/lib/libtg_gpu.a engine-lib
+$(GB)/bin/tg-engine: $(GB)/obj/engine/worker/main.o $(GPU_OBJ) $(GB)/lib/libtg_gpu.a engine-lib
 	@mkdir -p $(dir $@)
-	$(CXX) -o $@ $< $(GB)/lib/libtg_gpu.a $(LIB_ENGINE) $(CUDA_LIBS) $(HOST_LIBS)
+	$(CXX) -o $@ $< $(GPU_OBJ) $(LIB_ENGINE) $(CUDA_LIBS) $(HOST_LIBS)
 
 gpu: engine-lib $(GPU_BINS)
 
@@ -107,9 +115,10 @@ $(HB)/obj/%.o: %.cu $(GPU_HDR)
 
 $(HB)/obj/%.o: %.c $(GPU_HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(HOST_CFLAGS) -DTG_WITH_GPU=1 -c $< -o $@
+	$(CC) $(HOST_CFLAGS) -c $< -o $@
 
-$(HB)/lib/libtg_gpu.a: $(GPU_SRC:%.cu=$(HB)/obj/%.o)
+HIP_OBJ := $(GPU_SRC:%.cu=$(HB)/obj/%.o)
+$(HB)/lib/libtg_gpu.a: $(HIP_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
@@ -118,24 +127,27 @@ ifneq ($(wildcard engine/worker/main.c),)
   HIP_BINS += $(HB)/bin/tg-engine
 endif
 
-$(HB)/tests/%: $(HB)/obj/tests/gpu/%.o $(HB)/lib/libtg_gpu.a engine-lib
+$(HB)/tests/%: $(HB)/obj/tests/gpu/%.o $(HIP_OBJ) $(HB)/lib/libtg_gpu.a engine-lib
 	@mkdir -p $(dir $@)
-	$(HIPCC) $(HIP_ARCH) -o $@ $< $(HB)/lib/libtg_gpu.a $(LIB_ENGINE) $(HIP_LIBS) $(HOST_LIBS)
+	$(HIPCC) $(HIP_ARCH) -o $@ $< $(HIP_OBJ) $(LIB_ENGINE) $(HIP_LIBS) $(HOST_LIBS)
 
-$(HB)/bin/tg-engine: $(HB)/obj/engine/worker/main.o $(HB)/lib/libtg_gpu.a engine-lib
+$(HB)/bin/tg-engine: $(HB)/obj/engine/worker/main.o $(HIP_OBJ) $(HB)/lib/libtg_gpu.a engine-lib
 	@mkdir -p $(dir $@)
-	$(HIPCC) $(HIP_ARCH) -o $@ $< $(HB)/lib/libtg_gpu.a $(LIB_ENGINE) $(HIP_LIBS) $(HOST_LIBS)
+	$(HIPCC) $(HIP_ARCH) -o $@ $< $(HIP_OBJ) $(LIB_ENGINE) $(HIP_LIBS) $(HOST_LIBS)
 
 hip: engine-lib $(HIP_BINS)
 	@echo "make hip: compiled and linked for gfx1030 and gfx90a: $(HIP_BINS)"
 
 # ---- tests and benchmark -----------------------------------------------------
 
+GPU_TEST_ARGS  ?=
+GPU_BENCH_ARGS ?=
+
 gpu-test:
 	@if [ ! -x "$(NVCC)" ] && ! command -v $(NVCC) >/dev/null 2>&1; then \
 	   echo "SKIP: gpu-test: no nvcc (CUDA) on this machine"; exit 0; fi; \
 	 $(MAKE) -f engine/gpu/gpu.mk BUILD=$(BUILD) gpu && \
-	 TG_ROOT=$(TOP) TG_BUILD=$(TOP)/$(BUILD) TG_CACHE=$(CACHE) bash scripts/gpu-test.sh $(GB)/tests
+	 TG_ROOT=$(TOP) TG_BUILD=$(TOP)/$(BUILD) TG_CACHE=$(CACHE) bash scripts/gpu-test.sh $(GB)/tests $(GPU_TEST_ARGS)
 
 bench-gpu: gpu
-	TG_ROOT=$(TOP) TG_BUILD=$(TOP)/$(BUILD) TG_CACHE=$(CACHE) bash scripts/gpu-bench.sh $(GB)
+	TG_ROOT=$(TOP) TG_BUILD=$(TOP)/$(BUILD) TG_CACHE=$(CACHE) bash scripts/gpu-bench.sh $(GB) $(GPU_BENCH_ARGS)

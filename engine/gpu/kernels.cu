@@ -15,6 +15,7 @@
 #include "kernels.cuh"
 
 #include <math.h>
+#include <stdio.h>
 
 /* A switch read once from the environment into *cache (-1: not read yet):
  * "1..." on, "0..." off, unset or anything else def. */
@@ -679,11 +680,16 @@ int gk_type_supported(uint32_t type)
     return gk_find(type) != NULL;
 }
 
-int gk_matmul_tc(uint32_t type, int K, int ncols)
+static int tc_enabled(void)
 {
     static int on = -1;
+    return env_switch(&on, "TG_GPU_TC", 1);
+}
+
+int gk_matmul_tc(uint32_t type, int K, int ncols)
+{
     const gk_type_entry *t = gk_find(type);
-    return env_switch(&on, "TG_GPU_TC", 1) && tc_ready && t && t->tc && ncols >= TC_MIN_COLS && K > 0 && K % TC_BK == 0;
+    return tc_enabled() && tc_ready && t && t->tc && ncols >= TC_MIN_COLS && K > 0 && K % TC_BK == 0;
 }
 
 int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
@@ -1205,109 +1211,17 @@ __global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out, 
     }
 }
 
-/* ---- top-k by a bound first (TG_GPU_TOPK_FAST=1) ---------------------------
- * Three launches instead of a sort of every chunk: (1) each chunk's largest
- * non-NaN logit; (2) every chunk block finds the k-th largest of those
- * maxima, b (k chunks each hold a logit >= b, so the k-th logit is >= b),
- * and appends its own logits >= b to a survivor list (all of them, NaN
- * included, when fewer than k chunks give a bound: b = -inf); (3) one block
- * sorts the survivors in rank order (a total order, so the list's order
- * does not matter), or, past TOPK_FINAL_CAP survivors (massive ties), runs
- * k rounds of block_select over every logit at or above b. The same result
- * as the sorting path and tg_topk. Scratch: the maxima, b and the counter,
- * then TOPK_FINAL_CAP survivors. */
-static int topk_fast = -1;
-
-static int topk_fast_on(void)
+/* TG_GPU_TOPK_BOUND=0: only the chunks' k-th entries bound the search. */
+static int topk_bound_on(void)
 {
-    return env_switch(&topk_fast, "TG_GPU_TOPK_FAST", 0);
-}
-
-void gk_set_topk_fast(int on)
-{
-    topk_fast = on < 0 ? -1 : on ? 1 : 0;
-}
-
-static size_t topk_fast_head(int nblk)
-{
-    return ((size_t)nblk * sizeof(float) + 2 * sizeof(float) + 15) / 16 * 16;   /* maxima, b, counter */
-}
-
-__global__ void k_topk_chunk_max(const float *logits, int n, float *cmax, int *counter)
-{
-    __shared__ float sh[32];
-    const int start = blockIdx.x * TOPK_CHUNK;
-    float m = -INFINITY;
-    for (int i = start + threadIdx.x; i < n && i < start + TOPK_CHUNK; i += blockDim.x) {
-        const float v = logits[i];
-        if (!isnan(v)) m = fmaxf(m, v);
-    }
-    m = block_max(m, sh);
-    if (threadIdx.x == 0) cmax[blockIdx.x] = m;
-    if (blockIdx.x == 0 && threadIdx.x == 0) *counter = 0;
-}
-
-__global__ void k_topk_gather(const float *logits, int n, int k, const float *cmax, int nblk, float *bout,
-                              int *counter, tg_top *surv)
-{
-    __shared__ float sb;
-    if (threadIdx.x == 0) sb = -INFINITY;
-    __syncthreads();
-    for (int j = threadIdx.x; j < nblk; j += blockDim.x) {
-        const float mj = cmax[j];
-        if (mj == -INFINITY) continue;
-        int gt = 0, ge = 0;
-        for (int i = 0; i < nblk; i++) {
-            const float mi = cmax[i];
-            gt += mi > mj;
-            ge += mi >= mj;
-        }
-        if (gt < k && k <= ge) sb = mj;   /* every such j holds the same value */
-    }
-    __syncthreads();
-    const float b = sb;
-    if (blockIdx.x == 0 && threadIdx.x == 0) *bout = b;
-    const int start = blockIdx.x * TOPK_CHUNK;
-    for (int i = start + threadIdx.x; i < n && i < start + TOPK_CHUNK; i += blockDim.x) {
-        const float v = logits[i];
-        const bool keep = b == -INFINITY ? true : (!isnan(v) && v >= b);
-        if (keep) {
-            const int slot = atomicAdd(counter, 1);
-            if (slot < TOPK_FINAL_CAP) { surv[slot].id = i; surv[slot].logit = v; }
-        }
-    }
-}
-
-__global__ void k_topk_sort(const float *logits, int n, int k, const float *bp, const int *counter,
-                            const tg_top *surv, tg_top *out)
-{
-    __shared__ float sv[TOPK_FINAL_CAP];
-    __shared__ int si[TOPK_FINAL_CAP];
-    const int m = *counter;
-    if (m > TOPK_FINAL_CAP) {
-        block_select(logits, NULL, 0, n, k, out, 1, *bp);
-        return;
-    }
-    int n2 = 1;
-    while (n2 < m || n2 < k) n2 <<= 1;
-    for (int i = threadIdx.x; i < n2; i += blockDim.x) {
-        sv[i] = i < m ? surv[i].logit : NAN;
-        si[i] = i < m ? surv[i].id : -1;
-    }
-    __syncthreads();
-    block_bitonic(sv, si, n2);
-    for (int r = threadIdx.x; r < k; r += blockDim.x) {
-        out[r].id = si[r];
-        out[r].logit = si[r] >= 0 ? sv[r] : NAN;
-    }
+    static int bound = -1;
+    return env_switch(&bound, "TG_GPU_TOPK_BOUND", 1);
 }
 
 size_t gk_topk_scratch(int n, int k)
 {
     const size_t nblk = ((size_t)n + TOPK_CHUNK - 1) / TOPK_CHUNK;
-    const size_t sorted = nblk * (size_t)k * sizeof(tg_top);
-    const size_t fast = topk_fast_head((int)nblk) + (size_t)TOPK_FINAL_CAP * sizeof(tg_top);
-    return sorted > fast ? sorted : fast;
+    return nblk * (size_t)k * sizeof(tg_top);
 }
 
 int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
@@ -1316,24 +1230,11 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     if (n <= 0 || k <= 0 || k > n || k > TG_GPU_MAX_TOPK)
         return tg_errf(e, "gpu topk: n=%d k=%d: expected 1 <= k <= min(n, %d)", n, k, TG_GPU_MAX_TOPK);
     const int nblk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
-    if (topk_fast_on()) {
-        float *cmax = (float *)scratch, *b = cmax + nblk;
-        int *counter = (int *)(b + 1);
-        tg_top *surv = (tg_top *)((char *)scratch + topk_fast_head(nblk));
-        k_topk_chunk_max<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, cmax, counter);
-        GPU_CHECK_LAUNCH(e, "topk chunk maxima");
-        k_topk_gather<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cmax, nblk, b, counter, surv);
-        GPU_CHECK_LAUNCH(e, "topk gather");
-        k_topk_sort<<<1, 1024, 0, s>>>(logits, n, k, b, counter, surv, out);
-        GPU_CHECK_LAUNCH(e, "topk sort");
-        return 0;
-    }
     const size_t ncand = (size_t)nblk * k;
     tg_top *cand = (tg_top *)scratch;
     k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
     GPU_CHECK_LAUNCH(e, "topk partial");
-    static int bound = -1;   /* TG_GPU_TOPK_BOUND=0: only the chunks' k-th entries bound the search */
-    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, env_switch(&bound, "TG_GPU_TOPK_BOUND", 1));
+    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
     GPU_CHECK_LAUNCH(e, "topk final");
     return 0;
 }
@@ -1792,6 +1693,7 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max)
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
 static int fz_optin;
 static int pdl_on;   /* gk_init: launch the fused path's kernels with programmatic dependent launch */
+static int pdl_early;   /* gk_init: and let the next kernel start at once (TG_GPU_PDL=1) */
 
 /* Launches kernel k; with PDL on (sm_90, CUDA), with the attribute that lets
  * it start before the previous kernel of the stream has finished (the kernels
@@ -1845,6 +1747,7 @@ int gk_init(tg_err *e)
     const int pdl_mode = pv && pv[0] >= '0' && pv[0] <= '2' ? pv[0] - '0' : 2;
     pdl_on = major >= 9 && pdl_mode > 0;
     const int early = pdl_mode != 2;
+    pdl_early = pdl_on && early;
     GPU_CHECK(e, cudaMemcpyToSymbol(pdl_early_c, &early, sizeof early));
     tc_ready = major >= 7;
 #endif
@@ -1890,6 +1793,18 @@ static int fz_stream_on(void)
 {
     static int on = -1;
     return env_switch(&on, "TG_GPU_STREAM", 1);
+}
+
+/* TG_GPU_STREAM_ROWS (read once): 1 row per warp (the default), 2, or 3
+ * for "q6" (one row only in launches with a Q6_K segment). */
+static int stream_rows_env(void)
+{
+    static int nr_env = -1;
+    if (nr_env < 0) {
+        const char *env = getenv("TG_GPU_STREAM_ROWS");
+        nr_env = env && env[0] == '2' ? 2 : env && env[0] == 'q' ? 3 : 1;
+    }
+    return nr_env;
 }
 
 static int fz_chunk_bytes(uint32_t type)
@@ -2048,11 +1963,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
          * allows (the two share their activation loads), =q6: one row per
          * warp only for launches with a Q6_K segment (whose 1,680-byte chunks
          * make a block's ring 54 KiB at two rows: 4 blocks an SM) */
-        static int nr_env = -1;
-        if (nr_env < 0) {
-            const char *env = getenv("TG_GPU_STREAM_ROWS");
-            nr_env = env && env[0] == '2' ? 2 : env && env[0] == 'q' ? 3 : 1;
-        }
+        const int nr_env = stream_rows_env();
         const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
         const int want2 = nr_env == 2 || (nr_env == 3 && chunk_max != fz_chunk_bytes(TG_TYPE_Q6_K));
         const int nr = want2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
@@ -2109,133 +2020,6 @@ int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, co
     return 0;
 }
 
-#define ATT_GMAX 8     /* query heads per KV head the grouped kernel serves */
-#define ATT_GCH 256    /* keys per pass of the grouped kernel (scores in shared memory) */
-
-/* TG_GPU_ATT_GQA=1 (read once; gk_set_att_gqa for the tests): the
- * single-token attention with one block per (KV head, key range) serving
- * all the query heads of that KV head, so each key and value is read once
- * rather than once per query head. Off by default (not yet measured). */
-static int att_gqa = -1;
-
-static int att_gqa_on(void)
-{
-    return env_switch(&att_gqa, "TG_GPU_ATT_GQA", 0);
-}
-
-void gk_set_att_gqa(int on)
-{
-    att_gqa = on < 0 ? -1 : on ? 1 : 0;
-}
-
-/* One block per (KV head, key range z of gridDim.z), ATT_THREADS threads,
- * G = n_head / n_head_kv <= ATT_GMAX query heads (hkv * G .. hkv * G + G -
- * 1). Per pass of up to ATT_GCH keys: a warp per key computes the key's dot
- * with every query head (lanes split head_dim, as k_attention does), a warp
- * per query head updates that head's running max and sum, then each thread
- * accumulates its dimensions of the values for every head. Writes the same
- * partial results as k_attention (max, sum, unnormalized output per head
- * and range) for k_attn_combine_q8. Dynamic shared memory: G * (head_dim +
- * ATT_GCH) floats. */
-template <int F16>
-__global__ void __launch_bounds__(ATT_THREADS)
-k_attention_gqa(const float *q, const void *kc, const void *vc, int n_head, int n_head_kv, int head_dim,
-                const int32_t *pos0, float scale, float *part)
-{
-    extern __shared__ float gsm[];
-    __shared__ float smax[ATT_GMAX], ssum[ATT_GMAX], scorr[ATT_GMAX];
-    pdl_trigger();
-    pdl_wait();
-    const int hkv = blockIdx.x, G = n_head / n_head_kv;
-    const int n_kv = *pos0 + 1;
-    const size_t kv_row = (size_t)n_head_kv * head_dim;
-    float *qs = gsm, *sc = gsm + (size_t)G * head_dim;
-    for (int i = threadIdx.x; i < G * head_dim; i += blockDim.x) qs[i] = q[(size_t)hkv * G * head_dim + i];
-    if (threadIdx.x < ATT_GMAX) { smax[threadIdx.x] = -INFINITY; ssum[threadIdx.x] = 0.0f; scorr[threadIdx.x] = 0.0f; }
-    __syncthreads();
-    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP, nw = blockDim.x / TG_WARP;
-    float acc[4][ATT_GMAX];
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-#pragma unroll
-        for (int g = 0; g < ATT_GMAX; g++) acc[k][g] = 0.0f;
-    const int per = (n_kv + gridDim.z - 1) / gridDim.z;
-    const int jb = blockIdx.z * per, je = min(n_kv, jb + per);
-    for (int j0 = jb; j0 < je; j0 += ATT_GCH) {
-        const int nj = je - j0 < ATT_GCH ? je - j0 : ATT_GCH;
-        for (int jj = wid; jj < nj; jj += nw) {
-            const size_t base = (size_t)(j0 + jj) * kv_row + (size_t)hkv * head_dim;
-            float d[ATT_GMAX];
-#pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++) d[g] = 0.0f;
-            for (int i = lane; i < head_dim; i += TG_WARP) {
-                const float kv = kv_at<F16>(kc, base + i);
-#pragma unroll
-                for (int g = 0; g < ATT_GMAX; g++)
-                    if (g < G) d[g] += qs[g * head_dim + i] * kv;
-            }
-#pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++)
-                if (g < G) {
-                    const float v = warp_sum(d[g]);
-                    if (lane == 0) sc[g * ATT_GCH + jj] = v * scale;
-                }
-        }
-        __syncthreads();
-        for (int g = wid; g < G; g += nw) {
-            float mx = -INFINITY;
-            for (int jj = lane; jj < nj; jj += TG_WARP) mx = fmaxf(mx, sc[g * ATT_GCH + jj]);
-            mx = warp_max(mx);
-            const float nm = fmaxf(smax[g], mx);
-            float ls = 0.0f;
-            for (int jj = lane; jj < nj; jj += TG_WARP) {
-                const float p = expf(sc[g * ATT_GCH + jj] - nm);
-                sc[g * ATT_GCH + jj] = p;
-                ls += p;
-            }
-            ls = warp_sum(ls);
-            if (lane == 0) {
-                const float corr = expf(smax[g] - nm);   /* 0 on the first pass */
-                ssum[g] = ssum[g] * corr + ls;
-                smax[g] = nm;
-                scorr[g] = corr;
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int dd = threadIdx.x + k * ATT_THREADS;
-            if (dd >= head_dim) break;
-            float a[ATT_GMAX];
-#pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++) a[g] = g < G ? acc[k][g] * scorr[g] : 0.0f;
-            const size_t base = (size_t)j0 * kv_row + (size_t)hkv * head_dim + dd;
-#pragma unroll 4
-            for (int jj = 0; jj < nj; jj++) {
-                const float vv = kv_at<F16>(vc, base + (size_t)jj * kv_row);
-#pragma unroll
-                for (int g = 0; g < ATT_GMAX; g++)
-                    if (g < G) a[g] += sc[g * ATT_GCH + jj] * vv;
-            }
-#pragma unroll
-            for (int g = 0; g < ATT_GMAX; g++) acc[k][g] = a[g];
-        }
-        __syncthreads();
-    }
-    for (int g = 0; g < G; g++) {
-        float *pp = part + ((size_t)(hkv * G + g) * gridDim.z + blockIdx.z) * (head_dim + 2);
-        if (threadIdx.x == 0) { pp[0] = smax[g]; pp[1] = ssum[g]; }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int dd = threadIdx.x + k * ATT_THREADS;
-        if (dd >= head_dim) break;
-#pragma unroll
-        for (int g = 0; g < ATT_GMAX; g++)
-            if (g < G) part[((size_t)(hkv * G + g) * gridDim.z + blockIdx.z) * (head_dim + 2) + 2 + dd] = acc[k][g];
-    }
-}
-
 int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
                     gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
                     void *scratch, tg_err *e)
@@ -2248,16 +2032,21 @@ int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *
     const int nsplit = att_splits();
     const float scale = 1.0f / sqrtf((float)head_dim);
     float *part = (float *)scratch;
-    const int G = n_head / n_head_kv;
-    if (att_gqa_on() && G <= ATT_GMAX) {
-        const size_t shm = (size_t)G * (head_dim + ATT_GCH) * sizeof(float);
-        GPU_CHECK(e, gk_launch(kv_f16 ? k_attention_gqa<1> : k_attention_gqa<0>, dim3(n_head_kv, 1, nsplit),
-                               ATT_THREADS, shm, s, q, kc, vc, n_head, n_head_kv, head_dim, pos0, scale, part));
-    } else {
-        const size_t shm = (size_t)head_dim * sizeof(float);
-        GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, dim3(n_head, 1, nsplit), ATT_THREADS,
-                               shm, s, q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part));
-    }
+    const size_t shm = (size_t)head_dim * sizeof(float);
+    GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, dim3(n_head, 1, nsplit), ATT_THREADS, shm, s,
+                           q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part));
     GPU_CHECK(e, gk_launch(k_attn_combine_q8, n_head, head_dim, 0, s, part, out, n_head, head_dim, nsplit, oq));
     return 0;
+}
+
+/* ---- the settings in force --------------------------------------------------- */
+
+void gk_describe(char *buf, size_t n)
+{
+    const int rows = stream_rows_env();
+    snprintf(buf, n, "%s mat-vec, %s prefill, %d attention splits, %s mat-vec%s, top-k %s%s",
+             mv_q8_enabled() ? "8-bit" : "f32", tc_enabled() && tc_ready ? "tensor-core" : "cuda-core",
+             att_splits(), fz_stream_on() ? "streamed" : "direct",
+             !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
+             topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }

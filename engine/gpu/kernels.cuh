@@ -94,10 +94,6 @@ int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e);
  * k in 1..min(n, TG_GPU_MAX_TOPK). scratch: gk_topk_scratch(n, k) bytes. */
 int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
             tg_top *out, tg_err *e);
-/* Turns the bound-first top-k on (1) or off (0), or back to what
- * TG_GPU_TOPK_FAST says (-1; off when unset): the tests. Same results
- * either way. */
-void gk_set_topk_fast(int on);
 
 /* XXH3-64 (seed 0, default secret) of len bytes at data, into *out (device).
  * len must exceed 240 (the long-input variant); data 8-byte aligned.
@@ -155,14 +151,16 @@ int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, co
                           float eps, void *kc, void *vc, int kv_f16, tg_err *e);
 
 /* gk_attention for one token (split keys, scratch required) with the output
- * also quantized into oq; head_dim a multiple of 32. With the grouped
- * kernel on (TG_GPU_ATT_GQA=1, or gk_set_att_gqa(1)) and at most 8 query
- * heads per KV head, one block serves all the query heads of a KV head. */
+ * also quantized into oq; head_dim a multiple of 32. */
 int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
                     gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
                     void *scratch, tg_err *e);
-/* Turns the grouped single-token attention on (1) or off (0), or back to
- * what TG_GPU_ATT_GQA says (-1; off when unset): the tests. */
-void gk_set_att_gqa(int on);
+
+/* The kernel settings the environment chose (TG_GPU_MMVQ, TG_GPU_TC,
+ * TG_GPU_ATT_SPLITS, TG_GPU_STREAM, TG_GPU_STREAM_ROWS, TG_GPU_PDL,
+ * TG_GPU_TOPK_BOUND), as "8-bit mat-vec, tensor-core prefill, 32
+ * attention splits, streamed mat-vec 1 row/warp, PDL 2, top-k bound"
+ * into buf (n bytes); after gk_init. */
+void gk_describe(char *buf, size_t n);
 
 #endif

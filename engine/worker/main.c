@@ -9,13 +9,16 @@
  * n_batch, n_ctx, perturb "bf16:STAGE:LAYER", see engine/model.h) and
  * answers its hyperparameters; tokenize / detokenize use the file's own
  * vocabulary (engine/tokenizer.h); decode runs the prompt and the steps on
- * the chosen tier with teacher forcing, dumps and op counters (forced steps
- * without dumps go through tg_session_eval_all in chunks, the same bytes as
- * one step at a time). --tier gpu
- * runs the GPU arm (engine/gpu/gpu.h) when this binary was built by `make
- * gpu` or `make hip` (TG_WITH_GPU): the forward pass, top-k and digest run on
- * the device; in any other build every load with --tier gpu answers that
- * the GPU arm is not part of this build. Log lines go to stderr.
+ * the chosen tier with teacher forcing, dumps and op counters. Every tier
+ * goes through the same session (engine/model.h, one table per tier in
+ * engine/tier.h): the device string is the tier's description of the real
+ * configuration; each step's top-k and digest come from tg_session_top
+ * (on the device for the gpu tier, whose logits then never cross to the
+ * host); forced steps without dumps on a tier that keeps its logits on the
+ * host go through tg_session_eval_all in chunks, the same bytes as one step
+ * at a time. The gpu tier is there when this binary was linked with the GPU
+ * objects (`make gpu`, `make hip`); elsewhere a load with --tier gpu
+ * answers that it is not part of this build. Log lines go to stderr.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,11 +30,9 @@
 #include "proto.h"
 #include "quant.h"
 #include "replay_hook.h"
+#include "tier.h"
 #include "tokenizer.h"
 #include "util.h"
-#ifdef TG_WITH_GPU
-#include "gpu/gpu.h"
-#endif
 
 #define TG_ENGINE_VERSION "tg-engine 0.1 (protocol 1)"
 
@@ -41,24 +42,14 @@ typedef struct worker {
     tg_model *model;          /* loaded model, or NULL */
     tg_tokenizer *tok;
     tg_session *sess;
-#ifdef TG_WITH_GPU
-    tg_gpu *gpu;              /* --tier gpu: the device arm (then sess is NULL) */
-    tg_top *gtop;             /* (TG_GPU_TOPK_MAX) top-k answers of the device */
-#endif
+    tg_top *top;              /* (top_cap) a step's top-k */
+    int top_cap;
     double ms_load;
 } worker;
-
-#ifdef TG_WITH_GPU
-#define TG_GPU_TOPK_MAX 256   /* tg_gpu_eval's top_k limit (gpu.h) */
-#endif
 
 static void unload(worker *w)
 {
     tg_session_free(w->sess);
-#ifdef TG_WITH_GPU
-    tg_gpu_free(w->gpu);
-    w->gpu = NULL;
-#endif
     tg_tokenizer_free(w->tok);
     tg_model_free(w->model);
     w->sess = NULL;
@@ -71,32 +62,27 @@ static int need_model(worker *w, tg_err *e)
     return w->model ? 0 : tg_errf(e, "no model loaded (send a load request first)");
 }
 
-/* The numerics a tier declares (docs/protocol.md, "numerics"): what it
- * rounds, so that the exact arbiter can apply the same roundings. */
-static json_t *numerics_json(enum tg_tier tier, int kv_f32)
+/* The numerics the tier of o declares (docs/protocol.md, "numerics"), or
+ * NULL when the tier cannot replay (tier.h, numerics). */
+static json_t *numerics_json(const tg_opts *o)
 {
-    if (tier == TG_TIER_REF)
-        return json_pack("{s:b,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "exact", 1, "act", "f32", "kv", "f32", "attn_q",
-                         "f32", "attn_acc", "f64", "rope", "f64", "accum", "f64", "silu", "f64");
-    if (tier == TG_TIER_CPU)
-        return json_pack("{s:b,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "exact", 0, "act", "vec_dot", "kv",
-                         kv_f32 ? "f32" : "f16", "attn_q", "kv", "attn_acc", "kv", "rope", "ggml-f32", "accum",
-                         "f32", "silu", "ggml-expf");
-    return json_object();
+    const tg_tier_i *t = tg_tier_find(o->tier);
+    if (!t || !t->numerics)
+        return NULL;
+    char buf[512];
+    t->numerics(o, buf, sizeof buf);
+    json_error_t je;
+    return json_loads(buf, 0, &je);
 }
 
 static int on_hello(void *ud, json_t *arm, tg_err *e)
 {
     worker *w = ud;
-    char dev[128], sha[65];
-    tg_tier_device(w->tier, w->threads, dev, sizeof dev);
-#ifdef TG_WITH_GPU
-    if (w->tier == TG_TIER_GPU) {
-        tg_err pe = {{0}};
-        if (tg_gpu_probe(0, dev, sizeof dev, &pe) != 0)
-            snprintf(dev, sizeof dev, "gpu: none usable (%.96s)", pe.msg);
-    }
-#endif
+    char dev[192], sha[65];
+    tg_opts o = tg_opts_default();
+    o.tier = w->tier;
+    o.threads = w->threads;
+    tg_tier_device(&o, dev, sizeof dev);   /* says why when the tier cannot run here */
     if (tg_sha256_file("/proc/self/exe", sha, e) != 0)
         return -1;
     json_object_set_new(arm, "kind", json_string("engine"));
@@ -105,9 +91,10 @@ static int on_hello(void *ud, json_t *arm, tg_err *e)
     json_object_set_new(arm, "device", json_string(dev));
     json_object_set_new(arm, "binary_sha256", json_string(sha));
     json_object_set_new(arm, "logits", json_string("raw"));
-    json_object_set_new(arm, "replay", json_boolean(w->tier != TG_TIER_GPU));
-    if (w->tier != TG_TIER_GPU)
-        json_object_set_new(arm, "numerics", numerics_json(w->tier, 0));
+    json_t *num = numerics_json(&o);
+    json_object_set_new(arm, "replay", json_boolean(num != NULL));
+    if (num)
+        json_object_set_new(arm, "numerics", num);
     return 0;
 }
 
@@ -116,12 +103,6 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     worker *w = ud;
     static const char *const known[] = {"threads", "kv_type", "n_batch", "n_ctx", "perturb", NULL};
     static const char *const kv_types[] = {"f16", "f32", NULL};
-#ifndef TG_WITH_GPU
-    if (w->tier == TG_TIER_GPU)
-        return tg_errf(e, "tier gpu: the GPU arm is not part of this build of tg-engine "
-                       "(build it with `make gpu` (CUDA) or `make hip` (ROCm), "
-                       "or use --tier cpu or --tier ref)");
-#endif
     tg_opts o = tg_opts_default();
     o.tier = w->tier;
     o.threads = w->threads;
@@ -146,44 +127,14 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     double t0 = tg_now();
     if (tg_model_load(&w->model, path, e) != 0)
         return -1;
-#ifdef TG_WITH_GPU
-    if (w->tier == TG_TIER_GPU) {
-        if (o.perturb_layer >= 0 || o.pert_kind) {
-            unload(w);
-            return tg_errf(e, "option 'perturb': not available on the gpu tier (use cpu or ref)");
-        }
-        tg_gpu_opts go = tg_gpu_opts_default();
-        go.kv_f32 = o.kv_f32;
-        if (json_object_get(options, "n_ctx")) go.n_ctx = o.n_ctx;
-        if (json_object_get(options, "n_batch")) go.n_batch = o.n_batch;
-        if (!w->gtop && !(w->gtop = malloc(sizeof *w->gtop * TG_GPU_TOPK_MAX))) {
-            unload(w);
-            return tg_errf(e, "out of memory");
-        }
-        if (tg_tokenizer_from_gguf(&w->tok, w->model->g, e) != 0 || tg_gpu_new(&w->gpu, w->model, &go, e) != 0) {
-            unload(w);
-            return -1;
-        }
-    } else
-#endif
     if (tg_tokenizer_from_gguf(&w->tok, w->model->g, e) != 0 ||
         tg_session_new(&w->sess, w->model, &o, e) != 0) {
         unload(w);
         return -1;
     }
     w->ms_load = (tg_now() - t0) * 1e3;
-    const char *devname = NULL;
-    int n_ctx = 0;
-#ifdef TG_WITH_GPU
-    if (w->gpu) {
-        devname = tg_gpu_device(w->gpu);
-        n_ctx = tg_gpu_n_ctx(w->gpu);
-    }
-#endif
-    if (!devname) {
-        devname = tg_session_device(w->sess);
-        n_ctx = tg_session_n_ctx(w->sess);
-    }
+    const char *devname = tg_session_device(w->sess);
+    const tg_opts *so = tg_session_opts(w->sess);
 
     const tg_hparams *hp = &w->model->hp;
     json_object_set_new(out, "arch", json_string(hp->arch_name));
@@ -195,15 +146,16 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     json_object_set_new(out, "head_dim", json_integer(hp->head_dim));
     json_object_set_new(out, "n_ff", json_integer(hp->n_ff));
     json_object_set_new(out, "n_ctx_train", json_integer(hp->n_ctx_train));
-    json_object_set_new(out, "n_ctx", json_integer(n_ctx));
+    json_object_set_new(out, "n_ctx", json_integer(so->n_ctx));
     json_object_set_new(out, "rope_base", json_real(hp->rope_base));
     json_object_set_new(out, "file_type", json_integer(hp->file_type));
     json_object_set_new(out, "tied", json_boolean(hp->tied));
     json_object_set_new(out, "tier", json_string(tg_tier_name(w->tier)));
     json_object_set_new(out, "device", json_string(devname));
-    json_object_set_new(out, "kv_type", json_string(w->tier == TG_TIER_REF || o.kv_f32 ? "f32" : "f16"));
-    if (w->tier != TG_TIER_GPU)
-        json_object_set_new(out, "numerics", numerics_json(w->tier, o.kv_f32));
+    json_object_set_new(out, "kv_type", json_string(so->kv_f32 ? "f32" : "f16"));
+    json_t *num = numerics_json(so);
+    if (num)
+        json_object_set_new(out, "numerics", num);
     json_object_set_new(out, "ms_load", json_real(w->ms_load));
     fprintf(stderr, "tg-engine: loaded %s (%s, %d layers, %d vocab) on %s in %.0f ms\n", path, hp->arch_name,
             hp->n_layer, hp->n_vocab, devname, w->ms_load);
@@ -260,87 +212,36 @@ static json_t *counters_json(tg_ops *ops, enum tg_tier tier)
     return ctr;
 }
 
-#ifdef TG_WITH_GPU
-/* One device eval of n tokens and its step line. The top-k and the digest
- * come from the device when top_k fits its limit; otherwise the logits are
- * copied and proto_step selects on the host (selection and digest are not
- * ops of the model, so this is no host fallback). Returns 0 and *next (the
- * token to append), or -1 with e. */
-static int gpu_eval_step(worker *w, const proto_decode_req *req, proto_conn *c, int st, const int32_t *tok,
-                         int n, int32_t *next, tg_err *e)
+/* The step line of step st from the session's last logits: the top k and
+ * the digest from tg_session_top (computed on the device by the gpu tier,
+ * on the host over the logits by the others: the same bytes proto_step
+ * writes). Returns 0 and *next (the token to append next), or -1 with e. */
+static int step_line(worker *w, const proto_decode_req *req, proto_conn *c, int st, int32_t *next, tg_err *e)
 {
-    const int n_vocab = w->model->hp.n_vocab;
-    const int lim = n_vocab < TG_GPU_TOPK_MAX ? n_vocab : TG_GPU_TOPK_MAX;
-    if (req->top_k <= lim) {
-        char dig[17];
-        if (tg_gpu_eval(w->gpu, tok, n, req->top_k, w->gtop, dig, e) != 0)
-            return -1;
-        *next = proto_step_top(c, req, st, w->gtop, req->top_k, dig);
-        return 0;
-    }
-    float *lg = malloc(sizeof *lg * (size_t)n_vocab);
-    if (!lg)
-        return tg_errf(e, "out of memory (%d logits)", n_vocab);
-    int rc = tg_gpu_eval(w->gpu, tok, n, 0, NULL, NULL, e);
-    if (rc == 0)
-        rc = tg_gpu_logits(w->gpu, lg, e);
-    if (rc == 0)
-        *next = proto_step(c, req, st, lg, n_vocab);
-    free(lg);
-    return rc;
+    char dig[17];
+    int k = tg_session_top(w->sess, req->top_k, w->top, dig, e);
+    if (k < 0)
+        return -1;
+    *next = proto_step_top(c, req, st, w->top, k, dig);
+    return 0;
 }
-
-/* decode on the GPU arm: the same protocol as the host tiers. */
-static int gpu_decode(worker *w, const proto_decode_req *req, proto_conn *c, proto_done *done, tg_err *e)
-{
-    int need = req->n_prompt + req->steps - 1;
-    if (need > tg_gpu_n_ctx(w->gpu))
-        return tg_errf(e, "prompt (%d) + steps (%d) need %d positions, the context holds %d (option n_ctx)",
-                       req->n_prompt, req->steps, need, tg_gpu_n_ctx(w->gpu));
-    tg_gpu *g = w->gpu;
-    tg_gpu_reset(g);
-    tg_ops *ops = tg_gpu_ops(g);
-    tg_ops_clear(ops);
-    dump_ctx dc = {c, req, 0};
-    int rc = -1;
-    int32_t next;
-    double t0 = tg_now(), t1 = t0;
-    tg_gpu_set_dump(g, proto_wants_dump(req, 0) ? dump_hook : NULL, &dc);
-    if (gpu_eval_step(w, req, c, 0, req->prompt, req->n_prompt, &next, e) != 0)
-        goto out;
-    t1 = tg_now();
-    for (int st = 1; st < req->steps; st++) {
-        dc.step = st;
-        tg_gpu_set_dump(g, proto_wants_dump(req, st) ? dump_hook : NULL, &dc);
-        if (gpu_eval_step(w, req, c, st, &next, 1, &next, e) != 0) {
-            tg_err_prefix(e, "step %d", st);
-            goto out;
-        }
-    }
-    /* the prefill's time includes step 0's selection, as the host tiers' does not: under 1 ms */
-    done->ms_prefill = (t1 - t0) * 1e3;
-    done->ms_decode = (tg_now() - t1) * 1e3;
-    done->counters = counters_json(ops, TG_TIER_GPU);
-    rc = 0;
-out:
-    tg_gpu_set_dump(g, NULL, NULL);
-    return rc;
-}
-#endif
 
 #define FORCE_CHUNK 64   /* forced steps per tg_session_eval_all (bounds its logits buffer) */
 
-/* The steps of a teacher-forced decode without dumps, after the prompt:
- * step 0 from the session's logits, then the forced tokens in chunks
- * through tg_session_eval_all (the ref tier evaluates them in batches; each
- * step's logits are byte for byte those of one token at a time), every
- * step line written as the one-token path writes it. Returns 0, or -1 with
- * e prefixed by the first step of the failing chunk. */
+/* The steps of a teacher-forced decode without dumps, after the prompt, on
+ * a tier that keeps its logits on the host: step 0 from the session's
+ * logits, then the forced tokens in chunks through tg_session_eval_all (the
+ * ref tier evaluates them in batches; each step's logits are byte for byte
+ * those of one token at a time), every step line written as the one-token
+ * path writes it. Returns 0, or -1 with e prefixed by the first step of
+ * the failing chunk. */
 static int decode_forced(worker *w, const proto_decode_req *req, proto_conn *c, tg_err *e)
 {
     tg_session *s = w->sess;
     const int n_vocab = w->model->hp.n_vocab;
-    proto_step(c, req, 0, tg_session_logits(s), n_vocab);
+    int32_t next;
+    if (step_line(w, req, c, 0, &next, e) != 0)
+        return tg_err_prefix(e, "step 0");
     const int chunk = req->steps - 1 < FORCE_CHUNK ? req->steps - 1 : FORCE_CHUNK;
     if (chunk < 1)
         return 0;
@@ -371,17 +272,22 @@ static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto
     if (proto_check_ids(req->prompt, req->n_prompt, n_vocab, "prompt", e) ||
         (req->force && proto_check_ids(req->force, req->n_force, n_vocab, "force", e)))
         return -1;
-#ifdef TG_WITH_GPU
-    if (w->gpu)
-        return gpu_decode(w, req, c, done, e);
-#endif
     int need = req->n_prompt + req->steps - 1;
     if (need > tg_session_n_ctx(w->sess))
         return tg_errf(e, "prompt (%d) + steps (%d) need %d positions, the context holds %d (option n_ctx)",
                        req->n_prompt, req->steps, need, tg_session_n_ctx(w->sess));
+    const int k = req->top_k < n_vocab ? req->top_k : n_vocab;
+    if (k > w->top_cap) {
+        tg_top *nt = realloc(w->top, sizeof *nt * (size_t)k);
+        if (!nt)
+            return tg_errf(e, "out of memory (top %d)", k);
+        w->top = nt;
+        w->top_cap = k;
+    }
 
     tg_session *s = w->sess;
     tg_session_reset(s);
+    tg_session_set_top(s, req->top_k);
     tg_ops *ops = tg_session_ops(s);
     tg_ops_clear(ops);
     dump_ctx dc = {c, req, 0};
@@ -392,12 +298,16 @@ static int on_decode(void *ud, const proto_decode_req *req, proto_conn *c, proto
     if (tg_session_eval(s, req->prompt, req->n_prompt, e) != 0)
         goto out;
     double t1 = tg_now();
-    if (req->force && req->n_dump_steps == 0) {
+    if (req->force && req->n_dump_steps == 0 && !tg_session_top_on_device(s)) {
         if (decode_forced(w, req, c, e) != 0)
             goto out;
     } else {
         for (int st = 0; st < req->steps; st++) {
-            int32_t next = proto_step(c, req, st, tg_session_logits(s), n_vocab);
+            int32_t next;
+            if (step_line(w, req, c, st, &next, e) != 0) {
+                tg_err_prefix(e, "step %d", st);
+                goto out;
+            }
             if (st == req->steps - 1)
                 break;
             dc.step = st + 1;
@@ -453,7 +363,8 @@ static int on_replay(void *ud, const proto_replay_req *req, json_t *result, tg_e
     worker *w = ud;
     if (need_model(w, e))
         return -1;
-    if (!w->sess)
+    const tg_tier_i *t = tg_tier_find(w->tier);
+    if (!t || !t->numerics)
         return tg_errf(e, "tier %s cannot replay yet (its hello says \"replay\": false)", tg_tier_name(w->tier));
     if (proto_check_ids(req->tokens, req->n_tokens, w->model->hp.n_vocab, "tokens", e))
         return -1;
@@ -542,8 +453,6 @@ int main(int argc, char **argv)
     int rc = proto_serve(stdin, out, &ops);
     fclose(out);
     unload(&w);
-#ifdef TG_WITH_GPU
-    free(w.gtop);
-#endif
+    free(w.top);
     return rc == 0 ? 0 : 1;
 }

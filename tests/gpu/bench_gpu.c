@@ -1,9 +1,9 @@
 /*
- * bench_gpu.c: decode and prefill speed of the GPU arm, with the
- * memory-bandwidth roofline. A benchmark, not a test: it never fails on a
+ * bench_gpu.c: decode and prefill speed of the gpu tier (a session of
+ * engine/model.h), with the memory-bandwidth roofline. A benchmark, not a test: it never fails on a
  * slow figure (scripts/gpu-bench.sh runs it beside llama.cpp CUDA).
  *
- * Usage: bench_gpu MODEL.gguf | --synthetic 8b|0.6b  [--prefill N] [--decode N]
+ * Usage: bench_gpu MODEL.gguf | --synthetic 8b|0.6b  [--prefill N] [--decode N] [--no-graph]
  *
  * --synthetic builds the Qwen3 shape in memory with the Q4_K_M type mix of
  * docs/formats.md (attn_v / ffn_down Q6_K on the recipe's layers, output Q6_K,
@@ -100,18 +100,28 @@ static tg_model *synthetic(const char *shape)
     return m;
 }
 
+/* One eval and the device's top-32 and digest, as a protocol step takes
+ * them. Returns 0 or -1 with e. */
+static int step(tg_session *g, const int32_t *ids, int n, tg_top *top, char dig[17], tg_err *e)
+{
+    if (tg_session_eval(g, ids, n, e) != 0)
+        return -1;
+    return tg_session_top(g, 32, top, dig, e) < 0 ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *shape = NULL;
-    int n_prefill = 512, n_decode = 128;
+    int n_prefill = 512, n_decode = 128, no_graph = getenv("TG_GPU_NO_GRAPH") != NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--synthetic") && i + 1 < argc) shape = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) n_prefill = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc) n_decode = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-graph")) no_graph = 1;
         else model = argv[i];
     }
     if ((!model && !shape) || n_prefill < 1 || n_decode < 1) {
-        fprintf(stderr, "usage: bench_gpu MODEL.gguf | --synthetic 8b|0.6b [--prefill N] [--decode N]\n");
+        fprintf(stderr, "usage: bench_gpu MODEL.gguf | --synthetic 8b|0.6b [--prefill N] [--decode N] [--no-graph]\n");
         return 2;
     }
     char desc[160];
@@ -125,30 +135,32 @@ int main(int argc, char **argv)
     if (shape) m = synthetic(shape);
     else if (tg_model_load(&m, model, &e)) { fprintf(stderr, "bench_gpu: %s\n", e.msg); return 2; }
     const tg_hparams *hp = &m->hp;
-    tg_gpu_opts o = tg_gpu_opts_default();
+    tg_opts o = tg_opts_default();
+    o.tier = TG_TIER_GPU;
     o.n_ctx = (n_prefill > 8 ? n_prefill : 8) + (n_decode > 4 ? n_decode : 4) + 8;
     o.n_batch = 512;
-    if (getenv("TG_GPU_NO_GRAPH")) o.no_graph = 1;
-    tg_gpu *g = NULL;
-    if (tg_gpu_new(&g, m, &o, &e)) { fprintf(stderr, "bench_gpu: %s\n", e.msg); return 2; }
+    o.no_graph = no_graph;
+    tg_session *g = NULL;
+    if (tg_session_new(&g, m, &o, &e)) { fprintf(stderr, "bench_gpu: %s\n", e.msg); return 2; }
+    tg_session_set_top(g, 32);
     printf("bench_gpu: %s, %s: %d layers, n_embd %d, load %.1f s, %s\n", shape ? "synthetic" : model,
-           shape ? shape : "", hp->n_layer, hp->n_embd, tg_now() - t0, tg_gpu_device(g));
+           shape ? shape : "", hp->n_layer, hp->n_embd, tg_now() - t0, tg_session_device(g));
     const int n_toks = n_prefill > 8 ? n_prefill : 8;   /* the warm-up prefills 8 */
     int32_t *toks = malloc(sizeof(int32_t) * n_toks);
     for (int i = 0; i < n_toks; i++) toks[i] = (int32_t)(xs() % (uint64_t)hp->n_vocab);
     tg_top top[32];
     char dig[17];
     /* warm-up: a short prefill and a few decode steps (graph capture) */
-    if (tg_gpu_eval(g, toks, 8, 32, top, dig, &e)) goto fail;
+    if (step(g, toks, 8, top, dig, &e)) goto fail;
     for (int i = 0; i < 4; i++)
-        if (tg_gpu_eval(g, &top[0].id, 1, 32, top, dig, &e)) goto fail;
-    tg_gpu_reset(g);
+        if (step(g, &top[0].id, 1, top, dig, &e)) goto fail;
+    tg_session_reset(g);
     double tp = tg_now();
-    if (tg_gpu_eval(g, toks, n_prefill, 32, top, dig, &e)) goto fail;
+    if (step(g, toks, n_prefill, top, dig, &e)) goto fail;
     tp = tg_now() - tp;
     double td = tg_now();
     for (int i = 0; i < n_decode; i++)
-        if (tg_gpu_eval(g, &top[0].id, 1, 32, top, dig, &e)) goto fail;
+        if (step(g, &top[0].id, 1, top, dig, &e)) goto fail;
     td = tg_now() - td;
     tg_gpu_profile_report(g, stdout);
     double bw = 0;
@@ -161,7 +173,7 @@ int main(int argc, char **argv)
     printf("decode_tokens=%d decode_s=%.4f decode_tok_s=%.1f\n", n_decode, td, n_decode / td);
     printf("weight_bytes=%.0f copy_bw_GBs=%.1f roofline_tok_s=%.1f roofline_fraction=%.3f\n", wb, bw / 1e9, roof,
            (n_decode / td) / roof);
-    tg_gpu_free(g);
+    tg_session_free(g);
     return 0;
 fail:
     fprintf(stderr, "bench_gpu: %s\n", e.msg);

@@ -1,13 +1,14 @@
 /*
- * test_gpu_model.c: the GPU arm against a host tier on a real model file,
- * teacher-forced. For each prompt, the yardstick tier (ref by default;
+ * test_gpu_model.c: the gpu tier against a host tier on a real model file,
+ * teacher-forced, both through the one session API (engine/model.h). For each prompt, the yardstick tier (ref by default;
  * TG_GPU_YARDSTICK=cpu for files too large for the ref tier) decodes
  * greedily; the GPU arm then evaluates the same prompt ids and is forced
  * along the yardstick's tokens, so every step is scored over an identical
  * prefix. One line per prompt, then the verdicts:
  *   - argmax: the GPU's token equals the yardstick's at every step whose
  *     yardstick top1-top2 gap is at least GAP_MIN (0.5);
- *   - digest: the device XXH3-64 equals the host's over the copied logits;
+ *   - digest: the device XXH3-64 equals the host's over the copied logits
+ *     (tg_session_top's, then tg_session_logits);
  *   - graphs: a second run with graphs off gives byte-identical digests
  *     (same kernels, so the same bytes), and so does a repeat with graphs on;
  *   - counters: only device ops, no host op;
@@ -28,6 +29,8 @@
 #include "gpu/gpu.h"
 #include "model.h"
 #include "tokenizer.h"
+
+#define TOPK 32   /* selected on the device per step (tg_session_set_top) */
 
 #define GAP_MIN 0.5f
 #define TOPN 16
@@ -61,19 +64,28 @@ typedef struct run_stats {
     double max_diff;
 } run_stats;
 
-/* Runs the GPU arm over prompt ids + forced tokens, comparing with the
+/* One eval on the gpu session g and the device's selection of its logits:
+ * top (TOPK) and digest. Returns 0, or -1 with e. */
+static int gpu_step(tg_session *g, const int32_t *ids, int n, tg_top *top, char digest[17], tg_err *e)
+{
+    if (tg_session_eval(g, ids, n, e) != 0)
+        return -1;
+    return tg_session_top(g, TOPK, top, digest, e) == TOPK ? 0 : -1;
+}
+
+/* Runs the gpu tier over prompt ids + forced tokens, comparing with the
  * yardstick's logits ylog[step] (n_vocab each). digests[] receives each
  * step's device digest. Returns 0, or -1 on a runtime failure (reported). */
-static int gpu_run(tg_gpu *g, const int32_t *ids, int n_ids, const int32_t *forced, int steps,
+static int gpu_run(tg_session *g, const int32_t *ids, int n_ids, const int32_t *forced, int steps,
                    float *const *ylog, int n_vocab, char (*digests)[17], run_stats *st, const char *what)
 {
     tg_err e = {{0}};
-    tg_top top[32];
-    float *logits = malloc((size_t)n_vocab * sizeof(float));
-    tg_gpu_reset(g);
-    int rc = tg_gpu_eval(g, ids, n_ids, 32, top, digests[0], &e);
+    tg_top top[TOPK];
+    tg_session_reset(g);
+    tg_session_set_top(g, TOPK);
+    int rc = gpu_step(g, ids, n_ids, top, digests[0], &e);
     for (int s = 0; s < steps && rc == 0; s++) {
-        if (s > 0) rc = tg_gpu_eval(g, &forced[s - 1], 1, 32, top, digests[s], &e);
+        if (s > 0) rc = gpu_step(g, &forced[s - 1], 1, top, digests[s], &e);
         if (rc) break;
         /* yardstick top-2 gap and top-16 ids */
         tg_top yt[TOPN];
@@ -86,7 +98,11 @@ static int gpu_run(tg_gpu *g, const int32_t *ids, int n_ids, const int32_t *forc
                 printf("  %s step %d: gpu token %d, yardstick %d (gap %.3f)\n", what, s, top[0].id, yt[0].id, gap);
             }
         }
-        if (tg_gpu_logits(g, logits, &e)) { rc = -1; break; }
+        const float *logits = tg_session_logits(g);
+        if (!logits) {
+            rc = tg_errf(&e, "step %d: the logits could not be copied from the device", s);
+            break;
+        }
         char host[17];
         tg_digest_logits(logits, (size_t)n_vocab, host);
         if (strcmp(host, digests[s])) {
@@ -100,7 +116,6 @@ static int gpu_run(tg_gpu *g, const int32_t *ids, int n_ids, const int32_t *forc
         }
         st->steps++;
     }
-    free(logits);
     if (rc) fail(what, e.msg);
     return rc;
 }
@@ -118,17 +133,18 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
     ro.threads = 0;
     tg_session *ref = NULL;
     if (tg_session_new(&ref, m, &ro, &e)) { fail("yardstick session", e.msg); return -1; }
-    tg_gpu_opts go = tg_gpu_opts_default();
-    tg_gpu *g = NULL, *gn = NULL, *g32 = NULL;
-    if (tg_gpu_new(&g, m, &go, &e)) { fail("tg_gpu_new", e.msg); return -1; }
+    tg_opts go = tg_opts_default();
+    go.tier = TG_TIER_GPU;
+    tg_session *g = NULL, *gn = NULL, *g32 = NULL;
+    if (tg_session_new(&g, m, &go, &e)) { fail("gpu session", e.msg); return -1; }
     go.no_graph = 1;
-    if (tg_gpu_new(&gn, m, &go, &e)) { fail("tg_gpu_new (no graph)", e.msg); return -1; }
+    if (tg_session_new(&gn, m, &go, &e)) { fail("gpu session (no graph)", e.msg); return -1; }
     go.no_graph = 0;
     go.kv_f32 = 1;
-    if (tg_gpu_new(&g32, m, &go, &e)) { fail("tg_gpu_new (f32 kv)", e.msg); return -1; }
+    if (tg_session_new(&g32, m, &go, &e)) { fail("gpu session (f32 kv)", e.msg); return -1; }
     const int nv = m->hp.n_vocab;
     printf("model %s: %d layers, n_embd %d, vocab %d; yardstick %s; gpu %s\n", path, m->hp.n_layer, m->hp.n_embd,
-           nv, ro.tier == TG_TIER_REF ? "ref" : "cpu", tg_gpu_device(g));
+           nv, ro.tier == TG_TIER_REF ? "ref" : "cpu", tg_session_device(g));
     float **ylog = malloc(sizeof(float *) * steps);
     for (int s = 0; s < steps; s++) ylog[s] = malloc((size_t)nv * sizeof(float));
     int32_t *forced = malloc(sizeof(int32_t) * steps);
@@ -174,7 +190,7 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
         if (st32.max_diff > all32.max_diff) all32.max_diff = st32.max_diff;
         free(ids);
     }
-    const tg_ops *ops = tg_gpu_ops(g);
+    const tg_ops *ops = tg_session_ops(g);
     printf("counters: device_ops %llu, host_ops %llu\n", (unsigned long long)tg_ops_device(ops),
            (unsigned long long)tg_ops_host(ops));
     if (tg_ops_host(ops) != 0 || tg_ops_device(ops) == 0) fail("counters", "expected device ops only");
@@ -185,7 +201,7 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
     else printf("OK   argmax (f32 kv): all match; max |dlogit| %.4g\n", all32.max_diff);
     for (int s = 0; s < steps; s++) free(ylog[s]);
     free(ylog); free(forced); free(d1); free(d2); free(d3);
-    tg_gpu_free(g); tg_gpu_free(gn); tg_gpu_free(g32);
+    tg_session_free(g); tg_session_free(gn); tg_session_free(g32);
     tg_session_free(ref);
     tg_tokenizer_free(tok);
     tg_model_free(m);

@@ -1,5 +1,5 @@
 /*
- * forward_cpu_avx2.c: the cpu tier's attention helpers for x86-64 with
+ * forward_avx2.c: the cpu tier's attention and swiglu helpers for x86-64 with
  * AVX2, FMA and F16C (built with those flags, called only when the kernels'
  * runtime dispatch picked an AVX2 or AVX-512 tier). They follow the
  * arithmetic of llama.cpp's CPU flash attention with an F16 KV cache:
@@ -12,16 +12,13 @@
  *    accumulator update of ggml_vec_mad_f16;
  *  - tg_fa_scale_f16_avx2: y = f16(y * a) per element (ggml_vec_scale_f16).
  * The element-wise two give the scalar code's bytes (forward_cpu.c); the
- * dot's order is the only thing that depends on `wide`.
+ * dot's order is the only thing that depends on `wide`. Declared in
+ * forward_avx2.h.
  */
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "quant.h"
-
-float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide);
-void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a);
-void tg_fa_scale_f16_avx2(int n, tg_half *y, float a);
+#include "forward_avx2.h"
 
 static inline __m256 ld(const tg_half *p)
 {
@@ -110,10 +107,6 @@ void tg_fa_scale_f16_avx2(int n, tg_half *y, float a)
  * a row use libm's expf, as there. These helpers compute it one element at
  * a time with the same operations (fmaf is one FMA instruction here).
  */
-float tg_ggml_expf_avx2(float x);
-float tg_ggml_expf_avx512(float x);
-void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
-
 static inline float f_of(uint32_t b)
 {
     float f;

@@ -1,0 +1,28 @@
+/*
+ * forward_avx2.h: the cpu tier's x86-64 helpers that follow llama.cpp's
+ * CPU flash attention and swiglu operation for operation
+ * (forward_avx2.c, built with AVX2, FMA and F16C). Call them only where
+ * the kernels' runtime dispatch picked an AVX2 or AVX-512 tier
+ * (forward_cpu.c's fa_simd); wide selects the AVX-512 (16-lane) order.
+ */
+#ifndef TG_CPU_FORWARD_AVX2_H
+#define TG_CPU_FORWARD_AVX2_H
+
+#include <stdint.h>
+
+#include "quant.h"
+
+/* Returns x . y over n values, in ggml_vec_dot_f16's order. */
+float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide);
+/* y (n) = f16(fma(x, a, y)): ggml_vec_mad_f16 into an F16 accumulator. */
+void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a);
+/* y (n) = f16(y * a): ggml_vec_scale_f16. */
+void tg_fa_scale_f16_avx2(int n, tg_half *y, float a);
+/* ggml's vectorized expf, one element, as its AVX2 / AVX-512 forms round. */
+float tg_ggml_expf_avx2(float x);
+float tg_ggml_expf_avx512(float x);
+/* g[r] = silu(g[r]) * u[r] for rows [r0, r1) of a row of n, as
+ * ggml_vec_swiglu_f32 computes it (wide: the AVX-512 form). */
+void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
+
+#endif
