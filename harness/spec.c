@@ -951,8 +951,9 @@ static int parse_replay(pctx *c, struct fy_node *n, pos at, tg_spec *s)
     if (check_keys(c, n, rp, "replay", rk) < 0) return -1;
     pos q = rp;
     struct fy_node *x = get(n, "steps", &q);
-    if (!x) return perr(c, rp, "replay.steps", "missing (expected the steps replayed per prompt, 0..%d)", s->steps);
-    if (get_int(c, x, q, "replay.steps", 0, s->steps, &s->replay_steps) < 0) return -1;
+    /* not bounded by steps: a sweep may override steps after the parse (the gate clamps) */
+    if (!x) return perr(c, rp, "replay.steps", "missing (expected the steps replayed per prompt, 0..100000)");
+    if (get_int(c, x, q, "replay.steps", 0, 100000, &s->replay_steps) < 0) return -1;
     s->replay = 1;
     s->replay_gate = 1;
     q = rp;
