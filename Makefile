@@ -217,6 +217,12 @@ test: setup
 	@if [ "$(ARCH)" = x86_64 ]; then $(MAKE) llama-haswell; fi
 	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) bash scripts/run-tests.sh $(TESTS) $(SHELL_TESTS)
 
+# The stage replay's mutation suite (tests/mutants/replay/) and its panel of
+# legitimate variants alone (also part of make test).
+.PHONY: mutants
+mutants: all
+	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) $(BUILD)/tests/test_replay
+
 # ASan+UBSan flavour of the unit tests, in its own build folder, then one
 # small gate on the shipped model with the sanitized tokgate and workers.
 asan:

@@ -63,6 +63,8 @@ typedef struct cpu_state {
     void *acc;        /* (nth, head_dim) per-thread attention accumulator, kv_type */
     void *qconv;      /* (nth, head_dim) per-thread q in the K cache type */
     float *rope_cs;   /* (nb, head_dim) cos, sin per pair and token */
+    int layer;        /* the layer being evaluated (for the replay hooks) */
+    int pos0;         /* position of the batch's first token (replay hooks) */
 } cpu_state;
 
 /* --- kernel glue ----------------------------------------------------------
@@ -184,6 +186,7 @@ typedef struct mm_job {
 } mm_job;
 
 typedef struct mm_dispatch {
+    tg_session *s;
     mm_job jobs[3];
     int n_jobs;
     int nb;
@@ -219,9 +222,12 @@ static void mm_chunk(void *ctx, int chunk, int ith)
     int64_t r1 = r0 + d->chunk_rows[j] < jb->w->rows ? r0 + d->chunk_rows[j] : jb->w->rows;
     mm_rows(d, jb, r0, r1);
     if (d->swiglu) {
+        const cpu_state *c = d->s->tier;
+        tg_hook(d->s, c->layer, TG_RS_GATE, c->pos0, d->nb, jb->out, jb->out_stride, r0, r1);
         // up projection of the same rows, then swiglu: silu(x) = x / (1 + exp(-x))
         const mm_job *uj = &d->jobs[1];
         mm_rows(d, uj, r0, r1);
+        tg_hook(d->s, c->layer, TG_RS_UP, c->pos0, d->nb, uj->out, uj->out_stride, r0, r1);
         for (int b = 0; b < d->nb; b++) {
             float *g = jb->out + b * jb->out_stride;
             const float *u = uj->out + b * uj->out_stride;
@@ -235,6 +241,7 @@ static void mm_chunk(void *ctx, int chunk, int ith)
             for (int64_t r = r0; r < r1; r++)
                 g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
         }
+        tg_hook(d->s, c->layer, TG_RS_SWIGLU, c->pos0, d->nb, jb->out, jb->out_stride, r0, r1);
     }
 }
 
@@ -290,7 +297,7 @@ static void matmul_same_input(tg_session *s, const tg_weight *const *w, float *c
                               int n, const float *x, int64_t x_stride, int nb, int swiglu)
 {
     cpu_state *c = s->tier;
-    mm_dispatch d = {.nb = nb, .swiglu = swiglu};
+    mm_dispatch d = {.s = s, .nb = nb, .swiglu = swiglu};
     uint32_t vt0 = tg_traits(w[0]->type)->vec_dot_type;
     const void *a0 = quantize_act(s, c->qa, w[0], x, x_stride, nb), *a1 = NULL;
     uint32_t vt1 = vt0;
@@ -397,7 +404,9 @@ static void attn_chunk(void *ctx, int t, int ith)
     float S = 0.0f, M = -INFINITY;
     for (int j = 0; j <= pos; j++) {
         const size_t off = (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
-        const float sj = fa_dot(c->kv_type, d, (const char *)c->kc + off, qc) * scale;
+        float sj = fa_dot(c->kv_type, d, (const char *)c->kc + off, qc) * scale;
+        if (s->replay || s->o.pert_kind)
+            sj = (float)tg_hook_score(s, a->layer, pos, h, j, sj);
         const void *vj = (const char *)c->vc + off;
         float ms = 1.0f, vs = 1.0f;
         if (sj > M) {
@@ -431,6 +440,29 @@ static void attn_chunk(void *ctx, int t, int ith)
 
 /* --- the forward pass ---------------------------------------------------- */
 
+/* The replay hook of the K and V cache rows of the batch (positions pos0..
+ * pos0+nb-1 of layer il): each row as stored, read back to f32 (into the
+ * att buffer, free until the attention), recorded, and stored again from
+ * what the hook leaves (the reference's values when it has them; they are
+ * representable in the cache type when the reference applied it). */
+static void replay_cache(tg_session *s, int il, int pos0, int nb)
+{
+    cpu_state *c = s->tier;
+    const tg_hparams *hp = &s->m->hp;
+    const int KV = hp->n_head_kv * hp->head_dim;
+    const tg_type_traits *tr = tg_traits(c->kv_type);
+    const size_t lay = (size_t)il * s->o.n_ctx * KV;
+    for (int kv = 0; kv < 2; kv++) {
+        char *cache = kv ? c->vc : c->kc;
+        for (int b = 0; b < nb; b++)
+            tr->to_float(cache + (lay + (size_t)(pos0 + b) * KV) * c->kv_es, c->att + (size_t)b * KV, KV);
+        tg_hook(s, il, kv ? TG_RS_V_CACHE : TG_RS_K_CACHE, pos0, nb, c->att, KV, 0, KV);
+        for (int b = 0; b < nb; b++)
+            k_quantize_row(c->kv_type, c->att + (size_t)b * KV, cache + (lay + (size_t)(pos0 + b) * KV) * c->kv_es,
+                           KV);
+    }
+}
+
 static void perturb(tg_session *s, int layer, int stage, float *x, int64_t stride, int64_t n, int nb)
 {
     if (!tg_perturbed(s, layer, stage))
@@ -454,6 +486,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
     const int E = hp->n_embd, d = hp->head_dim, KV = hp->n_head_kv * d, Qd = hp->n_head * d, F = hp->n_ff;
     const int last = nb - 1;
     const int pos0 = s->pos;
+    c->pos0 = pos0;
 
     // token embeddings
     const tg_type_traits *etr = tg_traits(m->token_embd.type);
@@ -468,12 +501,14 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
 
     for (int il = 0; il < hp->n_layer; il++) {
         const tg_layer *L = &m->layers[il];
+        c->layer = il;
 
         // attention rmsnorm
         for (int b = 0; b < nb; b++)
             rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->attn_norm.data, E, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
         perturb(s, il, TG_STAGE_ATTN_NORM, c->h, E, E, nb);
+        tg_hook(s, il, TG_RS_ATTN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_NORM, c->h + (size_t)last * E, E, e))
             return -1;
 
@@ -484,16 +519,24 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             const int64_t os[3] = {Qd, KV, KV};
             matmul_same_input(s, w, out, os, 3, c->h, E, nb, 0);
         }
+        tg_hook(s, il, TG_RS_Q_PROJ, pos0, nb, c->q, Qd, 0, Qd);
+        tg_hook(s, il, TG_RS_K_PROJ, pos0, nb, c->k, KV, 0, KV);
+        tg_hook(s, il, TG_RS_V_PROJ, pos0, nb, c->v, KV, 0, KV);
 
         // per-head q/k rmsnorm (qwen3), then rope
+        for (int b = 0; b < nb && hp->qk_norm; b++) {
+            float *qb = c->q + (size_t)b * Qd, *kb = c->k + (size_t)b * KV;
+            for (int h = 0; h < hp->n_head; h++)
+                rmsnorm(qb + (size_t)h * d, qb + (size_t)h * d, L->q_norm.data, d, hp->eps);
+            for (int h = 0; h < hp->n_head_kv; h++)
+                rmsnorm(kb + (size_t)h * d, kb + (size_t)h * d, L->k_norm.data, d, hp->eps);
+        }
+        if (hp->qk_norm) {
+            tg_hook(s, il, TG_RS_Q_NORM, pos0, nb, c->q, Qd, 0, Qd);
+            tg_hook(s, il, TG_RS_K_NORM, pos0, nb, c->k, KV, 0, KV);
+        }
         for (int b = 0; b < nb; b++) {
             float *qb = c->q + (size_t)b * Qd, *kb = c->k + (size_t)b * KV;
-            if (hp->qk_norm) {
-                for (int h = 0; h < hp->n_head; h++)
-                    rmsnorm(qb + (size_t)h * d, qb + (size_t)h * d, L->q_norm.data, d, hp->eps);
-                for (int h = 0; h < hp->n_head_kv; h++)
-                    rmsnorm(kb + (size_t)h * d, kb + (size_t)h * d, L->k_norm.data, d, hp->eps);
-            }
             rope(qb, hp->n_head, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
             rope(kb, hp->n_head_kv, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
         }
@@ -506,6 +549,8 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         perturb(s, il, TG_STAGE_Q, c->q, Qd, Qd, nb);
         perturb(s, il, TG_STAGE_K, c->k, KV, KV, nb);
         perturb(s, il, TG_STAGE_V, c->v, KV, KV, nb);
+        tg_hook(s, il, TG_RS_Q_ROPE, pos0, nb, c->q, Qd, 0, Qd);
+        tg_hook(s, il, TG_RS_K_ROPE, pos0, nb, c->k, KV, 0, KV);
         if (dump(s, want, il, TG_STAGE_Q, c->q + (size_t)last * Qd, Qd, e) ||
             dump(s, want, il, TG_STAGE_K, c->k + (size_t)last * KV, KV, e) ||
             dump(s, want, il, TG_STAGE_V, c->v + (size_t)last * KV, KV, e))
@@ -520,6 +565,8 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
                 k_quantize_row(c->kv_type, c->v + (size_t)b * KV, (char *)c->vc + off, KV);
             }
             tg_ops_count(&s->ops, TG_OP_KV_STORE, 0, TG_TIER_CPU);
+            if (s->replay)
+                replay_cache(s, il, pos0, nb);
         }
 
         // attention over positions 0..pos of each token
@@ -528,6 +575,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             tg_pool_run(c->pool, nb * hp->n_head, attn_chunk, &a);
             tg_ops_count(&s->ops, TG_OP_ATTN, 0, TG_TIER_CPU);
         }
+        tg_hook(s, il, TG_RS_ATTN, pos0, nb, c->att, Qd, 0, Qd);
 
         // output projection
         {
@@ -537,6 +585,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             matmul_same_input(s, w, out, os, 1, c->att, Qd, nb, 0);
         }
         perturb(s, il, TG_STAGE_ATTN_OUT, c->o, E, E, nb);
+        tg_hook(s, il, TG_RS_ATTN_OUT, pos0, nb, c->o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_OUT, c->o + (size_t)last * E, E, e))
             return -1;
 
@@ -544,12 +593,14 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         for (size_t i = 0; i < (size_t)nb * E; i++)
             c->x[i] += c->o[i];
         tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_CPU);
+        tg_hook(s, il, TG_RS_ATTN_RES, pos0, nb, c->x, E, 0, E);
 
         // ffn rmsnorm
         for (int b = 0; b < nb; b++)
             rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->ffn_norm.data, E, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
         perturb(s, il, TG_STAGE_FFN_NORM, c->h, E, E, nb);
+        tg_hook(s, il, TG_RS_FFN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_NORM, c->h + (size_t)last * E, E, e))
             return -1;
 
@@ -569,6 +620,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             matmul_same_input(s, w, out, os, 1, c->g, F, nb, 0);
         }
         perturb(s, il, TG_STAGE_FFN_OUT, c->o, E, E, nb);
+        tg_hook(s, il, TG_RS_FFN_OUT, pos0, nb, c->o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_OUT, c->o + (size_t)last * E, E, e))
             return -1;
 
@@ -577,6 +629,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             c->x[i] += c->o[i];
         tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_CPU);
         perturb(s, il, TG_STAGE_RESIDUAL, c->x, E, E, nb);
+        tg_hook(s, il, TG_RS_RESIDUAL, pos0, nb, c->x, E, 0, E);
         if (dump(s, want, il, TG_STAGE_RESIDUAL, c->x + (size_t)last * E, E, e))
             return -1;
     }
@@ -584,12 +637,14 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
     // output rmsnorm and projection, last token only
     rmsnorm(c->h, c->x + (size_t)last * E, m->output_norm.data, E, hp->eps);
     tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
+    tg_hook(s, -1, TG_RS_OUT_NORM, pos0 + last, 1, c->h, E, 0, E);
     {
         const tg_weight *w[1] = {&m->output};
         float *out[1] = {s->logits};
         const int64_t os[1] = {hp->n_vocab};
         matmul_same_input(s, w, out, os, 1, c->h, E, 1, 0);
     }
+    tg_hook(s, -1, TG_RS_LOGITS, pos0 + last, 1, s->logits, hp->n_vocab, 0, hp->n_vocab);
     if (dump(s, want, -1, TG_STAGE_LOGITS, s->logits, hp->n_vocab, e))
         return -1;
     return 0;
@@ -672,6 +727,16 @@ static int cpu_init(tg_session *s, tg_err *e)
 }
 
 /* No eval_all: the session evaluates forced tokens one at a time. */
+/* The cpu tier's declared numerics (tier.h, numerics): llama.cpp's CPU
+ * backend's roundings, which the ref tier can apply in a replay. */
+static void cpu_numerics(const tg_opts *o, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "{\"exact\":false,\"act\":\"vec_dot\",\"kv\":\"%s\",\"attn_q\":\"kv\",\"attn_acc\":\"kv\","
+             "\"rope\":\"ggml-f32\",\"accum\":\"f32\",\"silu\":\"ggml-expf\"}",
+             o->kv_f32 ? "f32" : "f16");
+}
+
 const tg_tier_i tg_tier_cpu = {
     .id = TG_TIER_CPU,
     .name = "cpu",
@@ -680,4 +745,5 @@ const tg_tier_i tg_tier_cpu = {
     .init = cpu_init,
     .free = cpu_fini,
     .eval = cpu_eval,
+    .numerics = cpu_numerics,
 };

@@ -87,6 +87,11 @@ typedef struct ref_state {
     tg_pool *pool;
     float *f;         /* (max(n_vocab, n_ff, q dims)) f32 copy for dumps */
     double *lg;       /* (REF_NB, n_vocab) logits before the final rounding */
+    double *xr;       /* (REF_NB, max cols) matmul inputs rounded as a replay's numerics ask */
+    float *xf;        /* (max cols) one such row in f32 */
+    void *xq;         /* (max cols f32 bytes) one row in the vec_dot type */
+    double *acc1;     /* (head_dim) the emulated attention accumulator */
+    double *qr;       /* (head_dim) q rounded to the K cache type */
 } ref_state;
 
 /* --- the dot product ------------------------------------------------------ */
@@ -251,7 +256,7 @@ static void ref_fini(tg_session *s)
     free(r->x); free(r->h); free(r->q); free(r->k); free(r->v); free(r->att); free(r->o);
     free(r->g); free(r->u); free(r->sc); free(r->kc); free(r->vc); free(r->row); free(r->rowd);
     free(r->acc); free(r->emb);
-    free(r->f); free(r->lg);
+    free(r->f); free(r->lg); free(r->xr); free(r->xf); free(r->xq); free(r->acc1); free(r->qr);
     tg_pool_free(r->pool);
     free(r);
     s->tier = NULL;
@@ -293,7 +298,13 @@ static int ref_init(tg_session *s, tg_err *e)
     }
     r->f = calloc(maxf, sizeof(float));
     r->lg = calloc(REF_NB * V, sizeof(double));
-    if (!r->x || !r->h || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u || !r->sc ||
+    r->xr = calloc(REF_NB * maxc, sizeof(double));
+    r->xf = calloc(maxc, sizeof(float));
+    r->xq = calloc(maxc, sizeof(float));
+    r->acc1 = calloc((size_t)hp->head_dim, sizeof(double));
+    r->qr = calloc((size_t)hp->head_dim, sizeof(double));
+    if (!r->xr || !r->xf || !r->xq || !r->acc1 || !r->qr ||
+        !r->x || !r->h || !r->q || !r->k || !r->v || !r->att || !r->o || !r->g || !r->u || !r->sc ||
         !r->kc || !r->vc || !r->row || !r->rowd || !r->acc || !r->emb || !r->f || !r->lg) {
         ref_fini(s);
         return tg_errf(e, "ref tier: out of memory for a KV cache of %d positions (option n_ctx)", s->o.n_ctx);
@@ -319,6 +330,20 @@ static int ref_describe(const tg_session *s, const tg_opts *o, char *buf, size_t
 }
 
 /* --- ops ---------------------------------------------------------------------- */
+
+/* The numerics a running replay asks for, or NULL. */
+static const tg_replay_num *num(const tg_session *s)
+{
+    return s->replay ? tg_replay_numerics(s->replay) : NULL;
+}
+
+/* x rounded as an accumulator of `bits` (16: f16, 32: f32, else kept). */
+static double acc_round(double x, int bits)
+{
+    if (bits == 16)
+        return tg_half_to_f32(tg_f32_to_half((float)x));
+    return bits == 32 ? (double)(float)x : x;
+}
 
 typedef struct ref_mm {
     const tg_session *s;
@@ -398,6 +423,21 @@ static void matmul(tg_session *s, double *out, const tg_weight *w, const double 
 {
     assert(n >= 1 && n <= REF_NB);
     ref_state *r = s->tier;
+    const tg_replay_num *nm = num(s);
+    const uint32_t vt = tg_traits(w->type)->vec_dot_type;
+    if (nm && nm->act_vec_dot && vt != TG_TYPE_F32) {
+        // a replay's declared numerics: the input rows through the vec_dot type
+        const tg_type_traits *tr = tg_traits(vt);
+        for (int t = 0; t < n; t++) {
+            for (int64_t i = 0; i < w->cols; i++)
+                r->xf[i] = (float)x[(size_t)t * w->cols + i];
+            tr->from_float(r->xf, r->xq, w->cols);
+            tr->to_float(r->xq, r->xf, w->cols);
+            for (int64_t i = 0; i < w->cols; i++)
+                r->xr[(size_t)t * w->cols + i] = r->xf[i];
+        }
+        x = r->xr;
+    }
     ref_mm d = {s, out, w, x, n};
     const int nchunks = (int)((w->rows + REF_MM_ROWS - 1) / REF_MM_ROWS);
     if (r->pool)
@@ -433,10 +473,19 @@ static void rmsnorm(tg_session *s, double *out, const double *x, const tg_weight
 static void rope(tg_session *s, double *v, int n_heads, int pos)
 {
     const tg_hparams *hp = &s->m->hp;
+    const tg_replay_num *nm = num(s);
     int d = hp->head_dim, half = d / 2;
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)d);
+    float theta_f = (float)pos;
     for (int i = 0; i < half; i++) {
         double theta = (double)pos * pow((double)hp->rope_base, -2.0 * i / d);
         double c = cos(theta), sn = sin(theta);
+        if (nm && nm->rope_ggml) {
+            // a replay's declared numerics: ggml-cpu's f32 angles
+            c = cosf(theta_f);
+            sn = sinf(theta_f);
+            theta_f *= theta_scale;
+        }
         for (int h = 0; h < n_heads; h++) {
             double *p = v + (size_t)h * d;
             int i0 = hp->rope_neox ? i : 2 * i, i1 = hp->rope_neox ? i + half : 2 * i + 1;
@@ -467,14 +516,73 @@ static int dump(tg_session *s, int want, int layer, int stage, const double *x, 
     return tg_dump(s, layer, stage, r->f, n, e);
 }
 
-/* attention of one token at position pos of a layer whose cache holds
- * positions 0..pos: out (n_head*head_dim) = softmax(q.k / sqrt(d)) v. */
-static void attention(tg_session *s, double *out, const double *q, const double *kc, const double *vc, int pos)
+/* attention as a replay's declared numerics ask (the flash attention of
+ * llama.cpp's CPU backend, which the cpu tier mirrors): q rounded to the K
+ * cache type (attn_q_kv with kv_f16), the scores in f64 from those values,
+ * an online softmax over the positions in order (on a new maximum the
+ * accumulator and the sum are rescaled by exp(Mold - M), else the weight is
+ * exp(s - M)), the V accumulator rounded after every update as attn_acc
+ * says (f16, f32 or not at all), then times 1/S. */
+static void attention_emul(tg_session *s, int layer, double *out, const double *q, const double *kc,
+                           const double *vc, int pos, const tg_replay_num *nm)
 {
     ref_state *r = s->tier;
     const tg_hparams *hp = &s->m->hp;
     const int d = hp->head_dim, KV = hp->n_head_kv * d, group = hp->n_head / hp->n_head_kv;
     const double scale = 1.0 / sqrt((double)d);
+    const int qbits = nm->attn_q_kv ? (nm->kv_f16 ? 16 : 32) : 0;
+    double *acc = r->acc1, *qr = r->qr;
+    for (int h = 0; h < hp->n_head; h++) {
+        const double *qh = q + (size_t)h * d;
+        const int g = h / group;
+        for (int i = 0; i < d; i++) {
+            qr[i] = acc_round(qh[i], qbits);
+            acc[i] = 0.0;
+        }
+        double M = -INFINITY, S = 0.0;
+        for (int j = 0; j <= pos; j++) {
+            const double *kj = kc + (size_t)j * KV + (size_t)g * d, *vj = vc + (size_t)j * KV + (size_t)g * d;
+            double dot = 0.0;
+            for (int i = 0; i < d; i++)
+                dot += qr[i] * kj[i];
+            double sj = dot * scale;
+            if (s->replay || s->o.pert_kind)
+                sj = tg_hook_score(s, layer, pos, h, j, sj);
+            double ms = 1.0, vs = 1.0;
+            if (sj > M) {
+                const double Mold = M;
+                M = sj;
+                ms = exp(Mold - M);
+                for (int i = 0; i < d; i++)
+                    acc[i] = acc_round(acc[i] * ms, nm->attn_acc);
+            } else {
+                vs = exp(sj - M);
+            }
+            for (int i = 0; i < d; i++)
+                acc[i] = acc_round(vj[i] * vs + acc[i], nm->attn_acc);
+            S = S * ms + vs;
+        }
+        double *oh = out + (size_t)h * d;
+        for (int i = 0; i < d; i++)
+            oh[i] = rnd(s, acc[i] / S);
+    }
+    tg_ops_count(&s->ops, TG_OP_ATTN, 0, TG_TIER_REF);
+}
+
+/* attention of one token at position pos of a layer whose cache holds
+ * positions 0..pos: out (n_head*head_dim) = softmax(q.k / sqrt(d)) v. */
+static void attention(tg_session *s, int layer, double *out, const double *q, const double *kc, const double *vc,
+                      int pos)
+{
+    ref_state *r = s->tier;
+    const tg_hparams *hp = &s->m->hp;
+    const int d = hp->head_dim, KV = hp->n_head_kv * d, group = hp->n_head / hp->n_head_kv;
+    const double scale = 1.0 / sqrt((double)d);
+    const tg_replay_num *nm = num(s);
+    if (nm && (nm->attn_q_kv || nm->attn_acc)) {
+        attention_emul(s, layer, out, q, kc, vc, pos, nm);
+        return;
+    }
     for (int h = 0; h < hp->n_head; h++) {
         const double *qh = q + (size_t)h * d;
         const int g = h / group;
@@ -485,6 +593,8 @@ static void attention(tg_session *s, double *out, const double *q, const double 
             for (int i = 0; i < d; i++)
                 dot += qh[i] * kj[i];
             r->sc[j] = dot * scale;
+            if (s->replay || s->o.pert_kind)
+                r->sc[j] = tg_hook_score(s, layer, pos, h, j, r->sc[j]);
             if (r->sc[j] > mx)
                 mx = r->sc[j];
         }
@@ -544,6 +654,7 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
             rmsnorm(s, h + (size_t)t * E, x + (size_t)t * E, &L->attn_norm, E);
             perturb(s, il, TG_STAGE_ATTN_NORM, h + (size_t)t * E, E);
         }
+        tg_hook_f64(s, il, TG_RS_ATTN_NORM, pos, n, h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_NORM, h + (size_t)z * E, E, e))
             return -1;
 
@@ -551,16 +662,24 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
         matmul(s, q, &L->wq, h, n);
         matmul(s, k, &L->wk, h, n);
         matmul(s, v, &L->wv, h, n);
+        tg_hook_f64(s, il, TG_RS_Q_PROJ, pos, n, q, Q, 0, Q);
+        tg_hook_f64(s, il, TG_RS_K_PROJ, pos, n, k, KV, 0, KV);
+        tg_hook_f64(s, il, TG_RS_V_PROJ, pos, n, v, KV, 0, KV);
 
+        // per-head q/k rmsnorm (qwen3)
+        for (int t = 0; t < n && hp->qk_norm; t++) {
+            double *qt = q + (size_t)t * Q, *kt = k + (size_t)t * KV;
+            for (int hh = 0; hh < hp->n_head; hh++)
+                rmsnorm(s, qt + (size_t)hh * d, qt + (size_t)hh * d, &L->q_norm, d);
+            for (int hh = 0; hh < hp->n_head_kv; hh++)
+                rmsnorm(s, kt + (size_t)hh * d, kt + (size_t)hh * d, &L->k_norm, d);
+        }
+        if (hp->qk_norm) {
+            tg_hook_f64(s, il, TG_RS_Q_NORM, pos, n, q, Q, 0, Q);
+            tg_hook_f64(s, il, TG_RS_K_NORM, pos, n, k, KV, 0, KV);
+        }
         for (int t = 0; t < n; t++) {
             double *qt = q + (size_t)t * Q, *kt = k + (size_t)t * KV, *vt = v + (size_t)t * KV;
-            // per-head q/k rmsnorm (qwen3)
-            if (hp->qk_norm) {
-                for (int hh = 0; hh < hp->n_head; hh++)
-                    rmsnorm(s, qt + (size_t)hh * d, qt + (size_t)hh * d, &L->q_norm, d);
-                for (int hh = 0; hh < hp->n_head_kv; hh++)
-                    rmsnorm(s, kt + (size_t)hh * d, kt + (size_t)hh * d, &L->k_norm, d);
-            }
             // rope
             rope(s, qt, hp->n_head, pos + t);
             rope(s, kt, hp->n_head_kv, pos + t);
@@ -568,6 +687,8 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
             perturb(s, il, TG_STAGE_K, kt, KV);
             perturb(s, il, TG_STAGE_V, vt, KV);
         }
+        tg_hook_f64(s, il, TG_RS_Q_ROPE, pos, n, q, Q, 0, Q);
+        tg_hook_f64(s, il, TG_RS_K_ROPE, pos, n, k, KV, 0, KV);
         if (dump(s, want, il, TG_STAGE_Q, q + (size_t)z * Q, Q, e) ||
             dump(s, want, il, TG_STAGE_K, k + (size_t)z * KV, KV, e) ||
             dump(s, want, il, TG_STAGE_V, v + (size_t)z * KV, KV, e))
@@ -578,45 +699,64 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
         memcpy(vc + (size_t)pos * KV, v, (size_t)n * KV * sizeof(double));
         for (int t = 0; t < n; t++)
             tg_ops_count(&s->ops, TG_OP_KV_STORE, 0, TG_TIER_REF);
+        if (s->replay) {
+            if (num(s)->kv_f16)   // a replay's declared numerics: an F16 cache
+                for (size_t i = 0; i < (size_t)n * KV; i++) {
+                    kc[(size_t)pos * KV + i] = acc_round(kc[(size_t)pos * KV + i], 16);
+                    vc[(size_t)pos * KV + i] = acc_round(vc[(size_t)pos * KV + i], 16);
+                }
+            tg_hook_f64(s, il, TG_RS_K_CACHE, pos, n, kc + (size_t)pos * KV, KV, 0, KV);
+            tg_hook_f64(s, il, TG_RS_V_CACHE, pos, n, vc + (size_t)pos * KV, KV, 0, KV);
+        }
 
         // attention: softmax(q.k / sqrt(d)) v over positions 0..pos+t
         for (int t = 0; t < n; t++)
-            attention(s, att + (size_t)t * Q, q + (size_t)t * Q, kc, vc, pos + t);
+            attention(s, il, att + (size_t)t * Q, q + (size_t)t * Q, kc, vc, pos + t);
+        tg_hook_f64(s, il, TG_RS_ATTN, pos, n, att, Q, 0, Q);
 
         // output projection
         matmul(s, o, &L->wo, att, n);
         for (int t = 0; t < n; t++)
             perturb(s, il, TG_STAGE_ATTN_OUT, o + (size_t)t * E, E);
+        tg_hook_f64(s, il, TG_RS_ATTN_OUT, pos, n, o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_OUT, o + (size_t)z * E, E, e))
             return -1;
 
         for (int t = 0; t < n; t++) {
-            double *xt = x + (size_t)t * E, *ot = o + (size_t)t * E, *ht = h + (size_t)t * E;
+            double *xt = x + (size_t)t * E, *ot = o + (size_t)t * E;
             // residual
             for (int i = 0; i < E; i++)
                 xt[i] = rnd(s, xt[i] + ot[i]);
             tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_REF);
-            // ffn rmsnorm
-            rmsnorm(s, ht, xt, &L->ffn_norm, E);
-            perturb(s, il, TG_STAGE_FFN_NORM, ht, E);
         }
+        tg_hook_f64(s, il, TG_RS_ATTN_RES, pos, n, x, E, 0, E);
+        for (int t = 0; t < n; t++) {
+            // ffn rmsnorm
+            rmsnorm(s, h + (size_t)t * E, x + (size_t)t * E, &L->ffn_norm, E);
+            perturb(s, il, TG_STAGE_FFN_NORM, h + (size_t)t * E, E);
+        }
+        tg_hook_f64(s, il, TG_RS_FFN_NORM, pos, n, h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_NORM, h + (size_t)z * E, E, e))
             return -1;
 
         // swiglu: silu(Wgate h) * (Wup h), silu(x) = x / (1 + exp(-x))
         matmul(s, g, &L->gate, h, n);
         matmul(s, u, &L->up, h, n);
+        tg_hook_f64(s, il, TG_RS_GATE, pos, n, g, F, 0, F);
+        tg_hook_f64(s, il, TG_RS_UP, pos, n, u, F, 0, F);
         for (int t = 0; t < n; t++) {
             double *gt = g + (size_t)t * F, *ut = u + (size_t)t * F;
             for (int i = 0; i < F; i++)
                 gt[i] = rnd(s, gt[i] / (1.0 + exp(-gt[i])) * ut[i]);
             tg_ops_count(&s->ops, TG_OP_SWIGLU, 0, TG_TIER_REF);
         }
+        tg_hook_f64(s, il, TG_RS_SWIGLU, pos, n, g, F, 0, F);
 
         // down projection
         matmul(s, o, &L->down, g, n);
         for (int t = 0; t < n; t++)
             perturb(s, il, TG_STAGE_FFN_OUT, o + (size_t)t * E, E);
+        tg_hook_f64(s, il, TG_RS_FFN_OUT, pos, n, o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_OUT, o + (size_t)z * E, E, e))
             return -1;
 
@@ -628,6 +768,7 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
             tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_REF);
             perturb(s, il, TG_STAGE_RESIDUAL, xt, E);
         }
+        tg_hook_f64(s, il, TG_RS_RESIDUAL, pos, n, x, E, 0, E);
         if (dump(s, want, il, TG_STAGE_RESIDUAL, x + (size_t)z * E, E, e))
             return -1;
     }
@@ -639,7 +780,9 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
     const int t0 = all ? 0 : z, nt = n - t0;
     for (int t = t0; t < n; t++)
         rmsnorm(s, h + (size_t)t * E, x + (size_t)t * E, &m->output_norm, E);
+    tg_hook_f64(s, -1, TG_RS_OUT_NORM, pos + t0, nt, h + (size_t)t0 * E, E, 0, E);
     matmul(s, r->lg, &m->output, h + (size_t)t0 * E, nt);
+    tg_hook_f64(s, -1, TG_RS_LOGITS, pos + t0, nt, r->lg, V, 0, V);
     if (all)
         for (size_t i = 0; i < (size_t)n * V; i++)
             all[i] = (float)r->lg[i];
@@ -676,6 +819,14 @@ static int ref_eval_all(tg_session *s, const int32_t *tokens, int n, unsigned fl
     return ref_run(s, tokens, n, (flags & TG_EVAL_DUMP) != 0, logits, e);
 }
 
+/* The ref tier's declared numerics (tier.h, numerics): the exact arbiter. */
+static void ref_numerics(const tg_opts *o, char *buf, size_t n)
+{
+    (void)o;
+    snprintf(buf, n, "{\"exact\":true,\"act\":\"f32\",\"kv\":\"f32\",\"attn_q\":\"f32\",\"attn_acc\":\"f64\","
+                     "\"rope\":\"f64\",\"accum\":\"f64\",\"silu\":\"f64\"}");
+}
+
 const tg_tier_i tg_tier_ref = {
     .id = TG_TIER_REF,
     .name = "ref",
@@ -685,4 +836,5 @@ const tg_tier_i tg_tier_ref = {
     .free = ref_fini,
     .eval = ref_eval,
     .eval_all = ref_eval_all,
+    .numerics = ref_numerics,
 };

@@ -142,6 +142,17 @@ typedef struct tg_opts {
     int perturb_layer;       /* -1: none; else the layer of the perturbation
                               * (ref and cpu tiers) */
     int perturb_stage;       /* enum tg_stage */
+    /* A calibrated perturbation at any replay stage (replay_hook.h):
+     * "KIND:STAGE:LAYER", KIND bf16 | f16 (round), scale=E (times 1+E),
+     * noise=E (times 1+E*u, u uniform with unit variance, a fixed hash of
+     * the position and column), drop (the stage's output is zero: the term
+     * is dropped, e.g. drop:attn_out:L leaves layer L's residual without
+     * its attention); applied by the stage hooks where the tier computes
+     * the stage, for every token. pert_kind 0: none. */
+    int pert_kind;           /* 0 none, 1 bf16, 2 f16, 3 scale, 4 noise, 5 drop */
+    int pert_stage;          /* enum tg_rstage */
+    int pert_layer;          /* -1 for out_norm and logits */
+    double pert_eps;
     int f64;                 /* ref tier only: keep activations in f64 (no
                               * rounding to f32 between ops); a yardstick
                               * for tests, not a protocol option */

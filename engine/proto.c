@@ -657,6 +657,47 @@ out:
     return rc;
 }
 
+static int op_replay(proto_conn *c, const proto_ops *ops, const json_t *req, tg_err *e)
+{
+    static const char *const known[] = {"op", "tokens", "in", "out", "numerics", NULL};
+    if (check_fields(req, known, e)) return -1;
+    proto_replay_req r = {0};
+    int32_t *tokens = NULL;
+    json_t *v = json_object_get(req, "tokens");
+    if (!v) return tg_errf(e, "field 'tokens' is missing (an array of token ids)");
+    if (field_ids(v, "tokens", 0, &tokens, &r.n_tokens, e)) return -1;
+    r.tokens = tokens;
+    const char *const paths[2] = {"in", "out"};
+    for (int i = 0; i < 2; i++) {
+        json_t *p = json_object_get(req, paths[i]);
+        if (!p && i == 0) continue;
+        if (!json_is_string(p) || json_string_length(p) == 0) {
+            free(tokens);
+            return tg_errf(e, "field '%s' must be a non-empty string (a file path)", paths[i]);
+        }
+        if (i == 0) r.in = json_string_value(p);
+        else r.out = json_string_value(p);
+    }
+    if ((v = json_object_get(req, "numerics"))) {
+        if (!json_is_object(v)) {
+            free(tokens);
+            return tg_errf(e, "field 'numerics' must be an object (docs/protocol.md, \"numerics\")");
+        }
+        r.numerics = v;
+    }
+    json_t *res = json_object();
+    int rc = ops->replay(ops->ud, &r, res, e);
+    free(tokens);
+    if (rc) {
+        json_decref(res);
+        return -1;
+    }
+    json_t *j = json_pack("{s:b,s:o}", "ok", 1, "replay", res);
+    write_json(c, j);
+    json_decref(j);
+    return 0;
+}
+
 int proto_handle_line(proto_conn *c, const proto_ops *ops, const char *line, size_t len)
 {
     tg_err e = {{0}};
@@ -686,17 +727,17 @@ int proto_handle_line(proto_conn *c, const proto_ops *ops, const char *line, siz
             rc = 1;
         }
     } else {
-        static const char *const names[] = {"hello", "load", "tokenize", "detokenize", "decode"};
+        static const char *const names[] = {"hello", "load", "tokenize", "detokenize", "decode", "replay"};
         int (*const fns[])(proto_conn *, const proto_ops *, const json_t *, tg_err *) = {
-            op_hello, op_load, op_tokenize, op_detokenize, op_decode};
+            op_hello, op_load, op_tokenize, op_detokenize, op_decode, op_replay};
         const void *cbs[] = {(const void *)ops->hello, (const void *)ops->load,
                              (const void *)ops->tokenize, (const void *)ops->detokenize,
-                             (const void *)ops->decode};
+                             (const void *)ops->decode, (const void *)ops->replay};
         int which = -1;
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 6; i++)
             if (strcmp(op, names[i]) == 0) which = i;
         if (which < 0) {
-            tg_errf(&e, "unknown op '%.64s' (expected hello, load, tokenize, detokenize, decode, bye)",
+            tg_errf(&e, "unknown op '%.64s' (expected hello, load, tokenize, detokenize, decode, replay, bye)",
                     op);
             failed = 1;
         } else if (!cbs[which]) {

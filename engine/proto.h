@@ -57,6 +57,16 @@ typedef struct proto_done {
     double ms_decode;  /* all steps after the prefill, milliseconds */
 } proto_done;
 
+/* A validated replay request (docs/protocol.md, "replay"). Pointers are
+ * owned by proto_serve and valid during the callback only. */
+typedef struct proto_replay_req {
+    const int32_t *tokens;   /* (n_tokens) the sequence, positions 0..n-1 */
+    int n_tokens;            /* >= 1 */
+    const char *in;          /* reference values to overwrite with, or NULL */
+    const char *out;         /* the record file to write */
+    const json_t *numerics;  /* an object of declared roundings to apply, or NULL */
+} proto_replay_req;
+
 /* The worker's callbacks. Each returns 0 after filling its outputs, or -1
  * with e set (the message becomes the error answer, prefixed with the op
  * name). A NULL callback makes its op answer "not supported". ud is passed
@@ -80,6 +90,10 @@ typedef struct proto_ops {
      * then fill done. On -1 after some steps, the error line follows them. */
     int (*decode)(void *ud, const proto_decode_req *req, proto_conn *c, proto_done *done,
                   tg_err *e);
+    /* replay: evaluate req->tokens with the stage hooks, write req->out;
+     * fill result (an empty object: records, overwritten, ms). NULL: the
+     * worker cannot replay (its hello says "replay": false). */
+    int (*replay)(void *ud, const proto_replay_req *req, json_t *result, tg_err *e);
 } proto_ops;
 
 /* Serves requests from in until "bye" or end of input, answering on out.

@@ -52,15 +52,51 @@ tg_opts tg_opts_default(void)
     return o;
 }
 
+/* The calibrated form "KIND:STAGE:LAYER" (model.h, pert_*). */
+static int tg_opts_parse_pert(tg_opts *o, const char *spec, tg_err *e)
+{
+    char kind[32], stage[32];
+    int layer, used = 0;
+    double eps = 0;
+    if (sscanf(spec, "%31[a-z0-9.=+-]:%31[a-z_]:%d%n", kind, stage, &layer, &used) != 3 || spec[used] != '\0')
+        return tg_errf(e, "perturb '%s': expected \"KIND:STAGE:LAYER\" (KIND bf16, f16, scale=E, noise=E or drop), "
+                       "e.g. \"bf16:ffn_out:3\" or \"scale=1e-4:q_rope:2\"", spec);
+    int k = !strcmp(kind, "bf16") ? 1 : !strcmp(kind, "f16") ? 2 : !strncmp(kind, "scale=", 6) ? 3
+          : !strncmp(kind, "noise=", 6) ? 4 : !strcmp(kind, "drop") ? 5 : 0;
+    if (k == 3 || k == 4) {
+        char *end;
+        eps = strtod(kind + 6, &end);
+        if (*end || !(eps > -1 && eps < 1e6) || eps == 0)
+            return tg_errf(e, "perturb '%s': %.5s needs a nonzero number E > -1, e.g. scale=1e-4", spec, kind);
+    }
+    if (!k)
+        return tg_errf(e, "perturb '%s': kind '%s' is not one of bf16, f16, scale=E, noise=E, drop", spec, kind);
+    int st = tg_rstage_parse(stage);
+    if (st < 0)
+        return tg_errf(e, "perturb '%s': stage '%s' is not a replay stage (docs/protocol.md, \"replay\")", spec, stage);
+    int last = st == TG_RS_OUT_NORM || st == TG_RS_LOGITS;
+    if (last ? layer != -1 : layer < 0)
+        return tg_errf(e, "perturb '%s': layer must be %s for stage %s", spec, last ? "-1" : ">= 0", stage);
+    o->pert_kind = k;
+    o->pert_stage = st;
+    o->pert_layer = layer;
+    o->pert_eps = eps;
+    return 0;
+}
+
 int tg_opts_parse_perturb(tg_opts *o, const char *spec, tg_err *e)
 {
     char stage[32];
     int layer, used = 0;
+    if (spec && strncmp(spec, "bf16:", 5) != 0)
+        return tg_opts_parse_pert(o, spec, e);
     if (!spec || strncmp(spec, "bf16:", 5) != 0 ||
         sscanf(spec + 5, "%31[a-z_]:%d%n", stage, &layer, &used) != 2 || spec[5 + used] != '\0')
         return tg_errf(e, "perturb '%s': expected \"bf16:STAGE:LAYER\", e.g. \"bf16:ffn_out:3\"",
                        spec ? spec : "(null)");
     int st = tg_stage_parse(stage);
+    if (st < 0 && tg_rstage_parse(stage) >= 0)
+        return tg_opts_parse_pert(o, spec, e);
     if (st < 0 || st == TG_STAGE_LOGITS)
         return tg_errf(e, "perturb '%s': stage '%s' is not one of attn_norm, q, k, v, attn_out, "
                        "ffn_norm, ffn_out, residual", spec, stage);
@@ -93,6 +129,10 @@ static int opts_resolve(tg_opts *o, const tg_tier_i *t, const tg_hparams *hp, tg
         o->n_batch = t->n_batch_default;
     if (o->n_batch > 4096)
         return tg_errf(e, "option n_batch = %d: expected 1..4096", o->n_batch);
+    if (o->pert_kind && !t->numerics)
+        return tg_errf(e, "perturb: the %s tier does not call the stage hooks (use cpu or ref)", t->name);
+    if (hp && o->pert_kind && o->pert_layer >= hp->n_layer)
+        return tg_errf(e, "perturb: layer %d is out of range (the model has %d layers)", o->pert_layer, hp->n_layer);
     if (hp && o->perturb_layer >= hp->n_layer)
         return tg_errf(e, "perturb: layer %d is out of range (the model has %d layers)", o->perturb_layer,
                        hp->n_layer);
@@ -291,6 +331,11 @@ int tg_session_top(tg_session *s, int k, tg_top *top, char digest[17], tg_err *e
 int tg_session_top_on_device(const tg_session *s)
 {
     return s->t->top != NULL;
+}
+
+void tg_session_set_replay(tg_session *s, tg_replay *r)
+{
+    s->replay = r;
 }
 
 void tg_session_set_dump(tg_session *s, tg_dump_fn fn, void *ud)

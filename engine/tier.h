@@ -35,6 +35,7 @@ extern "C" {
 #include "model.h"
 #include "ops.h"
 #include "quant.h"
+#include "replay_hook.h"
 #include "util.h"
 
 /* Flags of one eval call of a tier. */
@@ -97,11 +98,16 @@ typedef struct tg_tier_i {
      * device failure. */
     int (*top)(tg_session *s, int k, tg_top *top, char digest[17], tg_err *e);
 
-    /* (Stage replay, when it comes, is one more optional function here:
-     * the tier computes one stage of one layer from given input vectors,
-     * e.g. int (*replay)(tg_session *s, int layer, int stage,
-     * const float *const *in, float *out, tg_err *e); NULL where a tier
-     * has none.) */
+    /* Optional, for a tier that can replay (NULL: it cannot; its hello
+     * says "replay": false): the tier calls the stage hooks below
+     * (tg_hook, tg_hook_f64, tg_hook_score) at every stage of its forward
+     * pass, where its own code computes the stage, so a session with a
+     * replay set (tg_session_set_replay, replay_hook.h) records and
+     * overwrites every stage, and the calibrated perturbations (model.h,
+     * pert_*) apply. Writes the numerics the tier declares for options o
+     * (docs/protocol.md, "Declaring numerics") as a JSON object text into
+     * buf (n bytes). */
+    void (*numerics)(const tg_opts *o, char *buf, size_t n);
 } tg_tier_i;
 
 /* The table of tier id in this program, or NULL when it is not compiled in
@@ -125,6 +131,7 @@ struct tg_session {
     tg_ops ops;
     tg_dump_fn dump_fn;
     void *dump_ud;
+    tg_replay *replay;       /* a stage replay in progress, or NULL (replay_hook.h) */
     char device[192];        /* the tier's describe() of this session */
 };
 
@@ -132,6 +139,38 @@ struct tg_session {
 static inline int tg_dump(tg_session *s, int layer, int stage, const float *x, int64_t n, tg_err *e)
 {
     return s->dump_fn ? s->dump_fn(s->dump_ud, layer, stage, x, n, e) : 0;
+}
+
+/* The stage hooks (replay_hook.h), called by a tier that can replay at
+ * every stage boundary with the rows of the batch's tokens (positions
+ * pos0..pos0+nb-1, columns [c0, c1)): the calibrated perturbation of the
+ * options (model.h, pert_*), then the replay's record and overwrite.
+ * No-ops unless one of them is active. */
+static inline void tg_hook(tg_session *s, int layer, int stage, int pos0, int nb, float *x, int64_t stride,
+                           int64_t c0, int64_t c1)
+{
+    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == stage)
+        tg_pert_f32(&s->o, pos0, nb, x, stride, c0, c1);
+    if (s->replay)
+        tg_replay_f32(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
+}
+
+static inline void tg_hook_f64(tg_session *s, int layer, int stage, int pos0, int nb, double *x, int64_t stride,
+                               int64_t c0, int64_t c1)
+{
+    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == stage)
+        tg_pert_f64(&s->o, pos0, nb, x, stride, c0, c1);
+    if (s->replay)
+        tg_replay_f64(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
+}
+
+/* The score hook of (head, position j) of the token at pos: returns the
+ * value the tier goes on with. */
+static inline double tg_hook_score(tg_session *s, int layer, int pos, int head, int j, double v)
+{
+    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == TG_RS_SCORES)
+        v = tg_pert_value(&s->o, v, pos, head * 65536 + j);
+    return s->replay ? tg_replay_score_f64(s->replay, layer, pos, head, j, v) : v;
 }
 
 /* Whether (layer, stage) is the perturbed one. */

@@ -689,6 +689,36 @@ int arm_load(tg_arm *a, const char *model, const char *options_json, char **answ
     return 0;
 }
 
+int arm_replay(tg_arm *a, const int32_t *tokens, int n, const char *in, const char *out,
+               const char *numerics_json, char **answer_json, tg_err *e)
+{
+    if (answer_json) *answer_json = NULL;
+    json_t *num = NULL;
+    if (numerics_json) {
+        json_error_t je;
+        num = json_loads(numerics_json, 0, &je);
+        if (!json_is_object(num)) {
+            json_decref(num);
+            return tg_errf(e, "arm %s: replay: numerics are not a JSON object: %s", a->name, numerics_json);
+        }
+    }
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(ids, json_integer(tokens[i]));
+    json_t *req = json_pack("{s:s,s:o,s:s}", "op", "replay", "tokens", ids, "out", out), *ans;
+    if (in) json_object_set_new(req, "in", json_string(in));
+    if (num) json_object_set_new(req, "numerics", num);
+    int rc = request(a, "replay", req, &ans, e);
+    if (rc <= 0) return -1;
+    if (!json_is_object(json_object_get(ans, "replay"))) {
+        json_decref(ans);
+        fail(a, "protocol: replay: expected a \"replay\" object in the answer");
+        return fail_err(a, e);
+    }
+    if (answer_json) *answer_json = json_dumps(ans, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(ans);
+    return 0;
+}
+
 /* An array of ids (each 0..INT32_MAX) into a malloc'ed vector. Returns 0 or -1. */
 static int ids_from_json(json_t *arr, int32_t **ids, int *n)
 {

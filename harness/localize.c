@@ -22,6 +22,7 @@
 #include "arm.h"
 #include "common.h"
 #include "gate.h"
+#include "replay.h"
 #include "svg.h"
 
 /* ------------------------------------------------------------------ */
@@ -270,6 +271,12 @@ out:
         *ids = *force = NULL;
     }
     return rc;
+}
+
+int localize_prefix(tg_store *st, int64_t run, const char *prompt, int step, int32_t **ids, int *n_ids,
+                    int32_t **force, tg_err *e)
+{
+    return run_prefix(st, run, prompt, step, ids, n_ids, force, e);
 }
 
 /* The dumps of step `step` as tensors (pointing into res). *n set. */
@@ -588,6 +595,87 @@ static int write_evidence(const loc_request *q, loc_arm *arms, int n_arms, const
 }
 
 /* ------------------------------------------------------------------ */
+/* Stage replay (replay.h)                                             */
+
+/* Replays arm B (and arm A unless its numerics are exact) against the exact
+ * arbiter over the prefix, prints each table, the OVER_BUDGET lines and
+ * the attribution of B's gap shift; sets *replayed when some arm replayed
+ * and then res->first_* from the replay (first stage over budget in
+ * forward order, B's before A's). Returns 0, or -1 with e. */
+static int replay_localize(const loc_request *q, loc_arm *arms, const int32_t *ids, int n_ids,
+                           const int32_t *force, FILE *out, FILE *md, loc_outcome *res, int *replayed, tg_err *e)
+{
+    const tg_spec *s = q->spec;
+    int n = n_ids + q->step;
+    int32_t *tok = malloc(sizeof *tok * (size_t)(n > 0 ? n : 1));
+    if (!tok) return tg_errf(e, "out of memory");
+    memcpy(tok, ids, sizeof *tok * (size_t)n_ids);
+    memcpy(tok + n_ids, force, sizeof *tok * (size_t)q->step);
+    int first_set = 0, first_layer = -2;
+    char first_stage[16] = "";
+    for (int k = 1; k >= 0; k--) {
+        loc_arm *la = &arms[k];
+        if (s->arms[la->index].kind != SPEC_ARM_ENGINE && s->arms[la->index].kind != SPEC_ARM_EXEC) continue;
+        if (k == 0 && s->arms[la->index].tier && !strcmp(s->arms[la->index].tier, "ref")) continue;
+        /* the other arm's token, for the gap: A's top-1 for B */
+        int tok2 = -1;
+        const loc_arm *other = &arms[1 - k];
+        if (other->have_res && other->res.n_steps > q->step) tok2 = other->res.steps[q->step].token;
+        rp_request rq = {.spec = s, .bin_dir = q->bin_dir, .arm = la->index, .tokens = tok, .n_tokens = n,
+                         .attribute = k == 1, .tok2 = tok2};
+        rp_table *t = NULL;
+        rp_attr *at = NULL;
+        char why[256];
+        int r = replay_run(&rq, &t, k == 1 ? &at : NULL, why, sizeof why, e);
+        if (r < 0) {
+            free(tok);
+            return tg_err_prefix(e, "replay of %s", la->name);
+        }
+        if (r == 0) {
+            fprintf(out, "\nstage replay: %s\n", why);
+            if (md) fprintf(md, "\n%s\n", why);
+            continue;
+        }
+        *replayed = 1;
+        fprintf(out, "\nstage replay: %s against the exact arbiter (ref tier with %s's declared roundings), %d positions;"
+                     " budget = %g x noise model\n", la->name, la->name, n, RP_MARGIN);
+        replay_table_print(out, t, 0);
+        if (md) {
+            fprintf(md, "\n### %s against the exact arbiter (%d positions, budget = %g x noise model)\n\n", la->name, n,
+                    RP_MARGIN);
+            replay_table_print(md, t, 1);
+        }
+        for (int i = 0; i < t->n_rows; i++) {
+            const rp_row *rw = &t->rows[i];
+            if (!rw->over) continue;
+            fprintf(out, "OVER_BUDGET=%s layer %d %s\n", la->name, rw->layer, replay_stage_name(rw->stage));
+            if (!first_set) {
+                first_set = 1;
+                first_layer = rw->layer;
+                snprintf(first_stage, sizeof first_stage, "%s", replay_stage_name(rw->stage));
+            }
+        }
+        if (at) {
+            fprintf(out, "\nattribution of %s's gap shift to layers (each layer of %s on exact inputs, every other layer exact):\n",
+                    la->name, la->name);
+            replay_attr_print(out, at, 0);
+            if (md) {
+                fprintf(md, "\n### Attribution of %s's gap shift to layers\n", la->name);
+                replay_attr_print(md, at, 1);
+            }
+        }
+        replay_table_free(t);
+        replay_attr_free(at);
+    }
+    free(tok);
+    if (*replayed) {
+        res->first_layer = first_layer;
+        snprintf(res->first_stage, sizeof res->first_stage, "%s", first_stage);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
 
 int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res, tg_err *e)
 {
@@ -653,16 +741,42 @@ int localize_run(tg_store *st, const loc_request *q, FILE *out, loc_outcome *res
     else fprintf(out, ", noise floor from the earlier layers' trend x%g", LOC_TREND_FACTOR);
     fprintf(out, " (prefix: %s)\n", q->run_id > 0 ? "stored run's reference" : "first arm's greedy tokens");
     print_logits(out, q, arms, n_arms, 0);
-    fputc('\n', out);
+    int replayed = 0;
+    char *mdbuf = NULL;
+    size_t mdlen = 0;
+    FILE *md = q->evidence_dir ? open_memstream(&mdbuf, &mdlen) : NULL;
+    int rrc = q->no_replay ? 0 : replay_localize(q, arms, ids, n_ids, force, out, md, res, &replayed, e);
+    if (md) fclose(md);
+    if (rrc < 0) {
+        free(mdbuf);
+        goto out;
+    }
+    fprintf(out, "\naccumulated activations at step %d (dumps), %s vs %s:\n", q->step, q->arm_b, q->arm_a);
     print_table(out, q, t, 0);
-    if (t->first >= 0)
+    if (replayed) {
+        if (res->first_layer != -2)
+            fprintf(out, "FIRST_OVER_FLOOR=layer %d %s\n", res->first_layer, res->first_stage);
+        else
+            fprintf(out, "FIRST_OVER_FLOOR=NONE\n");
+    } else if (t->first >= 0)
         fprintf(out, "FIRST_OVER_FLOOR=layer %d %s\n", res->first_layer, res->first_stage);
     else
         fprintf(out, "FIRST_OVER_FLOOR=NONE\n");
     if (q->evidence_dir &&
         write_evidence(q, arms, n_arms, t, res->localize_id, res->evidence_path,
-                       sizeof res->evidence_path, e) < 0)
+                       sizeof res->evidence_path, e) < 0) {
+        free(mdbuf);
         goto out;
+    }
+    if (q->evidence_dir && replayed && mdbuf) {
+        FILE *f = fopen(res->evidence_path, "a");
+        if (!f || fprintf(f, "\n## Stage replay (docs/localize.md)\n%s", mdbuf) < 0 || fclose(f) != 0) {
+            free(mdbuf);
+            tg_errf(e, "--evidence %s: write error", res->evidence_path);
+            goto out;
+        }
+    }
+    free(mdbuf);
     rc = 0;
 out:
     for (int i = 0; i < n_arms; i++) {
@@ -706,12 +820,15 @@ static int run_spec(tg_store *st, int64_t run, tg_spec **out, tg_err *e)
 
 static const char USAGE[] =
     "usage: tokgate localize P/S [RUN] --arms A,B [--third C] [--spec FILE] [--db FILE]\n"
-    "                        [--evidence DIR] [--top N]\n"
+    "                        [--evidence DIR] [--top N] [--no-replay]\n"
     "\n"
-    "Runs arms A and B (and C) over one identical prefix with dumps at step S of prompt P,\n"
-    "prints the error of B against A per layer and stage and names the first stage over\n"
-    "the noise floor (docs/localize.md). Without --spec the spec and the prefix are those\n"
-    "of a stored run (RUN, default the latest); with --spec, A decodes greedily.\n"
+    "Runs arms A and B (and C) over one identical prefix of prompt P up to step S. When the\n"
+    "arms can, replays every stage of B (and of A unless it is the ref tier) against the\n"
+    "exact arbiter: the local error per layer and stage against its budget, every stage over\n"
+    "budget (OVER_BUDGET=) and each layer's share of the gap shift; then compares B's dumps at\n"
+    "step S against A's per layer and stage (docs/localize.md). Without --spec the spec and\n"
+    "the prefix are those of a stored run (RUN, default the latest); with --spec, A decodes\n"
+    "greedily.\n"
     "\n"
     "  --arms A,B       the two arms compared (B against A)\n"
     "  --third C        a third arm: the C-vs-A error is the noise floor\n"
@@ -719,14 +836,17 @@ static const char USAGE[] =
     "  --evidence DIR   also write DIR/localize-<id>-<P>-<S>.md with an SVG plot\n"
     "  --top N          logits shown per arm (default 8)\n"
     "  --db FILE        the store (default tokgate.db in the current directory)\n"
+    "  --no-replay      skip the stage replay\n"
     "\n"
-    "Exit status: 0 no stage over the floor, 1 one is, 2 usage, input or arm error.\n";
+    "Exit status: 0 no stage over the floor (over budget, when replayed), 1 one is, 2 usage,\n"
+    "input or arm error.\n";
 
-enum { LO_DB = COMMON_CLI_FIRST_ID, LO_ARMS, LO_THIRD, LO_SPEC, LO_EVIDENCE, LO_TOP };
+enum { LO_DB = COMMON_CLI_FIRST_ID, LO_ARMS, LO_THIRD, LO_SPEC, LO_EVIDENCE, LO_TOP, LO_NO_REPLAY };
 
 typedef struct loc_opts {
     const char *db, *arms, *third, *spec, *evidence;
     int top;
+    int no_replay;
 } loc_opts;
 
 /* common_cli_fn of localize. */
@@ -739,6 +859,7 @@ static int loc_opt(void *ud, int id, const char *v, tg_err *e)
     case LO_THIRD: o->third = v; break;
     case LO_SPEC: o->spec = v; break;
     case LO_EVIDENCE: o->evidence = v; break;
+    case LO_NO_REPLAY: o->no_replay = 1; break;
     case LO_TOP: {
         char *end;
         errno = 0;
@@ -768,6 +889,7 @@ int localize_main(int argc, char **argv)
                                        {"spec", required_argument, NULL, LO_SPEC},
                                        {"evidence", required_argument, NULL, LO_EVIDENCE},
                                        {"top", required_argument, NULL, LO_TOP},
+                                       {"no-replay", no_argument, NULL, LO_NO_REPLAY},
                                        {0}};
     static const common_cli cli = {"localize", USAGE, lo, 2};
     loc_opts o = {.db = "tokgate.db", .top = 8};
@@ -844,7 +966,7 @@ int localize_main(int argc, char **argv)
     gate_bin_dir(bins, sizeof bins);
     loc_request q = {.spec = spec, .bin_dir = bins, .prompt_id = prompt, .step = step,
                      .arm_a = a_name, .arm_b = b_name, .third = third, .run_id = run,
-                     .evidence_dir = evidence, .db_path = db, .show_top = top};
+                     .evidence_dir = evidence, .db_path = db, .show_top = top, .no_replay = o.no_replay};
     loc_outcome res;
     if (localize_run(st, &q, stdout, &res, &e) < 0) goto fail;
     if (res.evidence_path[0]) fprintf(stderr, "tokgate: evidence written to %s\n", res.evidence_path);

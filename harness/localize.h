@@ -84,6 +84,7 @@ typedef struct loc_request {
     const char *evidence_dir;/* NULL: no markdown evidence */
     const char *db_path;     /* the store's file, never overwritten by the evidence (may be NULL) */
     int show_top;            /* top-k rows shown per arm (0: 8) */
+    int no_replay;           /* skip the stage replay (--no-replay) */
 } loc_request;
 
 typedef struct loc_outcome {
@@ -106,5 +107,11 @@ int localize_run(tg_store *st, const loc_request *req, FILE *out, loc_outcome *r
  * floor, 1 when one does, 2 on a usage, input or arm error; --help prints
  * the usage and returns 0. */
 int localize_main(int argc, char **argv);
+
+/* The prefix of a stored run's prompt at step: the reference's leg-1
+ * prompt ids (*ids, *n_ids) and the step tokens it appended before step
+ * (*force, step ids), both malloc'ed. Returns 0 or -1 with e. */
+int localize_prefix(tg_store *st, int64_t run, const char *prompt, int step, int32_t **ids, int *n_ids,
+                    int32_t **force, tg_err *e);
 
 #endif

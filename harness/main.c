@@ -25,6 +25,8 @@
 #include "calibrate.h"
 #include "common.h"
 #include "gate.h"
+#include "power.h"
+#include "replay.h"
 #include "report.h"
 #include "spec.h"
 #include "store.h"
@@ -49,8 +51,12 @@ static const char USAGE[] =
     "  step P/S [RUN] [--db FILE] [--set N]\n"
     "                           one step of one prompt across all arms and oracle variants\n"
     "  localize P/S [RUN] --arms A,B [--third C] [--spec FILE] [--db FILE] [--evidence DIR]\n"
-    "                           per layer and stage error of B against A over the same\n"
-    "                           prefix; names the first stage over the noise floor\n"
+    "                           stage replay against the exact arbiter and the per layer and\n"
+    "                           stage error of B against A over the same prefix; names the\n"
+    "                           stages over budget and the first over the noise floor\n"
+    "  power SPEC [--arm NAME] [--layer L] [--kind scale|noise] [--stages S,...] [--steps N]\n"
+    "                           the smallest perturbation per stage the token gate and stage\n"
+    "                           replay detect\n"
     "  rescore [RUN] [--db FILE] [--band X] [--policy exact|near-tie|noise|calibrated|error-budget]\n"
     "                           verdicts again from the stored rows (a new verdict set;\n"
     "                           default: the latest run)\n"
@@ -444,6 +450,18 @@ static int cmd_gate(int argc, char **argv)
         spec_free(spec);
         return EXIT_USAGE;
     }
+    int replay_failed = 0;
+    if (replay_gate(st, spec, gr.run_id, vr.set, bins, stderr, &replay_failed, &e) < 0) {
+        fprintf(stderr, "tokgate: replay: %s\n", e.msg);
+        store_finish_run(st, gr.run_id, "ERROR", NULL);
+        store_close(st);
+        spec_free(spec);
+        return EXIT_USAGE;
+    }
+    if (replay_failed) {
+        snprintf(vr.verdict, sizeof vr.verdict, "FAIL");
+        vr.exit_code = EXIT_FAIL;
+    }
     if (store_finish_run(st, gr.run_id, vr.verdict, &e) < 0) fprintf(stderr, "tokgate: %s\n", e.msg);
     rc = vr.exit_code;
     common_out out;
@@ -684,6 +702,23 @@ typedef struct command {
     int graceful;            /* SIGINT/SIGTERM: end the workers and return (see on_signal) */
 } command;
 
+static const char USAGE_POWER[] =
+    "usage: tokgate power SPEC [--arm NAME] [--layer L] [--kind scale|noise] [--stages S,S,...] [--steps N]\n"
+    "\n"
+    "Injects calibrated perturbations (the stage's output times 1+E, or relative noise E) at one\n"
+    "stage and layer of an engine arm and reports, per stage, the smallest E on 1e-7..1 that the\n"
+    "token gate and stage replay detect (docs/localize.md, \"Power\"). Keys POWER.STAGE.GATE=E,\n"
+    "POWER.STAGE.REPLAY=E.\n"
+    "\n"
+    "  --arm NAME       the engine arm perturbed (default: the first engine arm but the ref tier)\n"
+    "  --layer L        the layer (default: the middle one)\n"
+    "  --kind K         scale (default) or noise\n"
+    "  --stages LIST    replay stages (default: attn_norm,q_proj,q_rope,scores,attn,attn_out,\n"
+    "                   ffn_norm,gate,swiglu,ffn_out,residual)\n"
+    "  --steps N        steps per prompt (default: the spec's)\n"
+    "\n"
+    "Exit status: 0 measured, 2 usage, input or arm error.\n";
+
 static int cmd_version(int argc, char **argv);
 static int cmd_help(int argc, char **argv);
 
@@ -693,6 +728,7 @@ static const command COMMANDS[] = {
     {"step", NULL, cmd_step},
     {"localize", NULL, localize_main, 1},
     {"calibrate", USAGE_CALIBRATE, calibrate_main, 1},
+    {"power", USAGE_POWER, power_main, 1},
     {"rescore", NULL, cmd_rescore},
     {"bench", NULL, cmd_bench, 1},
     {"sweep", USAGE_SWEEP, sweep_main},

@@ -207,7 +207,7 @@ static int scored(const rarm *a)
 static const char *const GLOBAL_KEYS[] = {
     "TOKEN_GATE", "TOKENIZER_DIVERGENCES", "GENERATION_DIVERGENCES", "LEGS_CLEAN",
     "LEGS_IDENTICAL", "ORACLE_REPRO", "CHAIN_OF_CUSTODY", "REFERENCE_TIER_HITS", "DEVICE_OPS",
-    "ERROR_BUDGET"};
+    "ERROR_BUDGET", "REPLAY"};
 enum { N_GLOBAL_KEYS = sizeof GLOBAL_KEYS / sizeof *GLOBAL_KEYS };
 
 static void keys_block(rctx *c, FILE *out)

@@ -927,7 +927,7 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
 
 static const char *const top_keys[] = {"name", "model", "prompts", "steps", "top_k", "legs", "mode",
                                        "reference", "policy", "arms", "fault_patterns", "timeout",
-                                       "jobs", "dumps", "exact", "calibration", NULL};
+                                       "jobs", "dumps", "exact", "calibration", "replay", NULL};
 
 static int cmp_int(const void *a, const void *b)
 {
@@ -1001,6 +1001,34 @@ static int parse_dumps(pctx *c, struct fy_node *n, pos at, tg_spec *s)
                             "expected one of: " SPEC_DUMP_STAGES ", got '%s'", g);
             }
         }
+    }
+    return 0;
+}
+
+/* replay: {steps: N, gate: true|false}: the gate replays each engine arm's
+ * stages against the exact arbiter over each prompt's first N steps (and
+ * up to its last contested step); gate (default true) makes a replay FAIL
+ * fail TOKEN_GATE. */
+static int parse_replay(pctx *c, struct fy_node *n, pos at, tg_spec *s)
+{
+    if (!n || !fy_node_is_mapping(n))
+        return perr(c, node_pos(n, at), "replay", "expected a mapping {steps: N, gate: true|false}");
+    static const char *const rk[] = {"steps", "gate", NULL};
+    pos rp = node_pos(n, at);
+    if (check_keys(c, n, rp, "replay", rk) < 0) return -1;
+    pos q = rp;
+    struct fy_node *x = get(n, "steps", &q);
+    /* not bounded by steps: a sweep may override steps after the parse (the gate clamps) */
+    if (!x) return perr(c, rp, "replay.steps", "missing (expected the steps replayed per prompt, 0..100000)");
+    if (get_int(c, x, q, "replay.steps", 0, 100000, &s->replay_steps) < 0) return -1;
+    s->replay = 1;
+    s->replay_gate = 1;
+    q = rp;
+    if ((x = get(n, "gate", &q))) {
+        const char *v = fy_node_is_scalar(x) ? fy_node_get_scalar0(x) : NULL;
+        if (!v || (strcmp(v, "true") && strcmp(v, "false")))
+            return perr(c, node_pos(x, q), "replay.gate", "expected true or false");
+        s->replay_gate = !strcmp(v, "true");
     }
     return 0;
 }
@@ -1188,6 +1216,8 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
 
     kp = at;
     if ((v = get(root, "dumps", &kp)) && parse_dumps(c, v, kp, s) < 0) return -1;
+    kp = at;
+    if ((v = get(root, "replay", &kp)) && parse_replay(c, v, kp, s) < 0) return -1;
 
     kp = at; v = get(root, "arms", &kp);
     if (!fy_node_is_sequence(v) || fy_node_sequence_item_count(v) == 0)

@@ -101,6 +101,10 @@ typedef struct tg_spec {
     char **dump_prompts;     /* prompt ids */
     int n_dump_stages;       /* 0: every stage the arm dumps */
     char **dump_stages;      /* stage names (SPEC_DUMP_STAGES) */
+    /* replay: (optional) stage replay of the engine arms in the gate */
+    int replay;              /* the spec has a replay field */
+    int replay_steps;        /* steps replayed per prompt (and every contested step) */
+    int replay_gate;         /* a replay FAIL fails TOKEN_GATE (default 1) */
 } tg_spec;
 
 /* The stage names a dump line may carry (docs/protocol.md, "decode"), space-separated. */

@@ -225,7 +225,7 @@ static void test_validation_messages(void **state)
     expect_error("[1,2]\n", "request must be a JSON object with an \"op\" string");
     expect_error("{\"op\":7}\n", "request must be a JSON object with an \"op\" string");
     expect_error("{\"op\":\"frob\"}\n",
-                 "unknown op 'frob' (expected hello, load, tokenize, detokenize, decode, bye)");
+                 "unknown op 'frob' (expected hello, load, tokenize, detokenize, decode, replay, bye)");
     expect_error("{\"op\":\"hello\",\"protocol\":2}\n",
                  "hello: protocol 2 is not supported (this worker speaks 1)");
     expect_error("{\"op\":\"hello\",\"x\":1}\n", "hello: unknown field 'x' (expected op, protocol)");

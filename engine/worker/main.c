@@ -29,6 +29,8 @@
 #include "model.h"
 #include "proto.h"
 #include "quant.h"
+#include "replay_hook.h"
+#include "tier.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -60,6 +62,19 @@ static int need_model(worker *w, tg_err *e)
     return w->model ? 0 : tg_errf(e, "no model loaded (send a load request first)");
 }
 
+/* The numerics the tier of o declares (docs/protocol.md, "numerics"), or
+ * NULL when the tier cannot replay (tier.h, numerics). */
+static json_t *numerics_json(const tg_opts *o)
+{
+    const tg_tier_i *t = tg_tier_find(o->tier);
+    if (!t || !t->numerics)
+        return NULL;
+    char buf[512];
+    t->numerics(o, buf, sizeof buf);
+    json_error_t je;
+    return json_loads(buf, 0, &je);
+}
+
 static int on_hello(void *ud, json_t *arm, tg_err *e)
 {
     worker *w = ud;
@@ -76,6 +91,10 @@ static int on_hello(void *ud, json_t *arm, tg_err *e)
     json_object_set_new(arm, "device", json_string(dev));
     json_object_set_new(arm, "binary_sha256", json_string(sha));
     json_object_set_new(arm, "logits", json_string("raw"));
+    json_t *num = numerics_json(&o);
+    json_object_set_new(arm, "replay", json_boolean(num != NULL));
+    if (num)
+        json_object_set_new(arm, "numerics", num);
     return 0;
 }
 
@@ -99,7 +118,7 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     json_t *pt = json_object_get(options, "perturb");
     if (pt) {
         if (!json_is_string(pt))
-            return tg_errf(e, "option 'perturb' must be a string \"bf16:STAGE:LAYER\"");
+            return tg_errf(e, "option 'perturb' must be a string \"KIND:STAGE:LAYER\" (engine/model.h)");
         if (tg_opts_parse_perturb(&o, json_string_value(pt), e) != 0)
             return -1;
     }
@@ -134,6 +153,9 @@ static int on_load(void *ud, const char *path, const json_t *options, json_t *ou
     json_object_set_new(out, "tier", json_string(tg_tier_name(w->tier)));
     json_object_set_new(out, "device", json_string(devname));
     json_object_set_new(out, "kv_type", json_string(so->kv_f32 ? "f32" : "f16"));
+    json_t *num = numerics_json(so);
+    if (num)
+        json_object_set_new(out, "numerics", num);
     json_object_set_new(out, "ms_load", json_real(w->ms_load));
     fprintf(stderr, "tg-engine: loaded %s (%s, %d layers, %d vocab) on %s in %.0f ms\n", path, hp->arch_name,
             hp->n_layer, hp->n_vocab, devname, w->ms_load);
@@ -306,6 +328,75 @@ out:
     return rc;
 }
 
+/* Applies a replay request's numerics (the roundings another arm declares)
+ * to n. Only the ref tier (the exact arbiter) applies them. Returns 0 or -1
+ * with e naming the key and the values expected. */
+static int parse_numerics(const worker *w, const json_t *j, tg_replay_num *n, tg_err *e)
+{
+    if (!j)
+        return 0;
+    if (w->tier != TG_TIER_REF)
+        return tg_errf(e, "field 'numerics': only the ref tier applies another arm's numerics");
+    static const char *const known[] = {"exact", "act", "kv", "attn_q", "attn_acc", "rope", "accum", "silu",
+                                        NULL};
+    if (proto_opt_known(j, known, e))
+        return tg_err_prefix(e, "field 'numerics'");
+    static const char *const act[] = {"f32", "vec_dot", NULL}, *const kv[] = {"f32", "f16", NULL},
+                             *const aq[] = {"f32", "kv", NULL}, *const acc[] = {"f64", "f32", "f16", "kv", NULL},
+                             *const rope[] = {"f64", "ggml-f32", NULL};
+    int a = 0, k = 0, q = 0, c = 0, r = 0;
+    if (proto_opt_enum(j, "act", act, &a, e) || proto_opt_enum(j, "kv", kv, &k, e) ||
+        proto_opt_enum(j, "attn_q", aq, &q, e) || proto_opt_enum(j, "attn_acc", acc, &c, e) ||
+        proto_opt_enum(j, "rope", rope, &r, e))
+        return tg_err_prefix(e, "field 'numerics'");
+    n->act_vec_dot = a == 1;
+    n->kv_f16 = k == 1;
+    n->attn_q_kv = q == 1;
+    n->attn_acc = c == 1 ? 32 : c == 2 ? 16 : c == 3 ? (k == 1 ? 16 : 32) : 0;
+    n->rope_ggml = r == 1;
+    return 0;
+}
+
+/* replay: the tokens from an empty cache with the stage hooks (replay_hook.h). */
+static int on_replay(void *ud, const proto_replay_req *req, json_t *result, tg_err *e)
+{
+    worker *w = ud;
+    if (need_model(w, e))
+        return -1;
+    const tg_tier_i *t = tg_tier_find(w->tier);
+    if (!t || !t->numerics)
+        return tg_errf(e, "tier %s cannot replay yet (its hello says \"replay\": false)", tg_tier_name(w->tier));
+    if (proto_check_ids(req->tokens, req->n_tokens, w->model->hp.n_vocab, "tokens", e))
+        return -1;
+    if (req->n_tokens > tg_session_n_ctx(w->sess))
+        return tg_errf(e, "%d tokens exceed the context of %d (option n_ctx)", req->n_tokens,
+                       tg_session_n_ctx(w->sess));
+    tg_replay *r;
+    if (tg_replay_new(&r, w->model, req->n_tokens, req->in, e))
+        return -1;
+    if (parse_numerics(w, req->numerics, tg_replay_numerics(r), e)) {
+        tg_replay_free(r);
+        return -1;
+    }
+    tg_session *s = w->sess;
+    tg_session_reset(s);
+    tg_session_set_replay(s, r);
+    double t0 = tg_now();
+    int rc = tg_session_eval(s, req->tokens, req->n_tokens, e);
+    double t1 = tg_now();
+    tg_session_set_replay(s, NULL);
+    tg_session_reset(s);
+    int n_rec = rc ? -1 : tg_replay_write(r, req->out, e);
+    if (n_rec >= 0) {
+        json_object_set_new(result, "records", json_integer(n_rec));
+        json_object_set_new(result, "overwritten", json_integer(tg_replay_n_overwritten(r)));
+        json_object_set_new(result, "n_tokens", json_integer(req->n_tokens));
+        json_object_set_new(result, "ms", json_real((t1 - t0) * 1e3));
+    }
+    tg_replay_free(r);
+    return n_rec >= 0 ? 0 : -1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tg-engine --tier ref|cpu|gpu [--threads N]\n"
@@ -350,7 +441,7 @@ int main(int argc, char **argv)
         return 2;
     }
     proto_ops ops = {.ud = &w, .hello = on_hello, .load = on_load, .tokenize = on_tokenize,
-                     .detokenize = on_detokenize, .decode = on_decode};
+                     .detokenize = on_detokenize, .decode = on_decode, .replay = on_replay};
     /* answers on a private descriptor, fd 1 pointed at stderr (nothing a
      * library prints can corrupt the stream; a failed write ends us) */
     tg_err pe;

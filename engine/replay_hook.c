@@ -1,0 +1,391 @@
+/*
+ * replay_hook.c: the stage replay's record, input and file format (replay_hook.h).
+ *
+ * Every (layer, stage) slot has a record buffer for all tokens, filled with
+ * NaN, so a value a tier never wrote (a position the attention skipped)
+ * compares as wrong; the input buffers hold the reference values of the
+ * slots the input file has. Hooks touch disjoint ranges from pool threads;
+ * the "seen" flags are atomic stores.
+ */
+#include "replay_hook.h"
+
+#include "quant.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RP_MAGIC "TGRPLAY1"
+
+static const char *const rs_names[TG_RS_COUNT] = {
+    "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope",
+    "k_cache", "v_cache", "scores", "attn", "attn_out", "attn_res", "ffn_norm", "gate",
+    "up", "swiglu", "ffn_out", "residual", "out_norm", "logits",
+};
+
+const char *tg_rstage_name(int stage)
+{
+    return stage >= 0 && stage < TG_RS_COUNT ? rs_names[stage] : "?";
+}
+
+int tg_rstage_parse(const char *s)
+{
+    for (int i = 0; i < TG_RS_COUNT; i++)
+        if (s && strcmp(s, rs_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+struct tg_replay {
+    tg_hparams hp;
+    int T;
+    int n_slots;           /* (n_layer + 1) * TG_RS_COUNT; slot 0..COUNT-1 is layer -1 */
+    float **rec;           /* (n_slots) record buffers, NaN-filled */
+    float **in;            /* (n_slots) reference values or NULL */
+    unsigned char *seen;   /* (n_slots) a hook wrote the slot */
+    int n_in;
+    tg_replay_num num;
+};
+
+int64_t tg_replay_width(const tg_hparams *hp, int stage)
+{
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim,
+                  KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    switch (stage) {
+    case TG_RS_ATTN_NORM: case TG_RS_ATTN_OUT: case TG_RS_ATTN_RES: case TG_RS_FFN_NORM:
+    case TG_RS_FFN_OUT: case TG_RS_RESIDUAL: case TG_RS_OUT_NORM:
+        return E;
+    case TG_RS_Q_PROJ: case TG_RS_Q_NORM: case TG_RS_Q_ROPE: case TG_RS_ATTN:
+        return Q;
+    case TG_RS_K_PROJ: case TG_RS_V_PROJ: case TG_RS_K_NORM: case TG_RS_K_ROPE: case TG_RS_K_CACHE:
+    case TG_RS_V_CACHE:
+        return KV;
+    case TG_RS_GATE: case TG_RS_UP: case TG_RS_SWIGLU:
+        return F;
+    case TG_RS_LOGITS:
+        return hp->n_vocab;
+    default:
+        return 0;
+    }
+}
+
+static int last_only(int stage)
+{
+    return stage == TG_RS_OUT_NORM || stage == TG_RS_LOGITS;
+}
+
+/* Floats of a slot's buffer. */
+static int64_t slot_n(const tg_replay *r, int stage)
+{
+    if (stage == TG_RS_SCORES)
+        return (int64_t)r->hp.n_head * r->T * (r->T + 1) / 2;
+    return last_only(stage) ? tg_replay_width(&r->hp, stage) : (int64_t)r->T * tg_replay_width(&r->hp, stage);
+}
+
+static int slot_of(const tg_replay *r, int layer, int stage)
+{
+    if (layer < -1 || layer >= r->hp.n_layer || stage < 0 || stage >= TG_RS_COUNT)
+        return -1;
+    if ((layer == -1) != last_only(stage))
+        return -1;
+    return (layer + 1) * TG_RS_COUNT + stage;
+}
+
+void tg_replay_free(tg_replay *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; r->rec && i < r->n_slots; i++)
+        free(r->rec[i]);
+    for (int i = 0; r->in && i < r->n_slots; i++)
+        free(r->in[i]);
+    free(r->rec);
+    free(r->in);
+    free(r->seen);
+    free(r);
+}
+
+static int rd(FILE *f, void *p, size_t n)
+{
+    return fread(p, 1, n, f) == n ? 0 : -1;
+}
+
+/* Reads path's records into r->in. Returns 0 or -1 with e. */
+static int read_input(tg_replay *r, const char *path, tg_err *e)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tg_errf(e, "replay input %s: cannot open: %s", path, strerror(errno));
+    char magic[8];
+    uint32_t h[8];
+    const tg_hparams *hp = &r->hp;
+    const uint32_t want[8] = {(uint32_t)hp->n_layer, (uint32_t)hp->n_embd, (uint32_t)hp->n_head,
+                              (uint32_t)hp->n_head_kv, (uint32_t)hp->head_dim, (uint32_t)hp->n_ff,
+                              (uint32_t)hp->n_vocab, (uint32_t)r->T};
+    static const char *const hn[8] = {"n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab",
+                                      "n_tokens"};
+    if (rd(f, magic, 8) || memcmp(magic, RP_MAGIC, 8) != 0 || rd(f, h, sizeof h)) {
+        fclose(f);
+        return tg_errf(e, "replay input %s: not a replay file (expected the magic %s and an 8-word header)", path,
+                       RP_MAGIC);
+    }
+    for (int i = 0; i < 8; i++)
+        if (h[i] != want[i]) {
+            fclose(f);
+            return tg_errf(e, "replay input %s: header %s is %u, expected %u (this model and prompt)", path, hn[i],
+                           h[i], want[i]);
+        }
+    for (;;) {
+        int32_t ls[2];
+        uint64_t n;
+        size_t got = fread(ls, 1, sizeof ls, f);
+        if (got == 0 && feof(f))
+            break;
+        if (got != sizeof ls || rd(f, &n, sizeof n)) {
+            fclose(f);
+            return tg_errf(e, "replay input %s: truncated record header", path);
+        }
+        int slot = slot_of(r, ls[0], ls[1]);
+        if (slot < 0 || (int64_t)n != slot_n(r, ls[1]) || r->in[slot]) {
+            fclose(f);
+            return tg_errf(e, "replay input %s: record layer %d stage %d with %llu values: %s", path, ls[0], ls[1],
+                           (unsigned long long)n,
+                           slot < 0 ? "no such layer and stage" : r->in[slot] ? "given twice" : "wrong size");
+        }
+        r->in[slot] = malloc((size_t)n * sizeof(float));
+        if (!r->in[slot]) {
+            fclose(f);
+            return tg_errf(e, "replay input %s: out of memory", path);
+        }
+        if (rd(f, r->in[slot], (size_t)n * sizeof(float))) {
+            fclose(f);
+            return tg_errf(e, "replay input %s: truncated record (layer %d stage %s)", path, ls[0],
+                           tg_rstage_name(ls[1]));
+        }
+        r->n_in++;
+    }
+    fclose(f);
+    return 0;
+}
+
+int tg_replay_new(tg_replay **out, const tg_model *m, int n_tokens, const char *in_path, tg_err *e)
+{
+    *out = NULL;
+    if (n_tokens < 1)
+        return tg_errf(e, "replay: expected at least one token");
+    tg_replay *r = calloc(1, sizeof *r);
+    if (!r)
+        return tg_errf(e, "replay: out of memory");
+    r->hp = m->hp;
+    r->T = n_tokens;
+    r->n_slots = (m->hp.n_layer + 1) * TG_RS_COUNT;
+    r->rec = calloc((size_t)r->n_slots, sizeof *r->rec);
+    r->in = calloc((size_t)r->n_slots, sizeof *r->in);
+    r->seen = calloc((size_t)r->n_slots, 1);
+    if (!r->rec || !r->in || !r->seen) {
+        tg_replay_free(r);
+        return tg_errf(e, "replay: out of memory");
+    }
+    for (int layer = -1; layer < m->hp.n_layer; layer++)
+        for (int st = 0; st < TG_RS_COUNT; st++) {
+            int slot = slot_of(r, layer, st);
+            if (slot < 0)
+                continue;
+            int64_t n = slot_n(r, st);
+            float *b = malloc((size_t)n * sizeof(float));
+            if (!b) {
+                tg_replay_free(r);
+                return tg_errf(e, "replay: out of memory for %d tokens", n_tokens);
+            }
+            for (int64_t i = 0; i < n; i++)
+                b[i] = NAN;
+            r->rec[slot] = b;
+        }
+    if (in_path && read_input(r, in_path, e) != 0) {
+        tg_replay_free(r);
+        return -1;
+    }
+    *out = r;
+    return 0;
+}
+
+tg_replay_num *tg_replay_numerics(tg_replay *r)
+{
+    return &r->num;
+}
+
+int tg_replay_n_tokens(const tg_replay *r)
+{
+    return r->T;
+}
+
+int tg_replay_n_overwritten(const tg_replay *r)
+{
+    return r->n_in;
+}
+
+int tg_replay_write(const tg_replay *r, const char *path, tg_err *e)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return tg_errf(e, "replay record %s: cannot create: %s", path, strerror(errno));
+    const tg_hparams *hp = &r->hp;
+    const uint32_t h[8] = {(uint32_t)hp->n_layer, (uint32_t)hp->n_embd, (uint32_t)hp->n_head,
+                           (uint32_t)hp->n_head_kv, (uint32_t)hp->head_dim, (uint32_t)hp->n_ff,
+                           (uint32_t)hp->n_vocab, (uint32_t)r->T};
+    int ok = fwrite(RP_MAGIC, 1, 8, f) == 8 && fwrite(h, sizeof h, 1, f) == 1;
+    int n_rec = 0;
+    for (int layer = 0; layer <= hp->n_layer && ok; layer++) {
+        int lay = layer == hp->n_layer ? -1 : layer;   /* layer -1 last, in forward order */
+        for (int st = 0; st < TG_RS_COUNT && ok; st++) {
+            int slot = slot_of(r, lay, st);
+            if (slot < 0 || !r->seen[slot])
+                continue;
+            int32_t ls[2] = {lay, st};
+            uint64_t n = (uint64_t)slot_n(r, st);
+            ok = fwrite(ls, sizeof ls, 1, f) == 1 && fwrite(&n, sizeof n, 1, f) == 1 &&
+                 fwrite(r->rec[slot], sizeof(float), (size_t)n, f) == (size_t)n;
+            n_rec++;
+        }
+    }
+    if (fclose(f) != 0 || !ok)
+        return tg_errf(e, "replay record %s: write failed", path);
+    return n_rec;
+}
+
+/* The offset of token pos's row in a slot, or -1 when pos is not replayed. */
+static int64_t row_off(const tg_replay *r, int stage, int pos)
+{
+    if (pos < 0 || pos >= r->T)
+        return -1;
+    if (last_only(stage))
+        return pos == r->T - 1 ? 0 : -1;
+    return (int64_t)pos * tg_replay_width(&r->hp, stage);
+}
+
+void tg_replay_f32(tg_replay *r, int layer, int stage, int pos0, int nb, float *x, int64_t stride, int64_t c0,
+                   int64_t c1)
+{
+    int slot = slot_of(r, layer, stage);
+    if (slot < 0 || stage == TG_RS_SCORES)
+        return;
+    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
+    for (int b = 0; b < nb; b++) {
+        int64_t off = row_off(r, stage, pos0 + b);
+        if (off < 0)
+            continue;
+        float *row = x + (int64_t)b * stride;
+        memcpy(r->rec[slot] + off + c0, row + c0, (size_t)(c1 - c0) * sizeof(float));
+        if (r->in[slot])
+            memcpy(row + c0, r->in[slot] + off + c0, (size_t)(c1 - c0) * sizeof(float));
+    }
+}
+
+void tg_replay_f64(tg_replay *r, int layer, int stage, int pos0, int nb, double *x, int64_t stride, int64_t c0,
+                   int64_t c1)
+{
+    int slot = slot_of(r, layer, stage);
+    if (slot < 0 || stage == TG_RS_SCORES)
+        return;
+    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
+    for (int b = 0; b < nb; b++) {
+        int64_t off = row_off(r, stage, pos0 + b);
+        if (off < 0)
+            continue;
+        double *row = x + (int64_t)b * stride;
+        float *rec = r->rec[slot] + off;
+        for (int64_t i = c0; i < c1; i++)
+            rec[i] = (float)row[i];
+        if (r->in[slot])
+            for (int64_t i = c0; i < c1; i++)
+                row[i] = (double)r->in[slot][off + i];
+    }
+}
+
+/* Offset of (pos, head, j) in the scores slot, or -1. */
+static int64_t score_off(const tg_replay *r, int pos, int head, int j)
+{
+    if (pos < 0 || pos >= r->T || head < 0 || head >= r->hp.n_head || j < 0)
+        return -1;
+    return (int64_t)r->hp.n_head * pos * (pos + 1) / 2 + (int64_t)head * (pos + 1) + (j <= pos ? j : pos);
+}
+
+float tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, float v)
+{
+    int slot = slot_of(r, layer, TG_RS_SCORES);
+    int64_t off = slot < 0 ? -1 : score_off(r, pos, head, j);
+    if (off < 0)
+        return v;
+    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
+    if (j > pos) {
+        // a position after the token's own: the mask is wrong; make it show
+        r->rec[slot][off] = NAN;
+        return v;
+    }
+    r->rec[slot][off] = v;
+    return r->in[slot] ? r->in[slot][off] : v;
+}
+
+double tg_replay_score_f64(tg_replay *r, int layer, int pos, int head, int j, double v)
+{
+    int slot = slot_of(r, layer, TG_RS_SCORES);
+    int64_t off = slot < 0 ? -1 : score_off(r, pos, head, j);
+    if (off < 0)
+        return v;
+    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
+    if (j > pos) {
+        r->rec[slot][off] = NAN;
+        return v;
+    }
+    r->rec[slot][off] = (float)v;
+    return r->in[slot] ? (double)r->in[slot][off] : v;
+}
+
+/* f64 values of the ref tier stay f32 values after a perturbation. */
+static double s_round(double v)
+{
+    return (double)(float)v;
+}
+
+double tg_pert_value(const tg_opts *o, double v, int pos, int64_t col)
+{
+    switch (o->pert_kind) {
+    case 1:
+        return tg_bf16_to_f32(tg_f32_to_bf16((float)v));
+    case 2:
+        return tg_half_to_f32(tg_f32_to_half((float)v));
+    case 3:
+        return v * (1.0 + o->pert_eps);
+    case 4: {
+        // splitmix64 of (pos, col): u uniform in [-sqrt 3, sqrt 3) (unit variance)
+        uint64_t z = ((uint64_t)(uint32_t)pos << 32 ^ (uint64_t)col) + 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        double u = ((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0) * 1.7320508075688772;
+        return v * (1.0 + o->pert_eps * u);
+    }
+    case 5:
+        return 0.0;
+    default:
+        return v;
+    }
+}
+
+void tg_pert_f32(const tg_opts *o, int pos0, int nb, float *x, int64_t stride, int64_t c0, int64_t c1)
+{
+    for (int b = 0; b < nb; b++)
+        for (int64_t i = c0; i < c1; i++)
+            x[(int64_t)b * stride + i] = (float)tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
+}
+
+void tg_pert_f64(const tg_opts *o, int pos0, int nb, double *x, int64_t stride, int64_t c0, int64_t c1)
+{
+    for (int b = 0; b < nb; b++)
+        for (int64_t i = c0; i < c1; i++) {
+            double v = tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
+            x[(int64_t)b * stride + i] = s_round(v);
+        }
+}
