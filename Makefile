@@ -219,8 +219,8 @@ test: setup
 
 # The stage replay's mutation suite (tests/mutants/replay/) and its panel of
 # legitimate variants alone (also part of make test).
-.PHONY: mutants
-mutants: all
+.PHONY: mutants mutants-replay
+mutants-replay: all
 	TG_BUILD=$(TOP)/$(BUILD) TG_ROOT=$(TOP) TG_CACHE=$(CACHE) $(BUILD)/tests/test_replay
 
 # ASan+UBSan flavour of the unit tests, in its own build folder, then one
@@ -278,7 +278,7 @@ build/llama-haswell/libllama.so: | $(CACHE)/npm/.fetched
 	  $(LLAMA_X64)/libggml-cpu-haswell.so $(dir $@)
 	ln -sf libllama.v0.4.0.so $@
 
-# The whole mutation suite (tests/mutants/): every mutant tg-engine against
+# The whole token-gate mutation suite (tests/mutants/): every mutant tg-engine against
 # the calibration of specs/mutants.yaml; `make test` runs a subset. With
 # MUTANT_SPEC=specs/default.yaml each mutant runs the default gate itself.
 mutants: all llama-haswell
