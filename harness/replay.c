@@ -551,6 +551,7 @@ int replay_gate(tg_store *st, const tg_spec *s, int64_t run, int set, const char
         const spec_arm *sa = &s->arms[i];
         if (sa->kind != SPEC_ARM_ENGINE && sa->kind != SPEC_ARM_EXEC) continue;
         if (sa->role && !strcmp(sa->role, "custody")) continue;
+        if (sa->variant_of && !s->replay_variants) continue; /* a panel variant: replay.variants */
         if (sa->kind == SPEC_ARM_ENGINE && sa->tier && !strcmp(sa->tier, "ref")) {
             /* the arbiter's own code: replaying it against itself proves nothing */
             if (put_key(db, run, set, sa->name, NULL, "REPLAY", "ARBITER", e) < 0) return -1;
@@ -558,6 +559,7 @@ int replay_gate(tg_store *st, const tg_spec *s, int64_t run, int set, const char
         }
         const char *verdict = "PASS";
         for (int p = 0; p < s->n_prompts; p++) {
+            if (!spec_arm_runs_prompt(s, i, p)) continue; /* the arm's prompts: list */
             int S = s->replay_steps, c = last_contested(db, run, set, sa->name, s->prompts[p].id);
             if (c > S) S = c;
             if (S > s->steps) S = s->steps;

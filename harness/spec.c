@@ -1008,12 +1008,13 @@ static int parse_dumps(pctx *c, struct fy_node *n, pos at, tg_spec *s)
 /* replay: {steps: N, gate: true|false}: the gate replays each engine arm's
  * stages against the exact arbiter over each prompt's first N steps (and
  * up to its last contested step); gate (default true) makes a replay FAIL
- * fail TOKEN_GATE. */
+ * fail TOKEN_GATE; variants (default false) also replays the arms with
+ * variant_of (a panel of legitimate variants). */
 static int parse_replay(pctx *c, struct fy_node *n, pos at, tg_spec *s)
 {
     if (!n || !fy_node_is_mapping(n))
-        return perr(c, node_pos(n, at), "replay", "expected a mapping {steps: N, gate: true|false}");
-    static const char *const rk[] = {"steps", "gate", NULL};
+        return perr(c, node_pos(n, at), "replay", "expected a mapping {steps: N, gate: true|false, variants: true|false}");
+    static const char *const rk[] = {"steps", "gate", "variants", NULL};
     pos rp = node_pos(n, at);
     if (check_keys(c, n, rp, "replay", rk) < 0) return -1;
     pos q = rp;
@@ -1029,6 +1030,13 @@ static int parse_replay(pctx *c, struct fy_node *n, pos at, tg_spec *s)
         if (!v || (strcmp(v, "true") && strcmp(v, "false")))
             return perr(c, node_pos(x, q), "replay.gate", "expected true or false");
         s->replay_gate = !strcmp(v, "true");
+    }
+    q = rp;
+    if ((x = get(n, "variants", &q))) {
+        const char *v = fy_node_is_scalar(x) ? fy_node_get_scalar0(x) : NULL;
+        if (!v || (strcmp(v, "true") && strcmp(v, "false")))
+            return perr(c, node_pos(x, q), "replay.variants", "expected true or false");
+        s->replay_variants = !strcmp(v, "true");
     }
     return 0;
 }

@@ -105,6 +105,7 @@ typedef struct tg_spec {
     int replay;              /* the spec has a replay field */
     int replay_steps;        /* steps replayed per prompt (and every contested step) */
     int replay_gate;         /* a replay FAIL fails TOKEN_GATE (default 1) */
+    int replay_variants;     /* also replay arms with variant_of (default 0) */
 } tg_spec;
 
 /* The stage names a dump line may carry (docs/protocol.md, "decode"), space-separated. */
