@@ -51,20 +51,6 @@
 
 /* ---------------------------------------------------------------- halves */
 
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Returns the f32 value of half h (exact: every half is a float). */
 float tg_half_to_f32(tg_half h)
 {
@@ -76,8 +62,8 @@ float tg_half_to_f32(tg_half h)
         float v = (float)mant * 0x1p-24f;
         return sign ? -v : v;
     }
-    if (exp == 31) return bits_f32(sign | 0x7f800000u | (mant << 13));
-    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+    if (exp == 31) return tg_bits_f32(sign | 0x7f800000u | (mant << 13));
+    return tg_bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
 /* Returns f rounded to the nearest half, ties to even; overflow gives inf,
@@ -85,7 +71,7 @@ float tg_half_to_f32(tg_half h)
  * and NEON conversion instructions do. */
 tg_half tg_f32_to_half(float f)
 {
-    uint32_t x = f32_bits(f);
+    uint32_t x = tg_f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     uint32_t ax = x & 0x7fffffffu;
     if (ax > 0x7f800000u) return sign | 0x7e00 | ((ax >> 13) & 0x3ff);
@@ -110,14 +96,14 @@ tg_half tg_f32_to_half(float f)
 /* Returns the f32 value of bfloat16 h (exact). */
 float tg_bf16_to_f32(tg_bf16 h)
 {
-    return bits_f32((uint32_t)h << 16);
+    return tg_bits_f32((uint32_t)h << 16);
 }
 
 /* Returns f rounded to the nearest bfloat16, ties to even; NaN stays a
  * quiet NaN (ggml's rule: top 16 bits with the quiet bit set). */
 tg_bf16 tg_f32_to_bf16(float f)
 {
-    uint32_t x = f32_bits(f);
+    uint32_t x = tg_f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (tg_bf16)((x >> 16) | 0x40);
     return (tg_bf16)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
 }

@@ -138,6 +138,22 @@ static inline void tg_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint
     }
 }
 
+/* Returns the bits of f32 f (a bit cast, no conversion). */
+static inline uint32_t tg_f32_bits(float f)
+{
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Returns the f32 whose bits are u (a bit cast, no conversion). */
+static inline float tg_bits_f32(uint32_t u)
+{
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
 #ifdef __cplusplus
 }
 #endif

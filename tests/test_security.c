@@ -408,21 +408,28 @@ static void test_proto_sizes_checked(void **unused)
     }
 }
 
+/* Writes the path of the test double tg-fault-arm ($TG_BUILD/bin, else
+ * build/bin under the root) into fa; skips the test when it is missing. */
+static void fault_arm_path(char *fa, size_t n)
+{
+    const char *b = getenv("TG_BUILD");
+    if (b) snprintf(fa, n, "%s/bin/tg-fault-arm", b);
+    else snprintf(fa, n, "%s/build/bin/tg-fault-arm", g_root);
+    struct stat st;
+    if (stat(fa, &st)) {
+        print_message("skipped: needs the test double %s\n", fa);
+        skip();
+    }
+}
+
 /* A dump line's n is checked against the file before the harness reads:
  * the test double names /dev/zero with n = 2^31 (8 GiB). Before the fix
  * the harness allocated n floats and read /dev/zero into them. */
 static void test_dump_size_checked(void **unused)
 {
     (void)unused;
-    const char *b = getenv("TG_BUILD");
     char fa[PATH_MAX * 2];
-    if (b) snprintf(fa, sizeof fa, "%s/bin/tg-fault-arm", b);
-    else snprintf(fa, sizeof fa, "%s/build/bin/tg-fault-arm", g_root);
-    struct stat st;
-    if (stat(fa, &st)) {
-        print_message("skipped: needs the test double %s\n", fa);
-        skip();
-    }
+    fault_arm_path(fa, sizeof fa);
     char *argv[] = {fa, "dump-lie", NULL};
     arm_config cfg = {.name = "dump-lie", .argv = argv, .timeout_request = 20, .grace = 0.5};
     tg_arm *a;
@@ -459,15 +466,8 @@ static void test_dump_size_checked(void **unused)
 static void test_dump_outside_folder_refused(void **unused)
 {
     (void)unused;
-    const char *b = getenv("TG_BUILD");
     char fa[PATH_MAX * 2];
-    if (b) snprintf(fa, sizeof fa, "%s/bin/tg-fault-arm", b);
-    else snprintf(fa, sizeof fa, "%s/build/bin/tg-fault-arm", g_root);
-    struct stat st;
-    if (stat(fa, &st)) {
-        print_message("skipped: needs the test double %s\n", fa);
-        skip();
-    }
+    fault_arm_path(fa, sizeof fa);
     tg_err e;
     char dir[512];
     assert_int_equal(arm_dump_dir_make(dir, sizeof dir, "sec", &e), 0);

@@ -107,20 +107,6 @@ void tg_fa_scale_f16_avx2(int n, tg_half *y, float a)
  * a row use libm's expf, as there. These helpers compute it one element at
  * a time with the same operations (fmaf is one FMA instruction here).
  */
-static inline float f_of(uint32_t b)
-{
-    float f;
-    __builtin_memcpy(&f, &b, 4);
-    return f;
-}
-
-static inline uint32_t bits_of(float f)
-{
-    uint32_t b;
-    __builtin_memcpy(&b, &f, 4);
-    return b;
-}
-
 /* Returns e(x) as the AVX2 form computes it. */
 float tg_ggml_expf_avx2(float x)
 {
@@ -128,8 +114,8 @@ float tg_ggml_expf_avx2(float x)
     const float z = __builtin_fmaf(x, 0x1.715476p+0f, r);
     const float n = z - r;
     const float b = __builtin_fmaf(-n, 0x1.7f7d1cp-20f, __builtin_fmaf(-n, 0x1.62e4p-1f, x));
-    const uint32_t e = bits_of(z) << 23;
-    const float k = f_of(e + bits_of(1.0f));
+    const uint32_t e = tg_f32_bits(z) << 23;
+    const float k = tg_bits_f32(e + tg_f32_bits(1.0f));
     const int c = __builtin_fabsf(n) > 126.0f;
     const float u = b * b;
     const float j = __builtin_fmaf(__builtin_fmaf(__builtin_fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
@@ -138,8 +124,8 @@ float tg_ggml_expf_avx2(float x)
     if (!c)
         return __builtin_fmaf(j, k, k);
     const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
-    const float s1 = f_of(g + 0x7f000000u);
-    const float s2 = f_of(e - g);
+    const float s1 = tg_bits_f32(g + 0x7f000000u);
+    const float s2 = tg_bits_f32(e - g);
     if (__builtin_fabsf(n) > 192.0f)
         return s1 * s1;
     return __builtin_fmaf(s2, j, s2) * s1;
