@@ -318,7 +318,7 @@ static const char *const SQL[Q_COUNT] = {
                    " VALUES(?1,?2,?3,?4,?5,?6,?7)",
     [Q_TOP_INS] = "INSERT INTO step_top(leg_id, prompt_id, step, rank, id, logit, bits)"
                   " VALUES(?1,?2,?3,?4,?5,?6,?7)",
-    [Q_BASE_LEG] = "SELECT id FROM leg WHERE run_id=?1 AND arm_id=?2 AND same_as IS NULL"
+    [Q_BASE_LEG] = "SELECT id FROM leg WHERE run_id=?1 AND arm_id=?2 AND leg=1 AND same_as IS NULL"
                    " ORDER BY id LIMIT 1",
     [Q_BASE_TOPS] = "SELECT prompt_id, step, rank, id, logit, bits FROM step_top WHERE leg_id=?1"
                     " ORDER BY prompt_id, step, rank",
@@ -1278,7 +1278,9 @@ int store_put_leg(tg_store *st, const store_leg *leg, tg_err *e)
         tg_err_prefix(e, "%s: leg %s/%d", st->path, leg->arm, leg->leg);
         goto fail;
     }
-    /* the same top-k as the arm's first leg in every step: stored once */
+    /* the same top-k as the arm's leg 1 in every step: stored once. Only
+     * leg 1 is ever a base, whatever order parallel legs are stored in, so
+     * a later leg can always be deleted (and rerun) on its own. */
     s = stmt(st, Q_BASE_LEG, e);
     if (!s) goto fail;
     sqlite3_bind_int64(s, 1, leg->run_id);
