@@ -47,26 +47,14 @@ extern char **environ;
 #define N_STEPS 8
 #define MAX_SEEN 4096
 
-static char g_root[PATH_MAX], g_bin[PATH_MAX + 64], g_cache[PATH_MAX + 64];
-static char g_dir[PATH_MAX], g_spec[PATH_MAX + 16], g_db[PATH_MAX + 16], g_tokgate[PATH_MAX + 80];
+#include "testenv.h"
+static char g_spec[PATH_MAX + 16], g_db[PATH_MAX + 16], g_tokgate[PATH_MAX + 80];
 
-static int exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
-}
 
 static int setup(void **st)
 {
     (void)st;
-    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT"), *c = getenv("TG_CACHE");
-    snprintf(g_root, sizeof g_root, "%s", r ? r : ".");
-    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
-    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", g_root);
-    if (c) snprintf(g_cache, sizeof g_cache, "%s", c);
-    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-crash-XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
+    if (testenv_init("crash") < 0) return -1;
     snprintf(g_spec, sizeof g_spec, "%s/s.yaml", g_dir);
     snprintf(g_db, sizeof g_db, "%s/t.db", g_dir);
     snprintf(g_tokgate, sizeof g_tokgate, "%s/tokgate", g_bin);
@@ -76,14 +64,7 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "t.db-runlock", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
-    return 0;
+    return testenv_clean();
 }
 
 /* Starts `tokgate gate SPEC --db DB [--resume RUN]` with output to

@@ -37,39 +37,19 @@
 #include "arm.h"
 #include "util.h"
 
-static char g_root[PATH_MAX], g_bin[PATH_MAX + 64], g_cache[PATH_MAX + 64];
-static char g_dir[PATH_MAX];
+#include "testenv.h"
 
-static int exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
-}
 
 static int setup(void **st)
 {
     (void)st;
-    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT"), *c = getenv("TG_CACHE");
-    snprintf(g_root, sizeof g_root, "%s", r ? r : ".");
-    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
-    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", g_root);
-    if (c) snprintf(g_cache, sizeof g_cache, "%s", c);
-    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-faults-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return testenv_init("faults");
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "t.db-runlock", "report.txt", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
-    return 0;
+    return testenv_clean();
 }
 
 /* One fault mode and what its legs must end with. */

@@ -46,62 +46,27 @@
 #include "store.h"
 #include "verdict.h"
 
-static char g_root[PATH_MAX], g_bin[PATH_MAX + 64], g_cache[PATH_MAX + 64];
-static char g_dir[PATH_MAX];     /* temporary folder of one test */
+#include "testenv.h"
 
-static int exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
-}
 
 static int setup(void **st)
 {
     (void)st;
-    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT"), *c = getenv("TG_CACHE");
-    char rel[PATH_MAX];
-    snprintf(rel, sizeof rel, "%s", r && *r ? r : ".");
-    if (!realpath(rel, g_root)) return -1;
-    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
-    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", g_root);
-    if (c) snprintf(g_cache, sizeof g_cache, "%s", c);
-    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-server-XXXXXX");
+    if (testenv_init("server") < 0) return -1;
     /* the shipped spec names its files relative to the repository */
-    if (chdir(g_root) != 0) return -1;
-    return mkdtemp(g_dir) ? 0 : -1;
+    char rel[PATH_MAX];
+    snprintf(rel, sizeof rel, "%s", g_root);
+    if (!realpath(rel, g_root) || chdir(g_root) != 0) return -1;
+    return 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    const char *names[] = {"s.yaml", "m.bin", "t.db", "t.db-wal", "t.db-shm", "t.db-journal", "t.db-runlock", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
-    return 0;
+    return testenv_clean();
 }
 
-static void path_in(char *buf, size_t n, const char *name)
-{
-    snprintf(buf, n, "%s/%s", g_dir, name);
-}
 
-/* A stand-in "model" file for the double (it never reads it); its sha256 into hex. */
-static void make_model(char hex[65])
-{
-    char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "m.bin");
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs("a stand-in artifact for the test double\n", f);
-    fclose(f);
-    tg_err e;
-    assert_int_equal(tg_sha256_file(p, hex, &e), 0);
-}
 
 /* Writes text as s.yaml and parses it: 0 with *out, or -1 with e. */
 static int parse_text(const char *text, tg_spec **out, tg_err *e)
