@@ -153,6 +153,42 @@ static int64_t run_gate(tg_store *st, const tg_spec *s, int *faulted, verdict_re
     return r.run_id;
 }
 
+/* Writes the spec text t (freed) as s.yaml, loads it into *s, runs the gate
+ * into a fresh store *st and scores it (run_gate). Returns the run id. */
+static int64_t run_text(char *t, tg_spec **s, tg_store **st, int *faulted, verdict_result *vr)
+{
+    *s = write_spec(t);
+    free(t);
+    *st = open_db();
+    return run_gate(*st, *s, faulted, vr);
+}
+
+/* A spec (the caller frees it) over the shipped model and prompts: head's
+ * lines (name, steps, top_k, mode), llama.cpp CPU as the reference, and an
+ * http arm named arm over a llama-server (the binary srv) that it starts on
+ * a free port, with the http keys of extra. */
+static char *server_spec(const char *srv, const char *head, const char *arm, const char *extra)
+{
+    char *t;
+    assert_true(asprintf(&t,
+                         "%s"
+                         "model: {path: %s/models/tiny-trained-qwen3-Q4_K_M.gguf, "
+                         "sha256: 9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657}\n"
+                         "prompts: %s/specs/prompts/manpy6.txt\n"
+                         "legs: 2\nreference: llama-cpu\npolicy: {kind: exact}\n"
+                         "arms:\n"
+                         "  - {name: llama-cpu, llama: {lib: %s/npm/linux-x64/bins/linux-x64/libllama.so, "
+                         "options: {threads: 1}}}\n"
+                         "  - name: %s\n"
+                         "    http:\n"
+                         "      url: \"http://127.0.0.1:{port}\"\n"
+                         "%s"
+                         "      start: {argv: [%s, -m, \"{model}\", --host, 127.0.0.1, --port, \"{port}\", "
+                         "-t, \"1\", -np, \"1\", --no-warmup, --no-ui], wait: 60}\n",
+                         head, g_root, g_root, g_cache, arm, extra, srv) > 0);
+    return t;
+}
+
 static void need_file(const char *p, const char *why)
 {
     if (!exists(p)) {
@@ -290,28 +326,12 @@ static void test_llama_server_free(void **unused)
     (void)unused;
     char srv[PATH_MAX * 2];
     need_server(srv, sizeof srv);
-    char *t;
-    assert_true(asprintf(&t,
-                         "name: server-free\n"
-                         "model: {path: %s/models/tiny-trained-qwen3-Q4_K_M.gguf, "
-                         "sha256: 9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657}\n"
-                         "prompts: %s/specs/prompts/manpy6.txt\n"
-                         "steps: 24\ntop_k: 8\nlegs: 2\nmode: free\nreference: llama-cpu\npolicy: {kind: exact}\n"
-                         "arms:\n"
-                         "  - {name: llama-cpu, llama: {lib: %s/npm/linux-x64/bins/linux-x64/libllama.so, "
-                         "options: {threads: 1}}}\n"
-                         "  - name: srv\n"
-                         "    http:\n"
-                         "      url: \"http://127.0.0.1:{port}\"\n"
-                         "      start: {argv: [%s, -m, \"{model}\", --host, 127.0.0.1, --port, \"{port}\", "
-                         "-t, \"1\", -np, \"1\", --no-warmup, --no-ui], wait: 60}\n",
-                         g_root, g_root, g_cache, srv) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
-    tg_store *st = open_db();
+    char *t = server_spec(srv, "name: server-free\nsteps: 24\ntop_k: 8\nmode: free\n", "srv", "");
+    tg_spec *s;
+    tg_store *st;
     int faulted;
     verdict_result vr;
-    int64_t run = run_gate(st, s, &faulted, &vr);
+    int64_t run = run_text(t, &s, &st, &faulted, &vr);
     if (faulted) print_causes(st, run);
     assert_int_equal(faulted, 0);
     assert_string_equal(vr.verdict, "PASS");
@@ -332,30 +352,13 @@ static void test_openai_gate(void **unused)
     (void)unused;
     char srv[PATH_MAX * 2];
     need_server(srv, sizeof srv);
-    char *t;
-    assert_true(asprintf(&t,
-                         "name: server-openai\n"
-                         "model: {path: %s/models/tiny-trained-qwen3-Q4_K_M.gguf, "
-                         "sha256: 9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657}\n"
-                         "prompts: %s/specs/prompts/manpy6.txt\n"
-                         "steps: 16\ntop_k: 32\nlegs: 2\nreference: llama-cpu\npolicy: {kind: exact}\n"
-                         "arms:\n"
-                         "  - {name: llama-cpu, llama: {lib: %s/npm/linux-x64/bins/linux-x64/libllama.so, "
-                         "options: {threads: 1}}}\n"
-                         "  - name: openai\n"
-                         "    http:\n"
-                         "      url: \"http://127.0.0.1:{port}\"\n"
-                         "      api: openai\n"
-                         "      tokens_per_request: 4\n"
-                         "      start: {argv: [%s, -m, \"{model}\", --host, 127.0.0.1, --port, \"{port}\", "
-                         "-t, \"1\", -np, \"1\", --no-warmup, --no-ui], wait: 60}\n",
-                         g_root, g_root, g_cache, srv) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
-    tg_store *st = open_db();
+    char *t = server_spec(srv, "name: server-openai\nsteps: 16\ntop_k: 32\n", "openai",
+                          "      api: openai\n      tokens_per_request: 4\n");
+    tg_spec *s;
+    tg_store *st;
     int faulted;
     verdict_result vr;
-    int64_t run = run_gate(st, s, &faulted, &vr);
+    int64_t run = run_text(t, &s, &st, &faulted, &vr);
     if (faulted) print_causes(st, run);
     assert_int_equal(faulted, 0);
     assert_string_equal(vr.verdict, "PASS");
@@ -521,12 +524,11 @@ static void test_free_continuation(void **unused)
                          "steps: 5\ntop_k: 4\nlegs: 2\nmode: free\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok], role: oracle}\n%s",
                          m, sha, fa, a) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
-    tg_store *st = open_db();
+    tg_spec *s;
+    tg_store *st;
     int faulted;
     verdict_result vr;
-    int64_t run = run_gate(st, s, &faulted, &vr);
+    int64_t run = run_text(t, &s, &st, &faulted, &vr);
     if (faulted) print_causes(st, run);
     assert_int_equal(faulted, 0);
     char v[256];
@@ -580,12 +582,11 @@ static void test_api_key_not_stored(void **unused)
                          "steps: 3\ntop_k: 4\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok], role: oracle}\n%s%s",
                          m, sha, fa, a, b) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
-    tg_store *st = open_db();
+    tg_spec *s;
+    tg_store *st;
     int faulted;
     verdict_result vr;
-    int64_t run = run_gate(st, s, &faulted, &vr);
+    int64_t run = run_text(t, &s, &st, &faulted, &vr);
     unsetenv("TG_DOUBLE_KEY");
     unsetenv("TG_TEST_API_KEY");
     char v[2048];
