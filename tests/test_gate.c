@@ -396,24 +396,46 @@ static void test_cpu_budget(void **unused)
     sched_setaffinity(0, sizeof old, &old);
 }
 
+/* The spec of a gate over the stand-in model and tg-fault-arm arms, each
+ * "NAME:MODE" of arms (NULL-terminated; the first is the reference): 2
+ * legs, policy exact, with the lines of head (name, prompts, steps,
+ * top_k). */
+static tg_spec *double_spec(const char *head, const char *const *arms)
+{
+    char sha[65], m[2 * PATH_MAX];
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    const char *fa = fault_arm();
+    char *t;
+    assert_true(asprintf(&t, "%smodel: {path: %s, sha256: %s}\nlegs: 2\npolicy: {kind: exact}\narms:\n", head, m,
+                         sha) > 0);
+    for (int i = 0; arms[i]; i++) {
+        const char *colon = strchr(arms[i], ':');
+        assert_non_null(colon);
+        char *u;
+        assert_true(asprintf(&u, "%s  - {name: %.*s, exec: [%s, %s]}\n", t, (int)(colon - arms[i]),
+                             arms[i], fa, colon + 1) > 0);
+        free(t);
+        t = u;
+    }
+    char *u;
+    const char *ref = arms[0], *colon = strchr(ref, ':');
+    assert_true(asprintf(&u, "%sreference: %.*s\n", t, (int)(colon - ref), ref) > 0);
+    free(t);
+    tg_spec *s = write_spec(u);
+    free(u);
+    return s;
+}
+
 /* Counters near INT64_MAX (a worker's word): two decodes a leg and two
  * legs sum past it; the sums saturate at INT64_MAX instead of wrapping to
  * negative numbers (signed overflow). */
 static void test_counters_saturate(void **unused)
 {
     (void)unused;
-    char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
-    const char *fa = fault_arm();
-    char *t;
-    assert_true(asprintf(&t,
-                         "name: counters\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}, {id: p2, text: cd}]\n"
-                         "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: big, exec: [%s, huge-counters]}\n",
-                         m, sha, fa, fa) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
+    static const char *const arms[] = {"ref:ok", "big:huge-counters", NULL};
+    tg_spec *s = double_spec("name: counters\nprompts: [{id: p1, text: ab}, {id: p2, text: cd}]\nsteps: 2\ntop_k: 2\n",
+                            arms);
     tg_store *st = open_db();
     gate_options o = opts();
     gate_result r;
@@ -451,18 +473,8 @@ static void test_counters_saturate(void **unused)
 static void test_worker_error_text(void **unused)
 {
     (void)unused;
-    char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
-    const char *fa = fault_arm();
-    char *t;
-    assert_true(asprintf(&t,
-                         "name: errtext\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
-                         "steps: 2\ntop_k: 2\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: x, exec: [%s, error-load]}\n",
-                         m, sha, fa, fa) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
+    static const char *const arms[] = {"ref:ok", "x:error-load", NULL};
+    tg_spec *s = double_spec("name: errtext\nprompts: [{id: p1, text: ab}]\nsteps: 2\ntop_k: 2\n", arms);
     tg_store *st = open_db();
     gate_options o = opts();
     gate_result r;
@@ -616,20 +628,10 @@ static void test_artifact_mismatch_stores_nothing(void **unused)
  * of `steps` steps over one prompt, teacher-forced. */
 static tg_spec *resume_spec(int steps)
 {
-    char sha[65];
-    make_model(sha);
-    char m[2 * PATH_MAX];
-    path_in(m, sizeof m, "m.bin");
-    const char *fa = fault_arm();
-    char *t;
-    assert_true(asprintf(&t,
-                         "name: resume\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-                         "steps: %d\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-                         "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-                         m, sha, steps, fa, fa) > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
-    return s;
+    static const char *const arms[] = {"ref:ok", "good:ok", NULL};
+    char head[128];
+    snprintf(head, sizeof head, "name: resume\nprompts: [{id: p1, text: xy}]\nsteps: %d\ntop_k: 3\n", steps);
+    return double_spec(head, arms);
 }
 
 /* The first run of the resume tests: *s the spec (resume_spec(4)), *r its
