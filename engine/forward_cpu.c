@@ -463,15 +463,6 @@ static void replay_cache(tg_session *s, int il, int pos0, int nb)
     }
 }
 
-static void perturb(tg_session *s, int layer, int stage, float *x, int64_t stride, int64_t n, int nb)
-{
-    if (!tg_perturbed(s, layer, stage))
-        return;
-    for (int b = 0; b < nb; b++)
-        tg_round_bf16(x + b * stride, n);
-    tg_ops_count(&s->ops, TG_OP_PERTURB, 0, TG_TIER_CPU);
-}
-
 static int dump(tg_session *s, int want, int layer, int stage, const float *x, int64_t n, tg_err *e)
 {
     return want ? tg_dump(s, layer, stage, x, n, e) : 0;
@@ -507,7 +498,6 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         for (int b = 0; b < nb; b++)
             rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->attn_norm.data, E, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
-        perturb(s, il, TG_STAGE_ATTN_NORM, c->h, E, E, nb);
         tg_hook(s, il, TG_RS_ATTN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_NORM, c->h + (size_t)last * E, E, e))
             return -1;
@@ -546,9 +536,6 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         }
         tg_ops_count(&s->ops, TG_OP_ROPE, 0, TG_TIER_CPU);
         tg_ops_count(&s->ops, TG_OP_ROPE, 0, TG_TIER_CPU);
-        perturb(s, il, TG_STAGE_Q, c->q, Qd, Qd, nb);
-        perturb(s, il, TG_STAGE_K, c->k, KV, KV, nb);
-        perturb(s, il, TG_STAGE_V, c->v, KV, KV, nb);
         tg_hook(s, il, TG_RS_Q_ROPE, pos0, nb, c->q, Qd, 0, Qd);
         tg_hook(s, il, TG_RS_K_ROPE, pos0, nb, c->k, KV, 0, KV);
         if (dump(s, want, il, TG_STAGE_Q, c->q + (size_t)last * Qd, Qd, e) ||
@@ -584,7 +571,6 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             const int64_t os[1] = {E};
             matmul_same_input(s, w, out, os, 1, c->att, Qd, nb, 0);
         }
-        perturb(s, il, TG_STAGE_ATTN_OUT, c->o, E, E, nb);
         tg_hook(s, il, TG_RS_ATTN_OUT, pos0, nb, c->o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_OUT, c->o + (size_t)last * E, E, e))
             return -1;
@@ -599,7 +585,6 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         for (int b = 0; b < nb; b++)
             rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->ffn_norm.data, E, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
-        perturb(s, il, TG_STAGE_FFN_NORM, c->h, E, E, nb);
         tg_hook(s, il, TG_RS_FFN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_NORM, c->h + (size_t)last * E, E, e))
             return -1;
@@ -619,7 +604,6 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             const int64_t os[1] = {E};
             matmul_same_input(s, w, out, os, 1, c->g, F, nb, 0);
         }
-        perturb(s, il, TG_STAGE_FFN_OUT, c->o, E, E, nb);
         tg_hook(s, il, TG_RS_FFN_OUT, pos0, nb, c->o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_OUT, c->o + (size_t)last * E, E, e))
             return -1;
@@ -628,7 +612,6 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         for (size_t i = 0; i < (size_t)nb * E; i++)
             c->x[i] += c->o[i];
         tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_CPU);
-        perturb(s, il, TG_STAGE_RESIDUAL, c->x, E, E, nb);
         tg_hook(s, il, TG_RS_RESIDUAL, pos0, nb, c->x, E, 0, E);
         if (dump(s, want, il, TG_STAGE_RESIDUAL, c->x + (size_t)last * E, E, e))
             return -1;

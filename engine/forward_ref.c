@@ -497,15 +497,6 @@ static void rope(tg_session *s, double *v, int n_heads, int pos)
     tg_ops_count(&s->ops, TG_OP_ROPE, 0, TG_TIER_REF);
 }
 
-static void perturb(tg_session *s, int layer, int stage, double *x, int64_t n)
-{
-    if (!tg_perturbed(s, layer, stage))
-        return;
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (double)tg_bf16_to_f32(tg_f32_to_bf16((float)x[i]));
-    tg_ops_count(&s->ops, TG_OP_PERTURB, 0, TG_TIER_REF);
-}
-
 static int dump(tg_session *s, int want, int layer, int stage, const double *x, int64_t n, tg_err *e)
 {
     if (!want || !s->dump_fn)
@@ -652,7 +643,6 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
         // attention rmsnorm
         for (int t = 0; t < n; t++) {
             rmsnorm(s, h + (size_t)t * E, x + (size_t)t * E, &L->attn_norm, E);
-            perturb(s, il, TG_STAGE_ATTN_NORM, h + (size_t)t * E, E);
         }
         tg_hook_f64(s, il, TG_RS_ATTN_NORM, pos, n, h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_NORM, h + (size_t)z * E, E, e))
@@ -679,13 +669,10 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
             tg_hook_f64(s, il, TG_RS_K_NORM, pos, n, k, KV, 0, KV);
         }
         for (int t = 0; t < n; t++) {
-            double *qt = q + (size_t)t * Q, *kt = k + (size_t)t * KV, *vt = v + (size_t)t * KV;
+            double *qt = q + (size_t)t * Q, *kt = k + (size_t)t * KV;
             // rope
             rope(s, qt, hp->n_head, pos + t);
             rope(s, kt, hp->n_head_kv, pos + t);
-            perturb(s, il, TG_STAGE_Q, qt, Q);
-            perturb(s, il, TG_STAGE_K, kt, KV);
-            perturb(s, il, TG_STAGE_V, vt, KV);
         }
         tg_hook_f64(s, il, TG_RS_Q_ROPE, pos, n, q, Q, 0, Q);
         tg_hook_f64(s, il, TG_RS_K_ROPE, pos, n, k, KV, 0, KV);
@@ -717,7 +704,6 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
         // output projection
         matmul(s, o, &L->wo, att, n);
         for (int t = 0; t < n; t++)
-            perturb(s, il, TG_STAGE_ATTN_OUT, o + (size_t)t * E, E);
         tg_hook_f64(s, il, TG_RS_ATTN_OUT, pos, n, o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_OUT, o + (size_t)z * E, E, e))
             return -1;
@@ -733,7 +719,6 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
         for (int t = 0; t < n; t++) {
             // ffn rmsnorm
             rmsnorm(s, h + (size_t)t * E, x + (size_t)t * E, &L->ffn_norm, E);
-            perturb(s, il, TG_STAGE_FFN_NORM, h + (size_t)t * E, E);
         }
         tg_hook_f64(s, il, TG_RS_FFN_NORM, pos, n, h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_NORM, h + (size_t)z * E, E, e))
@@ -755,7 +740,6 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
         // down projection
         matmul(s, o, &L->down, g, n);
         for (int t = 0; t < n; t++)
-            perturb(s, il, TG_STAGE_FFN_OUT, o + (size_t)t * E, E);
         tg_hook_f64(s, il, TG_RS_FFN_OUT, pos, n, o, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_OUT, o + (size_t)z * E, E, e))
             return -1;
@@ -766,7 +750,6 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
             for (int i = 0; i < E; i++)
                 xt[i] = rnd(s, xt[i] + ot[i]);
             tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_REF);
-            perturb(s, il, TG_STAGE_RESIDUAL, xt, E);
         }
         tg_hook_f64(s, il, TG_RS_RESIDUAL, pos, n, x, E, 0, E);
         if (dump(s, want, il, TG_STAGE_RESIDUAL, x + (size_t)z * E, E, e))

@@ -35,11 +35,12 @@
  *        objects (`make gpu`, `make hip`): elsewhere tg_session_new refuses
  *        it. Its logits stay on the device until asked for.
  *
- * Debug perturbation (load option "perturb", for localisation tests): the
- * string "bf16:STAGE:LAYER", e.g. "bf16:ffn_out:3", rounds the activations of
- * STAGE (one of the dump stages below, "logits" excluded) of layer LAYER to
- * bfloat16 (round to nearest even) right where they are produced, for every
- * token, before anything reads them. The model is otherwise unchanged, so the
+ * Debug perturbation (load option "perturb", for localisation tests and
+ * tokgate power): "KIND:STAGE:LAYER", e.g. "bf16:ffn_out:3", changes the
+ * activations of STAGE (a replay stage, or one of the dump stages below:
+ * q, k and v name q_rope, k_rope and v_proj) of layer LAYER right where they
+ * are produced, for every token, before anything reads them (the stage
+ * hooks apply it; opts.pert_*). The model is otherwise unchanged, so the
  * first divergence from an unperturbed run lies at that layer and stage.
  */
 #ifndef TG_MODEL_H
@@ -139,9 +140,6 @@ typedef struct tg_opts {
     int n_ctx;               /* KV cache positions; 0: min(n_ctx_train, 4096) */
     int n_batch;             /* tokens per prefill batch; 0: the tier's
                               * default (ref, cpu 64; gpu 256) */
-    int perturb_layer;       /* -1: none; else the layer of the perturbation
-                              * (ref and cpu tiers) */
-    int perturb_stage;       /* enum tg_stage */
     /* A calibrated perturbation at any replay stage (replay_hook.h):
      * "KIND:STAGE:LAYER", KIND bf16 | f16 (round), scale=E (times 1+E),
      * noise=E (times 1+E*u, u uniform with unit variance, a fixed hash of

@@ -48,7 +48,6 @@ tg_opts tg_opts_default(void)
     tg_opts o;
     memset(&o, 0, sizeof o);
     o.tier = TG_TIER_CPU;
-    o.perturb_layer = -1;
     return o;
 }
 
@@ -86,25 +85,23 @@ static int tg_opts_parse_pert(tg_opts *o, const char *spec, tg_err *e)
 
 int tg_opts_parse_perturb(tg_opts *o, const char *spec, tg_err *e)
 {
-    char stage[32];
+    /* the dump stages' names of the first form "bf16:STAGE:LAYER" are
+     * replay stages at the same point of the forward pass */
+    static const struct { const char *dump, *replay; } alias[] = {
+        {"q", "q_rope"}, {"k", "k_rope"}, {"v", "v_proj"},
+    };
+    char stage[32], buf[96];
     int layer, used = 0;
-    if (spec && strncmp(spec, "bf16:", 5) != 0)
-        return tg_opts_parse_pert(o, spec, e);
-    if (!spec || strncmp(spec, "bf16:", 5) != 0 ||
-        sscanf(spec + 5, "%31[a-z_]:%d%n", stage, &layer, &used) != 2 || spec[5 + used] != '\0')
-        return tg_errf(e, "perturb '%s': expected \"bf16:STAGE:LAYER\", e.g. \"bf16:ffn_out:3\"",
-                       spec ? spec : "(null)");
-    int st = tg_stage_parse(stage);
-    if (st < 0 && tg_rstage_parse(stage) >= 0)
-        return tg_opts_parse_pert(o, spec, e);
-    if (st < 0 || st == TG_STAGE_LOGITS)
-        return tg_errf(e, "perturb '%s': stage '%s' is not one of attn_norm, q, k, v, attn_out, "
-                       "ffn_norm, ffn_out, residual", spec, stage);
-    if (layer < 0)
-        return tg_errf(e, "perturb '%s': layer must be >= 0", spec);
-    o->perturb_stage = st;
-    o->perturb_layer = layer;
-    return 0;
+    if (spec && !strncmp(spec, "bf16:", 5) && sscanf(spec + 5, "%31[a-z_]:%d%n", stage, &layer, &used) == 2 &&
+        spec[5 + used] == '\0')
+        for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++)
+            if (!strcmp(stage, alias[i].dump)) {
+                snprintf(buf, sizeof buf, "bf16:%s:%d", alias[i].replay, layer);
+                return tg_opts_parse_pert(o, buf, e);
+            }
+    if (!spec)
+        return tg_errf(e, "perturb: expected \"KIND:STAGE:LAYER\", e.g. \"bf16:ffn_out:3\"");
+    return tg_opts_parse_pert(o, spec, e);
 }
 
 /* Checks o and resolves its defaults for tier t: threads (0: the online
@@ -133,9 +130,6 @@ static int opts_resolve(tg_opts *o, const tg_tier_i *t, const tg_hparams *hp, tg
         return tg_errf(e, "perturb: the %s tier does not call the stage hooks (use cpu or ref)", t->name);
     if (hp && o->pert_kind && o->pert_layer >= hp->n_layer)
         return tg_errf(e, "perturb: layer %d is out of range (the model has %d layers)", o->pert_layer, hp->n_layer);
-    if (hp && o->perturb_layer >= hp->n_layer)
-        return tg_errf(e, "perturb: layer %d is out of range (the model has %d layers)", o->perturb_layer,
-                       hp->n_layer);
     return 0;
 }
 
@@ -238,6 +232,15 @@ static unsigned batch_flags(const tg_session *s, int last)
     return last ? TG_EVAL_LAST | (s->dump_fn ? TG_EVAL_DUMP : 0) : 0;
 }
 
+/* One perturb op per batch evaluated with the debug perturbation on (the
+ * stage hooks apply it, possibly from pool threads, so the count is kept
+ * here). */
+static void count_perturb(tg_session *s)
+{
+    if (s->o.pert_kind)
+        tg_ops_count(&s->ops, TG_OP_PERTURB, 0, s->o.tier);
+}
+
 int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e)
 {
     if (eval_check(s, tokens, n, e) != 0)
@@ -247,6 +250,7 @@ int tg_session_eval(tg_session *s, const int32_t *tokens, int n, tg_err *e)
     for (int i = 0; i < n && rc == 0; i += s->o.n_batch) {
         const int nb = n - i < s->o.n_batch ? n - i : s->o.n_batch;
         rc = s->t->eval(s, tokens + i, nb, batch_flags(s, i + nb == n), e);
+        count_perturb(s);
         s->pos += nb;
     }
     if (rc != 0)
@@ -268,6 +272,7 @@ int tg_session_eval_all(tg_session *s, const int32_t *tokens, int n, float *logi
         const int nb = t->eval_all ? (n - i < s->o.n_batch ? n - i : s->o.n_batch) : 1;
         const unsigned flags = batch_flags(s, i + nb == n);
         float *row = logits + (size_t)i * V;
+        count_perturb(s);
         if (t->eval_all)
             rc = t->eval_all(s, tokens + i, nb, flags, row, e);
         else if ((rc = t->eval(s, tokens + i, 1, flags, e)) == 0)

@@ -173,19 +173,6 @@ static inline double tg_hook_score(tg_session *s, int layer, int pos, int head, 
     return s->replay ? tg_replay_score_f64(s->replay, layer, pos, head, j, v) : v;
 }
 
-/* Whether (layer, stage) is the perturbed one. */
-static inline int tg_perturbed(const tg_session *s, int layer, int stage)
-{
-    return s->o.perturb_layer == layer && s->o.perturb_stage == stage;
-}
-
-/* Rounds n floats to bfloat16 in place (the perturbation). */
-static inline void tg_round_bf16(float *x, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] = tg_bf16_to_f32(tg_f32_to_bf16(x[i]));
-}
-
 #ifdef __cplusplus
 }
 #endif

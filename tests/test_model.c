@@ -651,8 +651,9 @@ static void test_options(void **state)
     tg_opts o = tg_opts_default();
     tg_err e;
     assert_int_equal(tg_opts_parse_perturb(&o, "bf16:ffn_out:3", &e), 0);
-    assert_int_equal(o.perturb_layer, 3);
-    assert_int_equal(o.perturb_stage, TG_STAGE_FFN_OUT);
+    assert_int_equal(o.pert_kind, 1);
+    assert_int_equal(o.pert_layer, 3);
+    assert_int_equal(o.pert_stage, TG_RS_FFN_OUT);
     assert_int_equal(tg_opts_parse_perturb(&o, "bf16:ffn_outx:3", &e), -1);
     assert_non_null(strstr(e.msg, "ffn_outx"));
     assert_int_equal(tg_opts_parse_perturb(&o, "fp8:ffn_out:3", &e), -1);
@@ -868,7 +869,7 @@ static void test_dumps_perturb_counters(void **state)
     assert_int_equal(tg_session_new(&s, m, &o, &e), -1);
     assert_non_null(strstr(e.msg, "gpu"));
     o = tg_opts_default();
-    o.perturb_layer = 8;
+    assert_int_equal(tg_opts_parse_perturb(&o, "bf16:ffn_out:8", &e), 0);
     assert_int_equal(tg_session_new(&s, m, &o, &e), -1);
     o = tg_opts_default();
     o.n_ctx = 4;

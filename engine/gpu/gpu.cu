@@ -223,8 +223,6 @@ static void gpu_state_free(tg_gpu *g);
 static int gpu_init(tg_session *ss, tg_err *e)
 {
     const tg_model *m = ss->m;
-    if (ss->o.perturb_layer >= 0)
-        return tg_errf(e, "option 'perturb': not available on the gpu tier (use cpu or ref)");
     if (ss->o.f64)
         return tg_errf(e, "option f64 is for the ref tier only");
     char desc[128];
