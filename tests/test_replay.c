@@ -397,7 +397,7 @@ static void test_cannot_replay(void **st)
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/bin/tg-llama", g_build);
     if (access(p, X_OK) != 0) skip_msg("tg-llama not built");
-    char lib[PATH_MAX + 64], argv_yaml[PATH_MAX * 2 + 64], why[256];
+    char lib[PATH_MAX + 64], argv_yaml[PATH_MAX * 3 + 64], why[256];
     const char *cache = getenv("TG_CACHE");
     snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", cache && *cache ? cache : ".cache");
     if (access(lib, R_OK) != 0) skip_msg("no llama.cpp library at %s", lib);
@@ -513,7 +513,7 @@ static void apply_mutant(const char *mut_path, const char *dir, mutant *m, char 
 /* Compiles src (a mutated engine file) and links a mutant tg-engine at exe. */
 static void build_mutant(const char *src, const char *exe)
 {
-    char obj[PATH_MAX + 8], inc[PATH_MAX + 16], inc2[PATH_MAX + 16], mainobj[PATH_MAX + 48],
+    char obj[PATH_MAX * 3 + 8], inc[PATH_MAX + 16], inc2[PATH_MAX + 16], mainobj[PATH_MAX + 48],
         lib[PATH_MAX + 48];
     snprintf(obj, sizeof obj, "%s.o", src);
     snprintf(inc, sizeof inc, "-I%s/engine", g_root);
@@ -567,7 +567,7 @@ static void test_mutants(void **st)
         snprintf(exe, sizeof exe, "%s/tg-engine", wd);
         build_mutant(src, exe);
         if (m.env_key[0]) setenv(m.env_key, m.env_val, 1);
-        char argv_yaml[PATH_MAX * 2 + 32], why[256];
+        char argv_yaml[PATH_MAX * 3 + 32], why[256];
         snprintf(argv_yaml, sizeof argv_yaml, "[%s, --tier, cpu]", exe);
         rp_table *t;
         assert_int_equal(run(argv_yaml, "{threads: 2}", &t, why, sizeof why), 1);
