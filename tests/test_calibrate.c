@@ -11,14 +11,13 @@
  *    error budget, the control limits, a calibration taken from an earlier
  *    run (calibration.from) and an arm that runs a subset of the prompts;
  *  - every mutation of tests/mutants/ still applies to the sources (a moved
- *    anchor fails here, naming the file);
+ *    anchor fails here, naming the file; format: tests/mutants/README.md);
  *  - the mutation suite on the shipped model: the unmodified build passes
  *    specs/mutants.yaml, and each mutant of a representative subset is
  *    caught as its file says (TG_MUTANTS=all runs every mutant: `make
  *    mutants`; TG_MUTANT_SPEC picks another spec, e.g. specs/default.yaml).
  *    Skipped when the model, the llama.cpp library or tg-mutate is missing.
  */
-#include <dirent.h>
 #include <limits.h>
 #include <math.h>
 #include <setjmp.h>
@@ -34,6 +33,7 @@
 #include <cmocka.h>
 
 #include "arm.h"
+#include "mutation.h"
 #include "store.h"
 #include "verdict.h"
 
@@ -399,60 +399,13 @@ static int run_argv(char *const *argv, char **out)
     return status;
 }
 
-/* The mutation files, sorted. */
-static int list_mutants(const char *root, char names[][64], int cap)
-{
-    char dir[PATH_MAX + 32];
-    snprintf(dir, sizeof dir, "%s/tests/mutants", root);
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d)) && n < cap) {
-        size_t l = strlen(de->d_name);
-        if (l > 4 && !strcmp(de->d_name + l - 4, ".mut")) snprintf(names[n++], 64, "%.*s", (int)(l - 4), de->d_name);
-    }
-    if (d) closedir(d);
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
-            char t[64];
-            memcpy(t, names[j], 64), memcpy(names[j], names[j - 1], 64), memcpy(names[j - 1], t, 64);
-        }
-    return n;
-}
-
 static void test_mutants_apply(void **unused)
 {
     (void)unused;
-    const char *root = env_or("TG_ROOT", "."), *build = env_or("TG_BUILD", "build");
-    char tool[PATH_MAX + 32], names[64][64], path[PATH_MAX + 128];
-    snprintf(tool, sizeof tool, "%s/bin/tg-mutate", build);
-    if (!exists(tool)) skip();
-    int n = list_mutants(root, names, 64);
+    char err[4096];
+    int n = mutation_check_dir(env_or("TG_ROOT", "."), "tests/mutants", 0, err, sizeof err);
+    if (n < 0) fail_msg("%s", err);
     assert_true(n >= 10);
-    for (int i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/tests/mutants/%s.mut", root, names[i]);
-        char *argv[] = {tool, "--check", path, "--root", (char *)root, NULL};
-        if (run_argv(argv, NULL) != 0) fail_msg("mutation %s no longer applies (see the message above)", names[i]);
-    }
-}
-
-/* A value of the mutation file (name: value lines). */
-static void mut_field(const char *root, const char *name, const char *key, char *out, size_t cap)
-{
-    char path[PATH_MAX + 128], line[1024];
-    snprintf(path, sizeof path, "%s/tests/mutants/%s.mut", root, name);
-    out[0] = 0;
-    FILE *f = fopen(path, "r");
-    size_t kl = strlen(key);
-    while (f && fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "<<<<", 4)) break;
-        if (!strncmp(line, key, kl) && line[kl] == ':') {
-            const char *v = line + kl + 1;
-            while (*v == ' ') v++;
-            snprintf(out, cap, "%.*s", (int)strcspn(v, "\n"), v);
-        }
-    }
-    if (f) fclose(f);
 }
 
 static int cpu_has(const char *needs)
@@ -522,24 +475,24 @@ static void test_mutation_suite(void **unused)
         if (rc != 0) fail_msg("the unmodified build does not pass %s (exit %d, store %s)", spec, rc, cal_db);
     }
     const int all = !strcmp(env_or("TG_MUTANTS", ""), "all");
-    char names[64][64];
-    int n = list_mutants(".", names, 64), failures = 0;
+    char names[64][64], err[8192];
+    int n = mutation_list("tests/mutants", names, 64), failures = 0;
     for (int i = 0; i < n; i++) {
         int in_subset = 0;
         for (int k = 0; SUBSET[k]; k++) in_subset |= !strcmp(SUBSET[k], names[i]);
         if (!all && !in_subset) continue;
-        char expect[32], needs[32], what[256], mut[2 * PATH_MAX + 64];
-        mut_field(".", names[i], "expect", expect, sizeof expect);
-        mut_field(".", names[i], "needs", needs, sizeof needs);
-        mut_field(".", names[i], "what", what, sizeof what);
-        if (!cpu_has(needs)) {
-            printf("# %-16s skipped: this CPU lacks %s\n", names[i], needs);
+        char mut[2 * PATH_MAX + 64];
+        snprintf(mut, sizeof mut, "tests/mutants/%s.mut", names[i]);
+        mutation m;
+        if (mutation_parse(mut, &m, err, sizeof err) < 0) fail_msg("%s", err);
+        const char *expect = m.expect;
+        if (!cpu_has(m.needs)) {
+            printf("# %-16s skipped: this CPU lacks %s\n", names[i], m.needs);
+            mutation_free(&m);
             continue;
         }
-        snprintf(mut, sizeof mut, "tests/mutants/%s.mut", names[i]);
         snprintf(out, sizeof out, "%s/mut-%s", g_dir, names[i]);
-        char *argv[] = {tool, mut, "--flags", flags, "--out", out, NULL};
-        if (run_argv(argv, NULL) != 0) fail_msg("building mutant %s failed", names[i]);
+        if (mutation_build(build, mut, out, err, sizeof err) < 0) fail_msg("%s", err);
         /* with a stored calibration the mutant's runs go into the
          * calibration's store (the lookup is per store) */
         snprintf(db, sizeof db, "%s/mut-%s.db", g_dir, names[i]);
@@ -566,8 +519,9 @@ static void test_mutation_suite(void **unused)
         int ok = !strcmp(expect, "subtle") || (!strcmp(expect, "caught") && caught) ||
                  (!strcmp(expect, "limit") && by_limit);
         printf("# %-16s %-6s %s (expect %s): %s\n", names[i], ok ? "ok" : "WRONG", caught ? "CAUGHT" : "passed",
-               expect, caught ? why : what);
+               expect, caught ? why : m.what);
         failures += !ok;
+        mutation_free(&m);
     }
     fflush(stdout);
     if (chdir(cwd) != 0) fail();
