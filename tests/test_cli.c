@@ -29,41 +29,11 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
+#include "testenv.h"
 #include "util.h"
 
 extern char **environ;
 
-static char g_bin[PATH_MAX], g_tokgate[PATH_MAX + 16], g_dir[PATH_MAX];
-
-static int exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT");
-    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
-    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", r ? r : ".");
-    snprintf(g_tokgate, sizeof g_tokgate, "%s/tokgate", g_bin);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-cli-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-    return 0;
-}
 
 /* A file's whole contents (malloc'ed, NUL-terminated). */
 static char *slurp(FILE *f)
@@ -184,7 +154,7 @@ static void unknown_option_is_one_line(void **st)
 static const char *write_spec(void)
 {
     static char sp[2 * PATH_MAX];
-    char fa[PATH_MAX + 32], m[2 * PATH_MAX];
+    char fa[PATH_MAX + 96], m[2 * PATH_MAX];
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     if (!exists(fa)) {
         print_message("missing %s (the test double)\n", fa);
@@ -432,7 +402,7 @@ static void signal_ends_workers(void **st)
     (void)st;
     static const int sigs[] = {SIGTERM, SIGINT};
     for (int k = 0; k < 2; k++) {
-        char fa[PATH_MAX + 32], m[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX], pf[2 * PATH_MAX];
+        char fa[PATH_MAX + 96], m[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX], pf[2 * PATH_MAX];
         snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
         snprintf(m, sizeof m, "%s/m.bin", g_dir);
         snprintf(sp, sizeof sp, "%s/sig.yaml", g_dir);
@@ -516,17 +486,7 @@ static void signal_ends_workers(void **st)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(help_of_every_command, setup, teardown),
-        cmocka_unit_test_setup_teardown(unknown_option_is_one_line, setup, teardown),
-        cmocka_unit_test_setup_teardown(rescore_defaults_to_latest_run, setup, teardown),
-        cmocka_unit_test_setup_teardown(out_naming_the_store_is_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(outputs_checked_before_the_run, setup, teardown),
-        cmocka_unit_test_setup_teardown(db_typo_is_no_such_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(interrupted_run_is_not_measurable, setup, teardown),
-        cmocka_unit_test_setup_teardown(signal_ends_workers, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    help_of_every_command, unknown_option_is_one_line, rescore_defaults_to_latest_run,
+    out_naming_the_store_is_refused, outputs_checked_before_the_run, db_typo_is_no_such_store,
+    interrupted_run_is_not_measurable, signal_ends_workers)

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "testenv.h"
 
 #ifdef __SANITIZE_ADDRESS__
 /* Under ASan an impossible malloc must return NULL (as glibc's does) for
@@ -38,40 +39,6 @@ const char *__asan_default_options(void)
     return "allocator_may_return_null=1";
 }
 #endif
-
-static char g_dir[PATH_MAX];
-
-static int setup(void **st)
-{
-    (void)st;
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-common-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-/* Removes g_dir and everything below it (two levels are enough here). */
-static void rm_tree(const char *dir)
-{
-    char cmd[2 * PATH_MAX];
-    static const char *const names[] = {"f.txt", "fifo", "s.db", "s.db-wal", "s.db-shm", "out.txt",
-                                        "sub/deeper/r.md", "sub/deeper", "sub", "big", "link.txt", NULL};
-    for (int i = 0; names[i]; i++) {
-        snprintf(cmd, sizeof cmd, "%s/%s", dir, names[i]);
-        if (unlink(cmd) != 0) rmdir(cmd);
-    }
-    rmdir(dir);
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    rm_tree(g_dir);
-    return 0;
-}
-
-static void path_in(char *buf, size_t n, const char *name)
-{
-    snprintf(buf, n, "%s/%s", g_dir, name);
-}
 
 static void write_text(const char *path, const char *text)
 {
@@ -467,21 +434,7 @@ static void cli_errors_are_one_line(void **st)
     assert_string_equal(out, "");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(x_functions_allocate),
-        cmocka_unit_test(out_of_memory_exits_70),
-        cmocka_unit_test_setup_teardown(read_file_regular, setup, teardown),
-        cmocka_unit_test_setup_teardown(read_file_refuses_fifo_and_devices, setup, teardown),
-        cmocka_unit_test(sql_error_sentence),
-        cmocka_unit_test(blob_round_trip),
-        cmocka_unit_test_setup_teardown(out_refuses_the_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(out_renames_into_place, setup, teardown),
-        cmocka_unit_test(text_safe_escapes_controls),
-        cmocka_unit_test(add_saturates),
-        cmocka_unit_test(cli_parses_getopt_long),
-        cmocka_unit_test(cli_errors_are_one_line),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    x_functions_allocate, out_of_memory_exits_70, read_file_regular, read_file_refuses_fifo_and_devices,
+    sql_error_sentence, blob_round_trip, out_refuses_the_store, out_renames_into_place, text_safe_escapes_controls,
+    add_saturates, cli_parses_getopt_long, cli_errors_are_one_line)

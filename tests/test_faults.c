@@ -40,18 +40,6 @@
 #include "testenv.h"
 
 
-static int setup(void **st)
-{
-    (void)st;
-    return testenv_init("faults");
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    return testenv_clean();
-}
-
 /* One fault mode and what its legs must end with. */
 typedef struct mode {
     const char *mode;
@@ -342,11 +330,4 @@ static void test_child_holding_pipes_is_killed(void **unused)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_child_holding_pipes_is_killed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_faults_through_gate, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(test_child_holding_pipes_is_killed, test_faults_through_gate)

@@ -36,21 +36,10 @@
 #include "testenv.h"
 
 
-static int setup(void **st)
-{
-    (void)st;
-    return testenv_init("gate");
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    return testenv_clean();
-}
 
 
-
-static tg_spec *write_spec(const char *text)
+/* Writes text (malloc'ed: freed here) as g_dir/s.yaml and loads it. */
+static tg_spec *write_spec(char *text)
 {
     char p[2 * PATH_MAX];
     path_in(p, sizeof p, "s.yaml");
@@ -58,6 +47,7 @@ static tg_spec *write_spec(const char *text)
     assert_non_null(f);
     fputs(text, f);
     fclose(f);
+    free(text);
     tg_spec *s;
     tg_err e;
     if (spec_load(&s, p, &e) < 0) {
@@ -101,9 +91,7 @@ static tg_spec *fault_spec(const char *sha, int legs)
                      "fault_patterns: [\"Memory access fault\"]\n",
                      m, sha, legs, fa, fa, fa, fa, fa);
     assert_true(n > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
-    return s;
+    return write_spec(t);
 }
 
 static tg_store *open_db(void)
@@ -168,6 +156,26 @@ static gate_options opts(void)
     return o;
 }
 
+/* Scores run with the default options; an error fails the test. */
+static verdict_result score(tg_store *st, int64_t run)
+{
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    tg_err e;
+    if (verdict_score_run(st, run, &vo, &vr, &e) < 0) fail_msg("verdict_score_run: %s", e.msg);
+    return vr;
+}
+
+/* Runs the gate of s into st with opts(); an error fails the test. */
+static gate_result run_gate(tg_store *st, const tg_spec *s)
+{
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    if (gate_run(st, s, &o, &r, &e) < 0) fail_msg("gate_run: %s", e.msg);
+    return r;
+}
+
 static void test_faulted_arms(void **unused)
 {
     (void)unused;
@@ -175,14 +183,8 @@ static void test_faulted_arms(void **unused)
     make_model(sha);
     tg_spec *s = fault_spec(sha, 2);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
     double t0 = tg_now();
-    if (gate_run(st, s, &o, &r, &e) < 0) {
-        print_message("gate_run: %s\n", e.msg);
-        fail();
-    }
+    gate_result r = run_gate(st, s);
     double took = tg_now() - t0;
     if (took > 30) {
         print_message("the faulted gate took %.1f s, expected the timeouts to end it well within 30 s\n", took);
@@ -211,12 +213,7 @@ static void test_faulted_arms(void **unused)
                            "WHERE lg.run_id = ?1 AND ag.name = ?2 AND af.name = 'ref' AND lf.leg = 1 "
                            "AND g.forced = f.token", r.run_id, "good"), 2 * 2 * 5);
 
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    if (verdict_score_run(st, r.run_id, &vo, &vr, &e) < 0) {
-        print_message("verdict_score_run: %s\n", e.msg);
-        fail();
-    }
+    verdict_result vr = score(st, r.run_id);
     assert_string_not_equal(vr.verdict, "PASS");
     char w[32];
     for (int i = 0; i < 3; i++) {
@@ -276,15 +273,8 @@ static void test_degenerate_logits(void **unused)
                              "arms:\n  - {name: ref, exec: [%s, %s], role: oracle}\n  - {name: arm, exec: [%s, %s]}\n",
                              m, sha, fa, cases[c][0], fa, cases[c][1]) > 0);
         tg_spec *s = write_spec(t);
-        free(t);
         tg_store *st = open_db();
-        gate_options o = opts();
-        gate_result r;
-        tg_err e;
-        if (gate_run(st, s, &o, &r, &e) < 0) {
-            print_message("gate_run: %s\n", e.msg);
-            fail();
-        }
+        gate_result r = run_gate(st, s);
         /* accepted: no leg has a cause, every step is stored */
         long long causes = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND cause IS NOT NULL", r.run_id, NULL);
         if (causes) {
@@ -297,9 +287,7 @@ static void test_degenerate_logits(void **unused)
         assert_int_equal(causes, 0);
         assert_int_equal(q_int(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id WHERE l.run_id = ?1",
                                r.run_id, NULL), 4 * 3);
-        verdict_options vo = verdict_options_default();
-        verdict_result vr;
-        assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+        verdict_result vr = score(st, r.run_id);
         assert_string_equal(vr.verdict, cases[c][2]);
         char w[32];
         arm_verdict(st, r.run_id, "arm", w);
@@ -322,6 +310,7 @@ static void test_degenerate_logits(void **unused)
         /* the NaNs came back from the store as NaNs */
         if (c == 1) {
             store_tops tt;
+            tg_err e;
             int64_t leg = q_int(st, "SELECT l.id FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
                                     " AND a.name = 'ref' AND l.leg = 1", r.run_id, NULL);
             int64_t pid = q_int(st, "SELECT id FROM prompt WHERE run_id = ?1", r.run_id, NULL);
@@ -372,7 +361,6 @@ static void test_cpu_budget(void **unused)
                              "  - {name: b, exec: [%s, ok], options: {threads: %d}}\n",
                              m, sha, fa, threads[c], fa, threads[c], fa, threads[c]) > 0);
         tg_spec *s = write_spec(t);
-        free(t);
         for (int i = 0; i < 3; i++) assert_int_equal(gate_arm_threads(s, i, 2), threads[c]);
         tg_store *st = open_db();
         gate_options o = opts();
@@ -422,9 +410,7 @@ static tg_spec *double_spec(const char *head, const char *const *arms)
     const char *ref = arms[0], *colon = strchr(ref, ':');
     assert_true(asprintf(&u, "%sreference: %.*s\n", t, (int)(colon - ref), ref) > 0);
     free(t);
-    tg_spec *s = write_spec(u);
-    free(u);
-    return s;
+    return write_spec(u);
 }
 
 /* Counters near INT64_MAX (a worker's word): two decodes a leg and two
@@ -437,15 +423,10 @@ static void test_counters_saturate(void **unused)
     tg_spec *s = double_spec("name: counters\nprompts: [{id: p1, text: ab}, {id: p2, text: cd}]\nsteps: 2\ntop_k: 2\n",
                             arms);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    gate_result r = run_gate(st, s);
     assert_true(q_int(st, "SELECT min(device_ops) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
                           " AND a.name = 'big'", r.run_id, NULL) == INT64_MAX);
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    score(st, r.run_id);
     static const char *const keys[] = {"DEVICE_OPS", "REFERENCE_TIER_HITS"};
     for (int i = 0; i < 2; i++) {
         sqlite3_stmt *q;
@@ -476,10 +457,7 @@ static void test_worker_error_text(void **unused)
     static const char *const arms[] = {"ref:ok", "x:error-load", NULL};
     tg_spec *s = double_spec("name: errtext\nprompts: [{id: p1, text: ab}]\nsteps: 2\ntop_k: 2\n", arms);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    gate_result r = run_gate(st, s);
     sqlite3_stmt *q;
     assert_int_equal(sqlite3_prepare_v2(store_db(st),
                                         "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE"
@@ -488,13 +466,12 @@ static void test_worker_error_text(void **unused)
     assert_int_equal(sqlite3_step(q), SQLITE_ROW);
     assert_string_equal((const char *)sqlite3_column_text(q, 0), "load: \\x1b[31mno such model\\x1b[0m");
     sqlite3_finalize(q);
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    score(st, r.run_id);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     report_options ro = {REPORT_TEXT, 0};
+    tg_err e;
     assert_int_equal(report_write(st, r.run_id, &ro, f, &e), 0);
     fclose(f);
     assert_null(strchr(buf, 0x1b));
@@ -540,7 +517,6 @@ static void test_inputs_checked_first(void **unused)
                              "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: eng, engine: ref}\n",
                              paths[i], shas[i], fa) > 0);
         tg_spec *s = write_spec(t);
-        free(t);
         gate_options o = opts();
         gate_result r;
         assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
@@ -556,7 +532,6 @@ static void test_inputs_checked_first(void **unused)
                          "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: a, exec: [%s, ok]}\n"
                          "  - {name: b, exec: [%s, ok]}\n", m, sha, fa, fa, fa) > 0);
     tg_spec *s = write_spec(t);
-    free(t);
     gate_options o = opts();
     gate_result r;
     assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
@@ -640,9 +615,7 @@ static tg_store *resume_first_run(tg_spec **s, gate_result *r)
 {
     *s = resume_spec(4);
     tg_store *st = open_db();
-    gate_options o = opts();
-    tg_err e;
-    if (gate_run(st, *s, &o, r, &e) < 0) fail_msg("the first run: %s", e.msg);
+    *r = run_gate(st, *s);
     return st;
 }
 
@@ -799,15 +772,8 @@ static void test_real_gate(void **unused)
                          "%s",
                          model, lib, lib, with_engine ? "  - {name: cpu, engine: cpu, options: {threads: 1}}\n" : "") > 0);
     tg_spec *s = write_spec(t);
-    free(t);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    if (gate_run(st, s, &o, &r, &e) < 0) {
-        print_message("gate_run: %s\n", e.msg);
-        fail();
-    }
+    gate_result r = run_gate(st, s);
     if (r.legs_faulted) {
         sqlite3_stmt *q;
         sqlite3_prepare_v2(store_db(st), "SELECT a.name, l.leg, l.cause FROM leg l JOIN arm a ON a.id = l.arm_id "
@@ -818,9 +784,7 @@ static void test_real_gate(void **unused)
         sqlite3_finalize(q);
         fail();
     }
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    score(st, r.run_id);
     char w[32];
     arm_verdict(st, r.run_id, "llama-twin", w);
     assert_string_equal(w, "PASS");
@@ -839,6 +803,7 @@ static void test_real_gate(void **unused)
         size_t len = 0;
         FILE *m = open_memstream(&buf, &len);
         assert_non_null(m);
+        tg_err e;
         assert_int_equal(report_step(st, r.run_id, "p1", 0, 0, m, &e), 0);
         fclose(m);
         if (!strstr(buf, "\ntokens: ") || !strstr(buf, "=\""))
@@ -896,15 +861,8 @@ static void test_real_gate_dumps(void **unused)
                          "  - {name: cpu, engine: cpu, options: {threads: 1}}\n",
                          model) > 0);
     tg_spec *s = write_spec(t);
-    free(t);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    if (gate_run(st, s, &o, &r, &e) < 0) {
-        print_message("gate_run: %s\n", e.msg);
-        fail();
-    }
+    gate_result r = run_gate(st, s);
     assert_int_equal(r.legs_faulted, 0);
     const char *arms[] = {"ref", "cpu"};
     for (int a = 0; a < 2; a++) {
@@ -945,20 +903,7 @@ static void test_real_gate_dumps(void **unused)
     spec_free(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_degenerate_logits, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cpu_budget, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_counters_saturate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_worker_error_text, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_inputs_checked_first, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_resume, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_resume_locked, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_real_gate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_real_gate_dumps, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    test_degenerate_logits, test_cpu_budget, test_counters_saturate, test_worker_error_text,
+    test_inputs_checked_first, test_faulted_arms, test_artifact_mismatch_stores_nothing, test_resume,
+    test_resume_locked, test_real_gate, test_real_gate_dumps)

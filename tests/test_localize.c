@@ -38,47 +38,9 @@
 #include "localize.h"
 #include "spec.h"
 #include "store.h"
+#include "testenv.h"
 
 extern char **environ;
-
-#define skip_msg(...)            \
-    do {                         \
-        printf(__VA_ARGS__);     \
-        printf(": skipped\n");   \
-        skip();                  \
-    } while (0)
-
-static char g_root[PATH_MAX], g_build[PATH_MAX], g_dir[PATH_MAX];
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *r = getenv("TG_ROOT"), *b = getenv("TG_BUILD");
-    snprintf(g_root, sizeof g_root, "%s", r && *r ? r : ".");
-    snprintf(g_build, sizeof g_build, "%s", b && *b ? b : "build");
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-localize-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "t.db-runlock", "m.db", "m.db-wal", "m.db-shm",
-                           "tiny.gguf", "tiny.yaml", "trained.yaml", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    /* the evidence folder: rm by argv, no shell */
-    char ev[PATH_MAX + 8];
-    snprintf(ev, sizeof ev, "%s/ev", g_dir);
-    char *argv[] = {"rm", "-rf", "--", ev, NULL};
-    pid_t pid;
-    if (posix_spawnp(&pid, "rm", NULL, NULL, argv, environ) == 0) waitpid(pid, NULL, 0);
-    rmdir(g_dir);
-    return 0;
-}
 
 /* ------------------------------------------------------------------ */
 /* The comparison                                                      */
@@ -220,12 +182,6 @@ static void test_migration(void **st_)
 
 /* ------------------------------------------------------------------ */
 /* Real runs                                                           */
-
-static int exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
 
 static int spawn_wait(char *const *argv)
 {
@@ -399,5 +355,5 @@ int main(void)
         cmocka_unit_test(test_real_mkmodel),
         cmocka_unit_test(test_real_trained),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, testenv_setup, testenv_teardown);
 }

@@ -17,40 +17,12 @@
 
 #include <cmocka.h>
 
+#include "testenv.h"
 #include "v3fixture.h"
 
 #include "merge.h"
 #include "store.h"
 #include "verdict.h"
-
-static char g_dir[PATH_MAX];
-
-static void path_in(char *buf, size_t n, const char *name)
-{
-    snprintf(buf, n, "%s/%s", g_dir, name);
-}
-
-static int setup(void **st)
-{
-    (void)st;
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-merge-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    const char *names[] = {"a.db", "b.db", "c.db", "d.db", "a2.db", "v1.db", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++)
-        for (int k = 0; k < 3; k++) {
-            path_in(p, sizeof p - 8, names[i]);
-            strcat(p, k == 0 ? "" : k == 1 ? "-wal" : "-shm");
-            unlink(p);
-        }
-    rmdir(g_dir);
-    return 0;
-}
 
 /* Writes a scored run of spec `spec` into the store at name: a reference arm
  * and a test arm, 2 legs, 2 prompts, 4 steps; the test arm differs from the
@@ -398,16 +370,6 @@ static void test_merge_failed_leaves_no_output(void **state)
     assert_int_equal(merge_main(6, argv4), 2);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_run_uid, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_migrate_v1, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_two_shards, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_idempotent, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_conflict, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_bad_input, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_failed_leaves_no_output, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    test_run_uid, test_migrate_v1, test_merge_two_shards, test_merge_idempotent, test_merge_conflict,
+    test_merge_bad_input, test_merge_failed_leaves_no_output)

@@ -32,43 +32,8 @@
 #include "noise.h"
 #include "spec.h"
 #include "store.h"
+#include "testenv.h"
 #include "verdict.h"
-
-/* skip() with a reason printed first. */
-#define skip_msg(...)            \
-    do {                         \
-        printf(__VA_ARGS__);     \
-        printf(": skipped\n");  \
-        skip();                  \
-    } while (0)
-
-static char g_root[PATH_MAX], g_build[PATH_MAX], g_cache[PATH_MAX + 16], g_dir[PATH_MAX];
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *r = getenv("TG_ROOT"), *b = getenv("TG_BUILD"), *c = getenv("TG_CACHE");
-    snprintf(g_root, sizeof g_root, "%s", r && *r ? r : ".");
-    snprintf(g_build, sizeof g_build, "%s", b && *b ? b : "build");
-    if (c && *c) snprintf(g_cache, sizeof g_cache, "%s", c);
-    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-noise-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "t.db-runlock", "r.db", "r.db-wal", "r.db-shm",
-                           "s.yaml", "prompts.txt", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
-    return 0;
-}
 
 /* ------------------------------------------------------------------ */
 /* The pure rules                                                      */
@@ -319,12 +284,6 @@ static void test_crafted_noise_policy(void **st_)
 /* ------------------------------------------------------------------ */
 /* A real run                                                          */
 
-static int exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
-
 /* The stored top-k of (arm, leg 1, prompt, step) of run into top; count. */
 static int stored_top(tg_store *st, int64_t run, const char *arm, const char *prompt, int step,
                       tg_top *top, int cap)
@@ -477,5 +436,5 @@ int main(void)
         cmocka_unit_test(test_crafted_noise_policy),
         cmocka_unit_test(test_real_variants),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, testenv_setup, testenv_teardown);
 }

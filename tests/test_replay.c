@@ -41,18 +41,12 @@
 #include "mutation.h"
 #include "replay.h"
 #include "spec.h"
+#include "testenv.h"
 #include "tokenizer.h"
 
 extern char **environ;
 
-#define skip_msg(...)            \
-    do {                         \
-        printf(__VA_ARGS__);     \
-        printf(": skipped\n");   \
-        skip();                  \
-    } while (0)
-
-static char g_root[PATH_MAX], g_build[PATH_MAX], g_dir[PATH_MAX], g_model[PATH_MAX + 64];
+static char g_model[PATH_MAX + 64];
 static int32_t *g_tok;
 static int g_n_tok;
 
@@ -61,37 +55,16 @@ static int g_n_tok;
 static int setup(void **st)
 {
     (void)st;
-    const char *r = getenv("TG_ROOT"), *b = getenv("TG_BUILD");
-    snprintf(g_root, sizeof g_root, "%s", r && *r ? r : ".");
-    snprintf(g_build, sizeof g_build, "%s", b && *b ? b : "build");
+    int rc = testenv_init("replay");
     snprintf(g_model, sizeof g_model, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-replay-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static void rm_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char p[PATH_MAX * 2];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
+    return rc;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    rm_tree(g_dir);
     free(g_tok);
-    return 0;
+    return testenv_clean();
 }
 
 /* ------------------------------------------------------------------ */
@@ -399,9 +372,8 @@ static void test_cannot_replay(void **st)
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/bin/tg-llama", g_build);
     if (access(p, X_OK) != 0) skip_msg("tg-llama not built");
-    char lib[PATH_MAX + 64], argv_yaml[PATH_MAX * 3 + 64], why[256];
-    const char *cache = getenv("TG_CACHE");
-    snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", cache && *cache ? cache : ".cache");
+    char lib[PATH_MAX + 128], argv_yaml[PATH_MAX * 3 + 128], why[256];
+    snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", g_cache);
     if (access(lib, R_OK) != 0) skip_msg("no llama.cpp library at %s", lib);
     snprintf(argv_yaml, sizeof argv_yaml, "[%s/bin/tg-llama, --lib, %s]", g_build, lib);
     rp_table *t = NULL;
@@ -468,7 +440,7 @@ static void test_mutants(void **st)
         named += ok;
         tested++;
         replay_table_free(t);
-        rm_tree(wd);
+        testenv_rm_tree(wd);
         mutation_free(&m);
     }
     printf("replay named %d of %d mutants\n", named, tested);

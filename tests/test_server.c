@@ -618,16 +618,6 @@ static void test_api_key_not_stored(void **unused)
     spec_free(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_spec_http_arm, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_faults, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_free_continuation, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_api_key_not_stored, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_llama_server_gate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_llama_server_free, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_openai_gate, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, teardown, test_spec_http_arm, test_faults, test_free_continuation, test_api_key_not_stored,
+    test_llama_server_gate, test_llama_server_free, test_openai_gate)

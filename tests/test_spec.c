@@ -18,39 +18,24 @@
 #include <cmocka.h>
 
 #include "spec.h"
+#include "testenv.h"
 
 #define SHA_A "9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657"
 
-static char g_dir[PATH_MAX];   /* a fresh temporary folder per test */
 static char g_cwd[PATH_MAX];
 
 static int setup(void **st)
 {
     (void)st;
     if (!getcwd(g_cwd, sizeof g_cwd)) return -1;
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-spec-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static void rm_rf(const char *dir)
-{
-    /* only files this test wrote, one level deep plus sub/ */
-    const char *names[] = {"s.yaml", "m.gguf", "prompts.txt", "sub/s.yaml", "sub/p.txt", "sub/m.gguf", "lib.so",
-                           "fifo", "sub", NULL};
-    char p[PATH_MAX + 64];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (unlink(p) != 0) rmdir(p);
-    }
-    rmdir(dir);
+    return testenv_init("spec");
 }
 
 static int teardown(void **st)
 {
     (void)st;
     if (chdir(g_cwd) != 0) return -1;
-    rm_rf(g_dir);
-    return 0;
+    return testenv_clean();
 }
 
 static void write_file(const char *rel, const char *text)
@@ -543,21 +528,7 @@ static void test_non_regular_files(void **st)
     alarm(0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_good_spec, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_malformed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_dumps, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_prompt_file, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_artifact_hash, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_argv, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_command_strip, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_hostile_specs, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_prompt_file_text, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, teardown, test_good_spec, test_defaults, test_malformed, test_dumps, test_prompt_file,
+    test_relative_paths, test_artifact_hash, test_argv, test_command_strip, test_hostile_specs,
+    test_prompt_file_text, test_non_regular_files)

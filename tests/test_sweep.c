@@ -43,50 +43,8 @@
 #include "spec.h"
 #include "store.h"
 #include "sweep.h"
+#include "testenv.h"
 #include "trend.h"
-
-static char g_root[PATH_MAX], g_bin[PATH_MAX + 64], g_cache[PATH_MAX + 64];
-static char g_dir[PATH_MAX];
-
-static int exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-static void rm_rf(const char *dir)
-{
-    /* only the files this program writes (no shell) */
-    const char *names[] = {"spec.yaml", "sweep.yaml", "bad.yaml", "t.db", "t.db-wal", "t.db-shm", "trend.txt",
-                           "m.db", "m.db-wal", "m.db-shm", "sub/spec.yaml", "sub/sweep.yaml", "svg/a/b/night-trend.svg",
-                           "sub", "svg/a/b", "svg/a", "svg", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (unlink(p) != 0) rmdir(p);
-    }
-    rmdir(dir);
-}
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT"), *c = getenv("TG_CACHE");
-    snprintf(g_root, sizeof g_root, "%s", r ? r : ".");
-    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
-    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", g_root);
-    if (c) snprintf(g_cache, sizeof g_cache, "%s", c);
-    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-sweep-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    rm_rf(g_dir);
-    return 0;
-}
 
 static void write_file(const char *name, const char *text)
 {
@@ -567,15 +525,6 @@ static void test_trend_history(void **state)
     assert_int_not_equal(access(nodb, F_OK), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_sweep_resolves_overrides, setup, teardown),
-        cmocka_unit_test(test_sweep_shards),
-        cmocka_unit_test_setup_teardown(test_sweep_bad_input, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sweep_paths_from_sweep_folder, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sweep_cpus, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_trend_history, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    test_sweep_resolves_overrides, test_sweep_shards, test_sweep_bad_input, test_sweep_paths_from_sweep_folder,
+    test_sweep_cpus, test_trend_history)
