@@ -27,15 +27,12 @@ static const char *const rs_names[TG_RS_COUNT] = {
 
 const char *tg_rstage_name(int stage)
 {
-    return stage >= 0 && stage < TG_RS_COUNT ? rs_names[stage] : "?";
+    return tg_name_at(rs_names, TG_RS_COUNT, stage);
 }
 
 int tg_rstage_parse(const char *s)
 {
-    for (int i = 0; i < TG_RS_COUNT; i++)
-        if (s && strcmp(s, rs_names[i]) == 0)
-            return i;
-    return -1;
+    return tg_name_index(rs_names, TG_RS_COUNT, s);
 }
 
 struct tg_replay {
@@ -265,42 +262,32 @@ static int64_t row_off(const tg_replay *r, int stage, int pos)
     return (int64_t)pos * tg_replay_width(&r->hp, stage);
 }
 
-void tg_replay_f32(tg_replay *r, int layer, int stage, int pos0, int nb, float *x, int64_t stride, int64_t c0,
-                   int64_t c1)
+void tg_replay_rows(tg_replay *r, int layer, int stage, int pos0, int nb, void *x, int f64, int64_t stride,
+                    int64_t c0, int64_t c1)
 {
     int slot = slot_of(r, layer, stage);
     if (slot < 0 || stage == TG_RS_SCORES)
         return;
     __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
+    const float *in = r->in[slot];
     for (int b = 0; b < nb; b++) {
         int64_t off = row_off(r, stage, pos0 + b);
         if (off < 0)
             continue;
-        float *row = x + (int64_t)b * stride;
-        memcpy(r->rec[slot] + off + c0, row + c0, (size_t)(c1 - c0) * sizeof(float));
-        if (r->in[slot])
-            memcpy(row + c0, r->in[slot] + off + c0, (size_t)(c1 - c0) * sizeof(float));
-    }
-}
-
-void tg_replay_f64(tg_replay *r, int layer, int stage, int pos0, int nb, double *x, int64_t stride, int64_t c0,
-                   int64_t c1)
-{
-    int slot = slot_of(r, layer, stage);
-    if (slot < 0 || stage == TG_RS_SCORES)
-        return;
-    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
-    for (int b = 0; b < nb; b++) {
-        int64_t off = row_off(r, stage, pos0 + b);
-        if (off < 0)
-            continue;
-        double *row = x + (int64_t)b * stride;
         float *rec = r->rec[slot] + off;
-        for (int64_t i = c0; i < c1; i++)
-            rec[i] = (float)row[i];
-        if (r->in[slot])
+        if (f64) {
+            /* the ref tier's f64 rows: recorded as f32, overwritten with the f32 reference */
+            double *row = (double *)x + (int64_t)b * stride;
             for (int64_t i = c0; i < c1; i++)
-                row[i] = (double)r->in[slot][off + i];
+                rec[i] = (float)row[i];
+            for (int64_t i = c0; in && i < c1; i++)
+                row[i] = (double)in[off + i];
+        } else {
+            float *row = (float *)x + (int64_t)b * stride;
+            memcpy(rec + c0, row + c0, (size_t)(c1 - c0) * sizeof(float));
+            if (in)
+                memcpy(row + c0, in + off + c0, (size_t)(c1 - c0) * sizeof(float));
+        }
     }
 }
 
@@ -312,7 +299,7 @@ static int64_t score_off(const tg_replay *r, int pos, int head, int j)
     return (int64_t)r->hp.n_head * pos * (pos + 1) / 2 + (int64_t)head * (pos + 1) + (j <= pos ? j : pos);
 }
 
-float tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, float v)
+double tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, double v)
 {
     int slot = slot_of(r, layer, TG_RS_SCORES);
     int64_t off = slot < 0 ? -1 : score_off(r, pos, head, j);
@@ -321,21 +308,6 @@ float tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, float v
     __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
     if (j > pos) {
         // a position after the token's own: the mask is wrong; make it show
-        r->rec[slot][off] = NAN;
-        return v;
-    }
-    r->rec[slot][off] = v;
-    return r->in[slot] ? r->in[slot][off] : v;
-}
-
-double tg_replay_score_f64(tg_replay *r, int layer, int pos, int head, int j, double v)
-{
-    int slot = slot_of(r, layer, TG_RS_SCORES);
-    int64_t off = slot < 0 ? -1 : score_off(r, pos, head, j);
-    if (off < 0)
-        return v;
-    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
-    if (j > pos) {
         r->rec[slot][off] = NAN;
         return v;
     }
@@ -374,18 +346,14 @@ double tg_pert_value(const tg_opts *o, double v, int pos, int64_t col)
     }
 }
 
-void tg_pert_f32(const tg_opts *o, int pos0, int nb, float *x, int64_t stride, int64_t c0, int64_t c1)
-{
-    for (int b = 0; b < nb; b++)
-        for (int64_t i = c0; i < c1; i++)
-            x[(int64_t)b * stride + i] = (float)tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
-}
-
-void tg_pert_f64(const tg_opts *o, int pos0, int nb, double *x, int64_t stride, int64_t c0, int64_t c1)
+void tg_pert_rows(const tg_opts *o, int pos0, int nb, void *x, int f64, int64_t stride, int64_t c0, int64_t c1)
 {
     for (int b = 0; b < nb; b++)
         for (int64_t i = c0; i < c1; i++) {
-            double v = tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
-            x[(int64_t)b * stride + i] = s_round(v);
+            const int64_t k = (int64_t)b * stride + i;
+            if (f64)
+                ((double *)x)[k] = s_round(tg_pert_value(o, ((double *)x)[k], pos0 + b, i));
+            else
+                ((float *)x)[k] = (float)tg_pert_value(o, ((float *)x)[k], pos0 + b, i);
         }
 }

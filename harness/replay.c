@@ -15,25 +15,21 @@
 
 #include "arm.h"
 #include "localize.h"
+#include "replay_hook.h"
 #include <sqlite3.h>
 
-static const char *const RS_NAMES[RP_N_STAGES] = {
-    "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope",
-    "k_cache", "v_cache", "scores", "attn", "attn_out", "attn_res", "ffn_norm", "gate",
-    "up", "swiglu", "ffn_out", "residual", "out_norm", "logits",
-};
+/* The stages are the engine's (replay_hook.h): one name table. */
+_Static_assert(RP_N_STAGES == TG_RS_COUNT, "harness and engine replay stages differ");
 enum { RS_SCORES = 10, RS_ATTN = 11, RS_RESIDUAL = 19, RS_OUT_NORM = 20, RS_LOGITS = 21 };
 
 const char *replay_stage_name(int stage)
 {
-    return stage >= 0 && stage < RP_N_STAGES ? RS_NAMES[stage] : "?";
+    return tg_rstage_name(stage);
 }
 
 int replay_stage_parse(const char *s)
 {
-    for (int i = 0; i < RP_N_STAGES; i++)
-        if (s && !strcmp(s, RS_NAMES[i])) return i;
-    return -1;
+    return tg_rstage_parse(s);
 }
 
 /* ------------------------------------------------------------------ */
