@@ -61,6 +61,14 @@ int common_check_regular(const char *path, const char *what, tg_err *e);
 /* Writes "store: WHAT: <sqlite's message>" into e; returns -1. */
 int common_sql_err(struct sqlite3 *db, tg_err *e, const char *what);
 
+struct sqlite3_stmt;
+/* Prepares sql on db and binds its parameters ?1, ?2, ... in order from
+ * the arguments, one letter of binds each: 'I' an int64_t, 'i' an int,
+ * 'd' a double, 't' a const char * text (NULL binds NULL; bound without a
+ * copy, so it must outlive the statement's use). Returns the statement, or
+ * NULL when sqlite refuses sql (sqlite3_errmsg(db) says why). */
+struct sqlite3_stmt *common_sql_prepare(struct sqlite3 *db, const char *sql, const char *binds, ...);
+
 /* ---- dump blobs: zstd over byte-shuffled little-endian f32 ---- */
 
 /* The largest n a dump blob holds (2^30 values, 4 GiB of f32). */

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "common.h"
 #include "localize.h"
 #include "replay_hook.h"
 #include <sqlite3.h>
@@ -521,14 +522,10 @@ static int last_contested(sqlite3 *db, int64_t run, int set, const char *arm, co
 {
     sqlite3_stmt *q = NULL;
     int v = -1;
-    if (sqlite3_prepare_v2(db,
-                           "SELECT max(step) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND leg=1"
-                           " AND prompt=?4 AND ref_token IS NOT NULL AND token != ref_token",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, run);
-        sqlite3_bind_int(q, 2, set);
-        sqlite3_bind_text(q, 3, arm, -1, SQLITE_STATIC);
-        sqlite3_bind_text(q, 4, prompt, -1, SQLITE_STATIC);
+    if ((q = common_sql_prepare(db,
+                                "SELECT max(step) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND leg=1"
+                                " AND prompt=?4 AND ref_token IS NOT NULL AND token != ref_token",
+                                "Iitt", run, set, arm, prompt))) {
         if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL) v = sqlite3_column_int(q, 0);
     }
     sqlite3_finalize(q);

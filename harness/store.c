@@ -908,10 +908,10 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
     sqlite3_stmt *s = NULL;
     int rc = -1;
     /* the leg whose step_top rows hold this leg's top-k */
-    if (sqlite3_prepare_v2(db, "SELECT l.same_as, b.id, b.same_as FROM leg l LEFT JOIN leg b ON b.id = l.same_as"
-                               " WHERE l.id = ?1", -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "SELECT l.same_as, b.id, b.same_as FROM leg l LEFT JOIN leg b ON b.id = l.same_as"
+                               " WHERE l.id = ?1", "I", leg_id);
+    if (!s)
         return tg_errf(e, "store: reading leg %lld: %s", (long long)leg_id, sqlite3_errmsg(db));
-    sqlite3_bind_int64(s, 1, leg_id);
     int64_t src = leg_id;
     int r = sqlite3_step(s);
     if (r == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {

@@ -425,12 +425,12 @@ static void run_key(tg_store *st, int64_t run, const char *key, char *buf, size_
 {
     snprintf(buf, n, "-");
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(store_db(st),
+    s = common_sql_prepare(store_db(st),
                            "SELECT value FROM verdict WHERE run_id=?1 AND arm IS NULL AND prompt IS NULL"
-                           " AND key=?2 ORDER BY set_no DESC LIMIT 1", -1, &s, NULL) != SQLITE_OK)
+                           " AND key=?2 ORDER BY set_no DESC LIMIT 1",
+                           "It", run, key);
+    if (!s)
         return;
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_text(s, 2, key, -1, SQLITE_STATIC);
     if (sqlite3_step(s) == SQLITE_ROW) snprintf(buf, n, "%s", (const char *)sqlite3_column_text(s, 0));
     sqlite3_finalize(s);
 }
