@@ -31,6 +31,7 @@
 #define TG_REPLAY_HOOK_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "model.h"
 #include "util.h"
@@ -89,6 +90,21 @@ int tg_replay_n_tokens(const tg_replay *r);
 int tg_replay_write(const tg_replay *r, const char *path, tg_err *e);
 /* Records overwritten from the input (for the answer). */
 int tg_replay_n_overwritten(const tg_replay *r);
+
+/* The file format's reading and writing, shared by the replay (its input
+ * and record) and the harness (harness/replay.c); what names the file in
+ * messages ("replay input"). tg_rfile_open opens path and reads the magic
+ * and the header into h; returns the file, or NULL with e. tg_rfile_read
+ * reads f's records to its end and closes f: dest returns where a record's
+ * n floats go, or NULL after writing into its e why the record is refused
+ * (the message is prefixed with what and path); returns 0 or -1 with e.
+ * tg_rfile_create creates path with the magic and h (NULL with e);
+ * tg_rfile_put appends one record (1, or 0 when the write failed). */
+typedef float *(*tg_rfile_dest_fn)(void *ud, int layer, int stage, uint64_t n, tg_err *e);
+FILE *tg_rfile_open(const char *path, const char *what, uint32_t h[8], tg_err *e);
+int tg_rfile_read(FILE *f, const char *path, const char *what, tg_rfile_dest_fn dest, void *ud, tg_err *e);
+FILE *tg_rfile_create(const char *path, const char *what, const uint32_t h[8], tg_err *e);
+int tg_rfile_put(FILE *f, int layer, int stage, const float *x, uint64_t n);
 
 /* Runs s's evals with the replay r (NULL: none); r must outlive its use.
  * Replay evaluates the tokens 0..T-1 from an empty cache (model.c). */
