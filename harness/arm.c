@@ -15,6 +15,7 @@
 #include "arm.h"
 
 #include "common.h"
+#include "proto.h"
 
 #include <assert.h>
 #include <limits.h>
@@ -801,14 +802,8 @@ int arm_detokenize(tg_arm *a, const int32_t *ids, int n, int special, char **tex
         b[k / 2] = 0;
         *text = b;
         *len = k / 2;
-    } else {
-        size_t k = json_string_length(t);
-        char *b = xrealloc(NULL, k + 1);
-        memcpy(b, json_string_value(t), k);
-        b[k] = 0;
-        *text = b;
-        *len = k;
-    }
+    } else if (!(*text = proto_string_dup(t, len)))
+        common_out_of_memory(json_string_length(t) + 1);
     json_decref(ans);
     return 0;
 }
