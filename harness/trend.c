@@ -454,6 +454,19 @@ static void spec_keys(const char *text, sbuf *out)
     fy_document_destroy(d);
 }
 
+/* The changed top-level keys of two spec texts into out (spec_keys,
+ * flat_diff); returns the count. */
+static int spec_diff(const char *tx, const char *ty, sbuf *out)
+{
+    sbuf kx = {0}, ky = {0};
+    spec_keys(tx, &kx);
+    spec_keys(ty, &ky);
+    int n = flat_diff(sb_str(&kx), sb_str(&ky), out);
+    free(kx.p);
+    free(ky.p);
+    return n;
+}
+
 /* Whether arm a ran the same binaries in runs x and y. */
 static int same_bins(const arm_fp *x, const arm_fp *y)
 {
@@ -526,18 +539,14 @@ static void describe_cause(const history *h, const run_pt *x, const run_pt *y, i
         free(d.p);
     }
     if (strcmp(x->spec_sha, y->spec_sha)) {
-        sbuf kx = {0}, ky = {0}, d = {0};
-        spec_keys(x->spec_text, &kx);
-        spec_keys(y->spec_text, &ky);
-        if (flat_diff(sb_str(&kx), sb_str(&ky), &d)) {
+        sbuf d = {0};
+        if (spec_diff(x->spec_text, y->spec_text, &d)) {
             sb_printf(out, "%sspec %s", n ? "; " : "", sb_str(&d));
             n++;
         } else if (!n) {
             sb_printf(out, "spec text (sha256 %.8s -> %.8s)", x->spec_sha, y->spec_sha);
             n++;
         }
-        free(kx.p);
-        free(ky.p);
         free(d.p);
     }
     if (!n) sb_printf(out, "binaries, model and spec unchanged");
@@ -859,15 +868,11 @@ static int print_changes(const history *h, const run_pt *P, const run_pt *L, con
         free(d.p);
     }
     if (strcmp(P->spec_sha, L->spec_sha)) {
-        sbuf kx = {0}, ky = {0}, d = {0};
-        spec_keys(P->spec_text, &kx);
-        spec_keys(L->spec_text, &ky);
-        if (flat_diff(sb_str(&kx), sb_str(&ky), &d)) {
+        sbuf d = {0};
+        if (spec_diff(P->spec_text, L->spec_text, &d)) {
             fprintf(out, "%sCHANGE spec %s (run %lld -> %lld)\n", li, sb_str(&d), (long long)P->id, (long long)L->id);
             n++;
         }
-        free(kx.p);
-        free(ky.p);
         free(d.p);
     }
     return n;
