@@ -409,6 +409,18 @@ int64_t common_add_sat(int64_t a, int64_t b)
 
 /* ---- command lines ---- */
 
+int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
+                          const char ***pos, int *n_pos)
+{
+    *pos = xcalloc((size_t)cli->max_pos + 1, sizeof **pos);
+    int rc = common_cli_parse(cli, argc, argv, on_opt, ud, *pos, n_pos);
+    if (rc != COMMON_CLI_OK) {
+        free(*pos);
+        *pos = NULL;
+    }
+    return rc;
+}
+
 int common_cli_wants_help(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {

@@ -164,6 +164,12 @@ typedef int (*common_cli_fn)(void *ud, int id, const char *value, tg_err *e);
 int common_cli_parse(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
                      const char **pos, int *n_pos);
 
+/* common_cli_parse into a positional list it allocates (cli->max_pos + 1
+ * entries) into *pos: the caller frees it when COMMON_CLI_OK is returned;
+ * otherwise nothing is left allocated (*pos NULL). */
+int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
+                          const char ***pos, int *n_pos);
+
 /* Whether argv[1..argc-1] asks for help (--help or -h before any "--").
  * For commands whose own parser lives elsewhere. */
 int common_cli_wants_help(int argc, char **argv);

@@ -1344,13 +1344,10 @@ int trend_main(int argc, char **argv)
         {NULL, 0, NULL, 0}};
     const common_cli cli = {"trend", "(see tokgate help trend)\n", lo, argc};
     topts o = {.db = "tokgate.db", .format = "text", .window = TREND_WINDOW};
-    const char **pos = xcalloc((size_t)argc + 1, sizeof *pos);
+    const char **pos;
     int np = 0;
-    int prc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, &o, pos, &np);
-    if (prc) {
-        free(pos);
-        return prc == COMMON_CLI_HELP ? 0 : prc;
-    }
+    int prc = common_cli_parse_list(&cli, argc - 1, argv + 1, on_opt, &o, &pos, &np);
+    if (prc) return prc == COMMON_CLI_HELP ? 0 : prc;
     const char *db = o.db, *format = o.format, *outp = o.out, *svgdir = o.svg, *plan = o.plan;
     int window = o.window;
     if (strcmp(format, "text") && strcmp(format, "md")) {
