@@ -943,8 +943,7 @@ int localize_main(int argc, char **argv)
         fprintf(stderr, "tokgate localize: --evidence %s: %s\n", evidence, e.msg);
         return 2;
     }
-    if (store_open(&st, db, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&st, db, 0)) {
         return 2;
     }
     if (spec_path) {

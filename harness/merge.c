@@ -460,8 +460,7 @@ int merge_main(int argc, char **argv)
     tg_store *dst;
     struct stat sb;
     int created = lstat(out, &sb) != 0 && errno == ENOENT;   /* removed again if the merge fails */
-    if (store_open(&dst, out, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&dst, out, 0)) {
         if (created) store_remove_files(out);
         free(in);
         return 2;

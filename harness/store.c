@@ -561,6 +561,27 @@ fail:
     return -1;
 }
 
+int store_open_cmd(tg_store **st, const char *db, int mode)
+{
+    tg_err e;
+    struct stat sb;
+    *st = NULL;
+    if (mode && stat(db, &sb) != 0) {
+        fprintf(stderr, "tokgate: no such store: %s (%s; give --db FILE of an existing store)\n", db,
+                strerror(errno));
+        return 2;
+    }
+    if (mode && !S_ISREG(sb.st_mode)) {
+        fprintf(stderr, "tokgate: --db %s: expected a store file, got something else\n", db);
+        return 2;
+    }
+    if ((mode == 2 ? store_open_ro(st, db, &e) : store_open(st, db, &e)) < 0) {
+        fprintf(stderr, "tokgate: %s\n", e.msg);
+        return 2;
+    }
+    return 0;
+}
+
 int store_open_ro(tg_store **out, const char *path, tg_err *e)
 {
     *out = NULL;

@@ -681,8 +681,7 @@ int sweep_main(int argc, char **argv)
         return 2;
     }
     tg_store *st;
-    if (store_open(&st, o.db ? o.db : "tokgate.db", &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&st, o.db ? o.db : "tokgate.db", 0)) {
         sweep_free(sw);
         return 2;
     }
@@ -821,13 +820,11 @@ int sweep_run_main(int argc, char **argv)
     char dbdef[64];
     snprintf(dbdef, sizeof dbdef, "tokgate-shard-%d-of-%d.db", si, sn);
     const char *db = o.db ? o.db : dbdef;
-    tg_err e;
     tg_store *st;
     struct stat sb;
     if (stat(db, &sb) == 0) {
         /* a finished shard (the file only appears complete): report, run nothing */
-        if (store_open(&st, db, &e) < 0) {
-            fprintf(stderr, "tokgate: %s\n", e.msg);
+        if (store_open_cmd(&st, db, 0)) {
             json_decref(plan);
             return 2;
         }
@@ -851,8 +848,7 @@ int sweep_run_main(int argc, char **argv)
     char partial[PATH_MAX + 16];
     snprintf(partial, sizeof partial, "%s.partial", db);
     store_remove_files(partial);
-    if (store_open(&st, partial, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&st, partial, 0)) {
         json_decref(plan);
         return 2;
     }
