@@ -160,22 +160,14 @@ static const char *write_spec(void)
         print_message("missing %s (the test double)\n", fa);
         fail();
     }
-    snprintf(m, sizeof m, "%s/m.bin", g_dir);
-    snprintf(sp, sizeof sp, "%s/s.yaml", g_dir);
-    FILE *f = fopen(m, "w");
-    assert_non_null(f);
-    fputs("a stand-in artifact for the test double\n", f);
-    fclose(f);
     char sha[65];
-    tg_err e;
-    assert_int_equal(tg_sha256_file(m, sha, &e), 0);
-    f = fopen(sp, "w");
-    assert_non_null(f);
-    fprintf(f, "name: cli\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-               "steps: 3\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-               "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-            m, sha, fa, fa);
-    fclose(f);
+    make_model(sha);
+    path_in(m, sizeof m, "m.bin");
+    write_in(sp, sizeof sp, "s.yaml",
+             "name: cli\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
+             "steps: 3\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+             "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
+             m, sha, fa, fa);
     return sp;
 }
 

@@ -153,12 +153,8 @@ static void test_faults_through_gate(void **unused)
                                 MODES[i].mode, fa, MODES[i].mode, MODES[i].timeout);
     assert_true(len < cap);
     char sp[2 * PATH_MAX], dbp[2 * PATH_MAX];
-    snprintf(sp, sizeof sp, "%s/s.yaml", g_dir);
+    write_in(sp, sizeof sp, "s.yaml", "%s", t);
     snprintf(dbp, sizeof dbp, "%s/t.db", g_dir);
-    FILE *f = fopen(sp, "w");
-    assert_non_null(f);
-    fputs(t, f);
-    fclose(f);
     free(t);
 
     /* the gate, through the binary (argv, no shell) */

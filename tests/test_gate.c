@@ -42,11 +42,7 @@
 static tg_spec *write_spec(char *text)
 {
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "s.yaml");
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    write_in(p, sizeof p, "s.yaml", "%s", text);
     free(text);
     tg_spec *s;
     tg_err e;

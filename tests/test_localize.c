@@ -197,21 +197,17 @@ static tg_spec *write_spec(const char *name, const char *model, int layer)
     char sha[65], path[PATH_MAX + 32];
     tg_err e;
     if (tg_sha256_file(model, sha, &e) < 0) fail_msg("%s", e.msg);
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: localize-%s\nmodel: {path: %s, sha256: %s}\n"
-            "prompts:\n  - {id: p1, text: \"The following options are supported:\"}\n"
-            "steps: 6\ntop_k: 16\nlegs: 1\nmode: teacher-forced\nreference: ref\npolicy: {kind: exact}\n"
-            "arms:\n"
-            "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
-            "  - {name: cpu-t2, engine: cpu, options: {threads: 2}}\n"
-            "  - {name: ref, engine: ref}\n"
-            "  - {name: cpu-bf16, engine: cpu, options: {threads: 1, perturb: \"bf16:ffn_out:%d\"}}\n"
-            "  - {name: ref-bf16, engine: ref, options: {perturb: \"bf16:ffn_out:%d\"}}\n",
-            name, model, sha, layer, layer);
-    fclose(f);
+    write_in(path, sizeof path, name,
+             "name: localize-%s\nmodel: {path: %s, sha256: %s}\n"
+             "prompts:\n  - {id: p1, text: \"The following options are supported:\"}\n"
+             "steps: 6\ntop_k: 16\nlegs: 1\nmode: teacher-forced\nreference: ref\npolicy: {kind: exact}\n"
+             "arms:\n"
+             "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
+             "  - {name: cpu-t2, engine: cpu, options: {threads: 2}}\n"
+             "  - {name: ref, engine: ref}\n"
+             "  - {name: cpu-bf16, engine: cpu, options: {threads: 1, perturb: \"bf16:ffn_out:%d\"}}\n"
+             "  - {name: ref-bf16, engine: ref, options: {perturb: \"bf16:ffn_out:%d\"}}\n",
+             name, model, sha, layer, layer);
     tg_spec *s;
     if (spec_load(&s, path, &e) < 0) fail_msg("spec: %s", e.msg);
     return s;

@@ -332,10 +332,7 @@ static void test_merge_bad_input(void **state)
     assert_int_equal(merge_into("c.db", "c.db", &ms, &e), -1);
     if (!strstr(e.msg, "output store itself")) fail_msg("merging a store into itself: %s", e.msg);
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "d.db");
-    FILE *f = fopen(p, "w");
-    fputs("not a database", f);
-    fclose(f);
+    write_in(p, sizeof p, "d.db", "not a database");
     assert_int_equal(merge_into("c.db", "d.db", &ms, &e), -1);
     if (!strstr(e.msg, "d.db")) fail_msg("should name the bad file: %s", e.msg);
 }

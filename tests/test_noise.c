@@ -341,21 +341,17 @@ static void test_real_variants(void **st_)
         if (i == 3) fputs(line, out);
     fclose(in);
     fclose(out);
-    snprintf(sp, sizeof sp, "%s/s.yaml", g_dir);
-    FILE *f = fopen(sp, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: noise-real\nmodel: {path: %s, sha256: %s}\nprompts: %s\nsteps: 16\ntop_k: 32\n"
-            "legs: 1\nmode: teacher-forced\nreference: llama-cpu\npolicy: {kind: noise}\njobs: 2\n"
-            "arms:\n"
-            "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
-            "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 2}}}\n"
-            "  - {name: llama-f32kv, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 1,"
-            " flash_attn: \"off\", n_ubatch: 1, type_k: f32, type_v: f32}}}\n"
-            "  - {name: llama-fa-ub1, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 2,"
-            " flash_attn: \"on\", n_ubatch: 1}}}\n",
-            model, sha, pp, lib, lib, lib);
-    fclose(f);
+    write_in(sp, sizeof sp, "s.yaml",
+             "name: noise-real\nmodel: {path: %s, sha256: %s}\nprompts: %s\nsteps: 16\ntop_k: 32\n"
+             "legs: 1\nmode: teacher-forced\nreference: llama-cpu\npolicy: {kind: noise}\njobs: 2\n"
+             "arms:\n"
+             "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
+             "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 2}}}\n"
+             "  - {name: llama-f32kv, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 1,"
+             " flash_attn: \"off\", n_ubatch: 1, type_k: f32, type_v: f32}}}\n"
+             "  - {name: llama-fa-ub1, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 2,"
+             " flash_attn: \"on\", n_ubatch: 1}}}\n",
+             model, sha, pp, lib, lib, lib);
     tg_spec *spec;
     if (spec_load(&spec, sp, &e) < 0) fail_msg("spec: %s", e.msg);
     char db[PATH_MAX + 16];

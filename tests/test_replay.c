@@ -268,15 +268,11 @@ static int run(const char *argv_yaml, const char *options, rp_table **t, char *w
     char sha[65], path[PATH_MAX + 32];
     tg_err e;
     if (tg_sha256_file(g_model, sha, &e) < 0) fail_msg("%s", e.msg);
-    snprintf(path, sizeof path, "%s/spec.yaml", g_dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: replay\nmodel: {path: %s, sha256: %s}\n"
-            "prompts:\n  - {id: p1, text: \"x\"}\nsteps: 1\ntop_k: 4\nlegs: 1\nreference: arm\npolicy: {kind: exact}\n"
-            "arms:\n  - {name: arm, exec: %s, options: %s}\n",
-            g_model, sha, argv_yaml, options);
-    fclose(f);
+    write_in(path, sizeof path, "spec.yaml",
+             "name: replay\nmodel: {path: %s, sha256: %s}\n"
+             "prompts:\n  - {id: p1, text: \"x\"}\nsteps: 1\ntop_k: 4\nlegs: 1\nreference: arm\npolicy: {kind: exact}\n"
+             "arms:\n  - {name: arm, exec: %s, options: %s}\n",
+             g_model, sha, argv_yaml, options);
     tg_spec *s;
     if (spec_load(&s, path, &e) < 0) fail_msg("spec: %s", e.msg);
     char bin[PATH_MAX + 8];
@@ -454,22 +450,19 @@ static void test_power(void **st)
     (void)st;
     if (!have_engine()) skip_msg("tg-engine or the shipped model missing");
     char spec[PATH_MAX + 32], outp[PATH_MAX + 32], tg[PATH_MAX + 32];
-    snprintf(spec, sizeof spec, "%s/power.yaml", g_dir);
 
     snprintf(outp, sizeof outp, "%s/power.out", g_dir);
     snprintf(tg, sizeof tg, "%s/bin/tokgate", g_build);
     char sha[65];
     tg_err e;
     if (tg_sha256_file(g_model, sha, &e) < 0) fail_msg("%s", e.msg);
-    FILE *f = fopen(spec, "w");
-    assert_non_null(f);
-    fprintf(f, "name: power\nmodel: {path: %s, sha256: %s}\nprompts:\n"
-               "  - {id: p1, text: \"The following options are supported:\"}\n"
-               "  - {id: p2, text: \"def main(argv):\"}\n"
-               "steps: 16\ntop_k: 4\nlegs: 1\nreference: ref\npolicy: {kind: near-tie, band: 0.2}\n"
-               "arms:\n  - {name: cpu, engine: cpu, options: {threads: 2}}\n  - {name: ref, engine: ref}\n",
-            g_model, sha);
-    fclose(f);
+    write_in(spec, sizeof spec, "power.yaml",
+             "name: power\nmodel: {path: %s, sha256: %s}\nprompts:\n"
+             "  - {id: p1, text: \"The following options are supported:\"}\n"
+             "  - {id: p2, text: \"def main(argv):\"}\n"
+             "steps: 16\ntop_k: 4\nlegs: 1\nreference: ref\npolicy: {kind: near-tie, band: 0.2}\n"
+             "arms:\n  - {name: cpu, engine: cpu, options: {threads: 2}}\n  - {name: ref, engine: ref}\n",
+             g_model, sha);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);

@@ -72,11 +72,7 @@ static int teardown(void **st)
 static int parse_text(const char *text, tg_spec **out, tg_err *e)
 {
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "s.yaml");
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    write_in(p, sizeof p, "s.yaml", "%s", text);
     return spec_load(out, p, e);
 }
 

@@ -46,16 +46,6 @@
 #include "testenv.h"
 #include "trend.h"
 
-static void write_file(const char *name, const char *text)
-{
-    char p[2 * PATH_MAX];
-    snprintf(p, sizeof p, "%s/%s", g_dir, name);
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static const char MODEL_SHA[] = "9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657";
 
 /* A spec of the shipped model with cpu, ref and llama-cpu arms (absolute paths). */
@@ -76,12 +66,12 @@ static void write_spec(void)
              "  - {name: ref, engine: ref}\n"
              "  - {name: llama-cpu, llama: {lib: %s/npm/linux-x64/bins/linux-x64/libllama.so, options: {threads: 2}}}\n",
              g_root, MODEL_SHA, g_cache);
-    write_file("spec.yaml", text);
+    write_in(NULL, 0, "spec.yaml", "%s", text);
 }
 
 static tg_sweep *load_sweep(const char *text, tg_err *e)
 {
-    write_file("sweep.yaml", text);
+    write_in(NULL, 0, "sweep.yaml", "%s", text);
     char p[2 * PATH_MAX];
     snprintf(p, sizeof p, "%s/sweep.yaml", g_dir);
     tg_sweep *sw = NULL;
@@ -204,8 +194,8 @@ static void test_sweep_paths_from_sweep_folder(void **state)
     assert_non_null(strstr(text, "name: tiny\n"));
     char moved[16500];
     snprintf(moved, sizeof moved, "name: tiny-sub\n%s", strstr(text, "name: tiny\n") + strlen("name: tiny\n"));
-    write_file("sub/spec.yaml", moved);
-    write_file("sub/sweep.yaml", "name: paths\nspecs: [{spec: spec.yaml}]\n");
+    write_in(NULL, 0, "sub/spec.yaml", "%s", moved);
+    write_in(NULL, 0, "sub/sweep.yaml", "%s", "name: paths\nspecs: [{spec: spec.yaml}]\n");
     assert_non_null(getcwd(cwd, sizeof cwd));
     assert_int_equal(chdir(g_dir), 0);              /* ./spec.yaml exists here too */
     tg_err e;

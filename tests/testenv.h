@@ -2,7 +2,8 @@
  * testenv.h: what the test programs share: the repository, build and cache
  * folders (TG_ROOT, TG_BUILD, TG_CACHE, which scripts/run-tests.sh sets;
  * defaults ".", ROOT/build and ROOT/.cache), one temporary folder per test
- * (or per program), a stand-in model file for test doubles, and skip_msg.
+ * (or per program), files written into it (write_in), a stand-in model
+ * file for test doubles, and skip_msg.
  *
  * And the main() of a test program (TG_TEST_MAIN): every test runs
  * between two fixtures, these (testenv_setup, testenv_teardown) or the
@@ -18,6 +19,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,16 +97,29 @@ static inline void path_in(char *buf, size_t n, const char *name)
     snprintf(buf, n, "%s/%s", g_dir, name);
 }
 
+/* Writes the file g_dir/name with the text of fmt (printf); its path into
+ * buf (n bytes; buf NULL: not wanted). */
+__attribute__((format(printf, 4, 5))) static inline void write_in(char *buf, size_t n, const char *name,
+                                                                  const char *fmt, ...)
+{
+    char own[2 * PATH_MAX];
+    if (!buf) buf = own, n = sizeof own;
+    path_in(buf, n, name);
+    FILE *f = fopen(buf, "w");
+    assert_non_null(f);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    assert_int_equal(fclose(f), 0);
+}
+
 /* A stand-in "model" file g_dir/m.bin for test doubles (they never read
  * it); its sha256 into hex. */
 static inline void make_model(char hex[65])
 {
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "m.bin");
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs("a stand-in artifact for the test double\n", f);
-    fclose(f);
+    write_in(p, sizeof p, "m.bin", "a stand-in artifact for the test double\n");
     tg_err e;
     assert_int_equal(tg_sha256_file(p, hex, &e), 0);
 }
