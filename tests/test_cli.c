@@ -161,8 +161,7 @@ static const char *write_spec(void)
         fail();
     }
     char sha[65];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     write_in(sp, sizeof sp, "s.yaml",
              "name: cli\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
              "steps: 3\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
@@ -171,9 +170,13 @@ static const char *write_spec(void)
     return sp;
 }
 
-/* Runs `tokgate gate SPEC --db db` n times; each must pass. */
-static void gate_runs(const char *sp, const char *db, int n)
+/* Writes the spec (write_spec) and runs `tokgate gate SPEC --db DB` n times
+ * into DB = g_dir/t.db (its path into db, n_db bytes); each must pass.
+ * Returns the spec's path. */
+static const char *gate_runs(char *db, size_t n_db, int n)
 {
+    path_in(db, n_db, "t.db");
+    const char *sp = write_spec();
     char err[8192], *out;
     const char *g[] = {"gate", sp, "--db", db, NULL};
     for (int i = 0; i < n; i++) {
@@ -182,6 +185,7 @@ static void gate_runs(const char *sp, const char *db, int n)
         assert_int_equal(rc, 0);
         free(out);
     }
+    return sp;
 }
 
 /* Two runs of a spec over the test double; `rescore` without RUN takes the
@@ -190,9 +194,7 @@ static void rescore_defaults_to_latest_run(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 2);
+    gate_runs(db, sizeof db, 2);
     char err[8192], *out;
     const char *r[] = {"rescore", "--db", db, "--band", "0.5", NULL};
     assert_int_equal(tokgate(r, &out, err, sizeof err), 0);
@@ -238,10 +240,8 @@ static void out_naming_the_store_is_refused(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX], wal[2 * PATH_MAX + 8], sha0[65], sha1[65];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
+    const char *sp = gate_runs(db, sizeof db, 1);
     snprintf(wal, sizeof wal, "%s-wal", db);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 1);
     long long runs0, runs1;
     store_state(db, sha0, &runs0);
     char err[8192], *out;
@@ -276,11 +276,9 @@ static void outputs_checked_before_the_run(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX], deep[2 * PATH_MAX + 32], ev[2 * PATH_MAX + 32], sha[65];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
     snprintf(deep, sizeof deep, "%s/a/b/r.xml", g_dir);
     snprintf(ev, sizeof ev, "%s/ev/dence", g_dir);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 1);
+    const char *sp = gate_runs(db, sizeof db, 1);
     long long runs0, runs1;
     store_state(db, sha, &runs0);
     char err[8192], *out;
@@ -343,9 +341,7 @@ static void interrupted_run_is_not_measurable(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 1);
+    const char *sp = gate_runs(db, sizeof db, 1);
     char err[8192], *out;
     const char *b[] = {"bench", sp, "--db", db, NULL};
     assert_int_equal(tokgate(b, &out, err, sizeof err), 0);   /* a complete PASS unlocks bench */

@@ -176,7 +176,7 @@ static void test_faulted_arms(void **unused)
 {
     (void)unused;
     char sha[65];
-    make_model(sha);
+    make_model(sha, NULL, 0);
     tg_spec *s = fault_spec(sha, 2);
     tg_store *st = open_db();
     double t0 = tg_now();
@@ -252,8 +252,7 @@ static void test_degenerate_logits(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     const char *fa = fault_arm();
     static const char *const cases[][4] = {
         /* reference mode, test arm mode, the arm's verdict, reason fragment */
@@ -342,8 +341,7 @@ static void test_cpu_budget(void **unused)
     assert_int_equal(gate_cpus(), 2);
     setenv("TG_FAULT_DELAY_MS", "200", 1);
     char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     const char *fa = fault_arm();
     static const int threads[] = {2, 1, 8};
     static const int peak[] = {2, 2, 2};
@@ -387,8 +385,7 @@ static void test_cpu_budget(void **unused)
 static tg_spec *double_spec(const char *head, const char *const *arms)
 {
     char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     const char *fa = fault_arm();
     char *t;
     assert_true(asprintf(&t, "%smodel: {path: %s, sha256: %s}\nlegs: 2\npolicy: {kind: exact}\narms:\n", head, m,
@@ -477,6 +474,30 @@ static void test_worker_error_text(void **unused)
     spec_free(s);
 }
 
+/* `tokgate gate` of g_dir/s.yaml into g_dir/t.db refuses the spec: exit
+ * status 2, with want (NULL: anything) on stderr. Returns 1, or 0 when
+ * tokgate is not built (said, not checked). */
+static int cli_gate_refused(const char *want)
+{
+    if (!exists(g_tokgate)) {
+        print_message("(tokgate not built: CLI exit status not checked)\n");
+        return 0;
+    }
+    char sp[2 * PATH_MAX], db[2 * PATH_MAX];
+    path_in(sp, sizeof sp, "s.yaml");
+    path_in(db, sizeof db, "t.db");
+    char *argv[] = {g_tokgate, "gate", sp, "--db", db, NULL};
+    char *out;
+    size_t n;
+    arm_exit x;
+    tg_err e;
+    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &out, &n, &x, &e), -1);
+    assert_int_equal(x.exit_status, 2);
+    if (want) assert_non_null(strstr(x.stderr_text, want));
+    arm_exit_free(&x);
+    return 1;
+}
+
 /* Input errors found before anything runs (exit 2, nothing stored): a
  * model that is not a whole GGUF file for an engine arm (every leg failed
  * and the run was NOT_MEASURABLE, exit 1), and steps x top_k whose scoring
@@ -485,8 +506,7 @@ static void test_inputs_checked_first(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], cut[2 * PATH_MAX], shipped[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     path_in(cut, sizeof cut, "cut.gguf");
     snprintf(shipped, sizeof shipped, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
     const char *fa = fault_arm();
@@ -538,18 +558,7 @@ static void test_inputs_checked_first(void **unused)
     assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
     store_close(st);
     /* the CLI: exit status 2, an input error */
-    char tg[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
-    snprintf(tg, sizeof tg, "%s/tokgate", g_bin);
-    if (!exists(tg)) return;
-    path_in(sp, sizeof sp, "s.yaml");
-    path_in(db, sizeof db, "t.db");
-    char *argv[] = {tg, "gate", sp, "--db", db, NULL};
-    char *outp;
-    size_t n;
-    arm_exit x;
-    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &outp, &n, &x, &e), -1);
-    assert_int_equal(x.exit_status, 2);
-    arm_exit_free(&x);
+    cli_gate_refused(NULL);
 }
 
 /* A pinned hash that does not match: nothing new is stored. */
@@ -557,7 +566,7 @@ static void test_artifact_mismatch_stores_nothing(void **unused)
 {
     (void)unused;
     char sha[65];
-    make_model(sha);
+    make_model(sha, NULL, 0);
     tg_store *st = open_db();
     long long runs = q_int(st, "SELECT count(*) FROM run", 0, NULL);
     long long legs = q_int(st, "SELECT count(*) FROM leg", 0, NULL);
@@ -574,22 +583,7 @@ static void test_artifact_mismatch_stores_nothing(void **unused)
     spec_free(s);
 
     /* the CLI: exit status 2 */
-    char tg[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
-    snprintf(tg, sizeof tg, "%s/tokgate", g_bin);
-    if (!exists(tg)) {
-        print_message("(tokgate not built: CLI exit status not checked)\n");
-        return;
-    }
-    path_in(sp, sizeof sp, "s.yaml");
-    path_in(db, sizeof db, "t.db");
-    char *argv[] = {tg, "gate", sp, "--db", db, NULL};
-    char *out;
-    size_t n;
-    arm_exit x;
-    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &out, &n, &x, &e), -1);
-    assert_int_equal(x.exit_status, 2);
-    assert_non_null(strstr(x.stderr_text, "sha256 mismatch"));
-    arm_exit_free(&x);
+    if (!cli_gate_refused("sha256 mismatch")) return;
     st = open_db();
     assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
     store_close(st);

@@ -149,14 +149,45 @@ static int64_t run_gate(tg_store *st, const tg_spec *s, int *faulted, verdict_re
     return r.run_id;
 }
 
-/* Writes the spec text t (freed) as s.yaml, loads it into *s, runs the gate
- * into a fresh store *st and scores it (run_gate). Returns the run id. */
-static int64_t run_text(char *t, tg_spec **s, tg_store **st, int *faulted, verdict_result *vr)
+/* A gated run: its spec, its (fresh) store, whether a leg faulted, the
+ * verdict and the run id. */
+typedef struct gated {
+    tg_spec *s;
+    tg_store *st;
+    int faulted;
+    verdict_result vr;
+    int64_t run;
+} gated;
+
+/* Runs the gate over spec s (owned by g from here) into a fresh store and
+ * scores it (run_gate). */
+static void gate_spec(tg_spec *s, gated *g)
 {
-    *s = write_spec(t);
+    g->s = s;
+    g->st = open_db();
+    g->run = run_gate(g->st, s, &g->faulted, &g->vr);
+}
+
+/* gate_spec over the spec text t (freed), written as s.yaml. */
+static void gate_text(char *t, gated *g)
+{
+    tg_spec *s = write_spec(t);
     free(t);
-    *st = open_db();
-    return run_gate(*st, *s, faulted, vr);
+    gate_spec(s, g);
+}
+
+/* gate_text that no leg faulted in (the faulted legs' causes printed). */
+static void gate_clean(char *t, gated *g)
+{
+    gate_text(t, g);
+    if (g->faulted) print_causes(g->st, g->run);
+    assert_int_equal(g->faulted, 0);
+}
+
+static void gated_free(gated *g)
+{
+    store_close(g->st);
+    spec_free(g->s);
 }
 
 /* A spec (the caller frees it) over the shipped model and prompts: head's
@@ -199,9 +230,8 @@ static void test_spec_http_arm(void **unused)
 {
     (void)unused;
     char sha[65];
-    make_model(sha);
     char m[2 * PATH_MAX], *t;
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     assert_true(asprintf(&t,
                          "name: h\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
                          "steps: 2\ntop_k: 4\nlegs: 1\nreference: srv\npolicy: {kind: exact}\n"
@@ -287,32 +317,29 @@ static void test_llama_server_gate(void **unused)
     tg_spec *s;
     tg_err e;
     if (spec_load(&s, "specs/server.yaml", &e) < 0) fail_msg("%s", e.msg);
-    tg_store *st = open_db();
-    int faulted;
-    verdict_result vr;
+    gated g;
     double t0 = tg_now();
-    int64_t run = run_gate(st, s, &faulted, &vr);
-    print_message("specs/server.yaml: %s in %.1f s\n", vr.verdict, tg_now() - t0);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
-    assert_string_equal(vr.verdict, "PASS");
+    gate_spec(s, &g);
+    print_message("specs/server.yaml: %s in %.1f s\n", g.vr.verdict, tg_now() - t0);
+    if (g.faulted) print_causes(g.st, g.run);
+    assert_int_equal(g.faulted, 0);
+    assert_string_equal(g.vr.verdict, "PASS");
     char v[128];
-    arm_key(st, run, "llama-server", "TOKEN_GATE", v, sizeof v);
+    arm_key(g.st, g.run, "llama-server", "TOKEN_GATE", v, sizeof v);
     assert_string_equal(v, "PASS");
-    arm_key(st, run, "llama-server", "GENERATION_DIVERGENCES", v, sizeof v);
+    arm_key(g.st, g.run, "llama-server", "GENERATION_DIVERGENCES", v, sizeof v);
     assert_string_equal(v, "0/288");
-    arm_key(st, run, "llama-server", "LEGS_CLEAN", v, sizeof v);
+    arm_key(g.st, g.run, "llama-server", "LEGS_CLEAN", v, sizeof v);
     assert_string_equal(v, "2/2");
     /* every compared step of both legs EXACT, over the reference's 32 ids */
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND s.token = s.forced", run, "llama-server", v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
+                 "WHERE l.run_id = ?1 AND a.name = ?2 AND s.token = s.forced", g.run, "llama-server", v, sizeof v);
     assert_string_equal(v, "576");
-    q_text(st, "SELECT json_extract(hello, '$.arm.logits') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2", run, "llama-server", v, sizeof v);
+    q_text(g.st, "SELECT json_extract(hello, '$.arm.logits') FROM leg l JOIN arm a ON a.id = l.arm_id "
+                 "WHERE l.run_id = ?1 AND a.name = ?2", g.run, "llama-server", v, sizeof v);
     assert_string_equal(v, "logprob");
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(g.st);
+    gated_free(&g);
 }
 
 /* Free mode over llama-server: each arm decodes alone, the server a whole
@@ -323,22 +350,16 @@ static void test_llama_server_free(void **unused)
     char srv[PATH_MAX * 2];
     need_server(srv, sizeof srv);
     char *t = server_spec(srv, "name: server-free\nsteps: 24\ntop_k: 8\nmode: free\n", "srv", "");
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
-    assert_string_equal(vr.verdict, "PASS");
+    gated g;
+    gate_clean(t, &g);
+    assert_string_equal(g.vr.verdict, "PASS");
     char v[128];
-    arm_key(st, run, "srv", "GENERATION_DIVERGENCES", v, sizeof v);
+    arm_key(g.st, g.run, "srv", "GENERATION_DIVERGENCES", v, sizeof v);
     assert_string_equal(v, "0/144");
-    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "srv", v, sizeof v);
+    q_text(g.st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
+                 "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", g.run, "srv", v, sizeof v);
     assert_string_equal(v, "6");
-    store_close(st);
-    spec_free(s);
+    gated_free(&g);
 }
 
 /* The same server's OpenAI-compatible endpoint: 20 log-probabilities a
@@ -350,30 +371,24 @@ static void test_openai_gate(void **unused)
     need_server(srv, sizeof srv);
     char *t = server_spec(srv, "name: server-openai\nsteps: 16\ntop_k: 32\n", "openai",
                           "      api: openai\n      tokens_per_request: 4\n");
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
-    assert_string_equal(vr.verdict, "PASS");
+    gated g;
+    gate_clean(t, &g);
+    assert_string_equal(g.vr.verdict, "PASS");
     char v[128];
-    arm_key(st, run, "openai", "GENERATION_DIVERGENCES", v, sizeof v);
+    arm_key(g.st, g.run, "openai", "GENERATION_DIVERGENCES", v, sizeof v);
     assert_string_equal(v, "0/96");
     /* the shorter lists are compared over the reference's first 20 ids:
      * log-probabilities of the same logits give a KL of rounding size */
-    arm_key(st, run, "openai", "KL_MEAN", v, sizeof v);
+    arm_key(g.st, g.run, "openai", "KL_MEAN", v, sizeof v);
     double kl = strtod(v, NULL);
     print_message("openai arm: KL_MEAN %s over 20 of the reference's 32 ids\n", v);
     if (!(kl >= 0 && kl < 1e-9)) fail_msg("KL_MEAN %s, expected below 1e-9 for the same logits", v);
     /* 16 steps in at most 4 tokens a request: 4 requests a prompt */
-    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "openai", v, sizeof v);
+    q_text(g.st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
+                 "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", g.run, "openai", v, sizeof v);
     assert_string_equal(v, "24");
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(g.st);
+    gated_free(&g);
 }
 
 /* ---- faults, with the test double ---- */
@@ -416,8 +431,7 @@ static void test_faults(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     need_file(fa, "the test double arm: build tests/helpers");
     int rfd, rport = refused_port(&rfd);
@@ -508,8 +522,7 @@ static void test_free_continuation(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX], a[3 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     need_file(fa, "the test double arm: build tests/helpers");
     double_arm(a, sizeof a, "short", "short", NULL);
@@ -520,22 +533,16 @@ static void test_free_continuation(void **unused)
                          "steps: 5\ntop_k: 4\nlegs: 2\nmode: free\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok], role: oracle}\n%s",
                          m, sha, fa, a) > 0);
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
+    gated g;
+    gate_clean(t, &g);
     char v[256];
-    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "short", v, sizeof v);
+    q_text(g.st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
+                 "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", g.run, "short", v, sizeof v);
     assert_string_equal(v, "6");
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND s.forced IS NULL", run, "short", v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
+                 "WHERE l.run_id = ?1 AND a.name = ?2 AND s.forced IS NULL", g.run, "short", v, sizeof v);
     assert_string_equal(v, "20");
-    store_close(st);
-    spec_free(s);
+    gated_free(&g);
 }
 
 /* ---- secrets ---- */
@@ -563,8 +570,7 @@ static void test_api_key_not_stored(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX], a[3 * PATH_MAX], b[3 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     need_file(fa, "the test double arm: build tests/helpers");
     static const char secret[] = "s3cr3t-tokgate-test-key-5b1e";
@@ -578,40 +584,36 @@ static void test_api_key_not_stored(void **unused)
                          "steps: 3\ntop_k: 4\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok], role: oracle}\n%s%s",
                          m, sha, fa, a, b) > 0);
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
+    gated g;
+    gate_text(t, &g);
     unsetenv("TG_DOUBLE_KEY");
     unsetenv("TG_TEST_API_KEY");
     char v[2048];
-    q_text(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-               "AND l.cause IS NULL", run, "keyed", v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
+                 "AND l.cause IS NULL", g.run, "keyed", v, sizeof v);
     if (strcmp(v, "2")) {
-        print_causes(st, run);
+        print_causes(g.st, g.run);
         fail_msg("the arm with the key: %s clean legs, expected 2", v);
     }
-    q_text(st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-               "AND l.leg = 1", run, "keyless", v, sizeof v);
+    q_text(g.st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
+                 "AND l.leg = 1", g.run, "keyless", v, sizeof v);
     if (!strstr(v, "HTTP 401: test double: missing or wrong API key")) fail_msg("keyless: cause '%s'", v);
     /* the value appears in no stored text */
-    q_text(st, "SELECT count(*) FROM arm WHERE run_id = ?1 AND instr(config, ?2) > 0", run, secret, v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM arm WHERE run_id = ?1 AND instr(config, ?2) > 0", g.run, secret, v, sizeof v);
     assert_string_equal(v, "0");
-    q_text(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND (instr(hello, ?2) > 0 OR instr(model, ?2) > 0 "
-               "OR instr(coalesce(cause, ''), ?2) > 0 OR instr(coalesce(counters, ''), ?2) > 0)", run, secret, v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND (instr(hello, ?2) > 0 OR instr(model, ?2) > 0 "
+                 "OR instr(coalesce(cause, ''), ?2) > 0 OR instr(coalesce(counters, ''), ?2) > 0)", g.run, secret, v, sizeof v);
     assert_string_equal(v, "0");
-    q_text(st, "SELECT count(*) FROM run r JOIN spec s ON s.id = r.spec_id WHERE r.id = ?1 AND instr(s.text, ?2) > 0",
-           run, secret, v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM run r JOIN spec s ON s.id = r.spec_id WHERE r.id = ?1 AND instr(s.text, ?2) > 0",
+           g.run, secret, v, sizeof v);
     assert_string_equal(v, "0");
     const char *names[] = {"keyed", "keyless"};
     for (int i = 0; i < 2; i++) {
-        char *err = leg_stderr(st, run, names[i]);
+        char *err = leg_stderr(g.st, g.run, names[i]);
         if (strstr(err, secret)) fail_msg("arm %s: the key is in the stored stderr", names[i]);
         free(err);
     }
-    store_close(st);
-    spec_free(s);
+    gated_free(&g);
 }
 
 TG_TEST_MAIN_WITH(

@@ -115,11 +115,13 @@ __attribute__((format(printf, 4, 5))) static inline void write_in(char *buf, siz
 }
 
 /* A stand-in "model" file g_dir/m.bin for test doubles (they never read
- * it); its sha256 into hex. */
-static inline void make_model(char hex[65])
+ * it); its sha256 into hex, its path into path (n bytes; NULL: not
+ * wanted). */
+static inline void make_model(char hex[65], char *path, size_t n)
 {
     char p[2 * PATH_MAX];
     write_in(p, sizeof p, "m.bin", "a stand-in artifact for the test double\n");
+    if (path) snprintf(path, n, "%s", p);
     tg_err e;
     assert_int_equal(tg_sha256_file(p, hex, &e), 0);
 }
