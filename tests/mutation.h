@@ -252,6 +252,18 @@ static inline int mutation_check_dir(const char *root, const char *subdir, int w
     return n;
 }
 
+#ifdef fail_msg
+/* For the test programs (cmocka included first): every mutation file of
+ * root/subdir checks (mutation_check_dir), and the suite has at least 10. */
+static inline void mutation_assert_dir(const char *root, const char *subdir, int want_stage)
+{
+    char err[4096];
+    int n = mutation_check_dir(root, subdir, want_stage, err, sizeof err);
+    if (n < 0) fail_msg("%s", err);
+    assert_true(n >= 10);
+}
+#endif
+
 /* Builds the mutant of mutation file mut with BUILD/bin/tg-mutate (the one
  * builder) into folder out (out/tg-engine). Returns 0, or -1 with err
  * (tg-mutate's own message: the anchor that moved, the compiler's). */

@@ -340,23 +340,30 @@ static const struct option T_OPTS[] = {{"db", required_argument, NULL, T_DB},
                                        {0}};
 static const common_cli T_CLI = {"demo", "usage: tokgate demo [X] [--db FILE]\n", T_OPTS, 2};
 
-/* Runs common_cli_parse over a NULL-terminated word list with stderr
- * captured into err (stdout into out). */
-static int t_parse(const char *const *words, tctx *c, const char **pos, int *n_pos, char *err, size_t errn,
-                   char *out, size_t outn)
+/* What one parse gave: the options, the positionals, stderr and stdout. */
+typedef struct tparse {
+    tctx c;
+    const char *pos[2];
+    int n;
+    char err[512], out[512];
+} tparse;
+
+/* Runs common_cli_parse over a NULL-terminated word list into r (stderr
+ * and stdout captured); returns its result. */
+static int t_parse(const char *const *words, tparse *r)
 {
     char *argv[16];
     int argc = 0;
     for (; words[argc]; argc++) argv[argc] = (char *)words[argc];
     argv[argc] = NULL;
-    memset(c, 0, sizeof *c);
+    memset(r, 0, sizeof *r);
     fflush(stdout);
     fflush(stderr);
     FILE *fe = tmpfile(), *fo = tmpfile();
     int se = dup(2), so = dup(1);
     dup2(fileno(fe), 2);
     dup2(fileno(fo), 1);
-    int rc = common_cli_parse(&T_CLI, argc, argv, t_opt, c, pos, n_pos);
+    int rc = common_cli_parse(&T_CLI, argc, argv, t_opt, &r->c, r->pos, &r->n);
     fflush(stdout);
     fflush(stderr);
     dup2(se, 2);
@@ -365,10 +372,10 @@ static int t_parse(const char *const *words, tctx *c, const char **pos, int *n_p
     close(so);
     rewind(fe);
     rewind(fo);
-    size_t k = fread(err, 1, errn - 1, fe);
-    err[k] = 0;
-    k = fread(out, 1, outn - 1, fo);
-    out[k] = 0;
+    size_t k = fread(r->err, 1, sizeof r->err - 1, fe);
+    r->err[k] = 0;
+    k = fread(r->out, 1, sizeof r->out - 1, fo);
+    r->out[k] = 0;
     fclose(fe);
     fclose(fo);
     return rc;
@@ -377,61 +384,55 @@ static int t_parse(const char *const *words, tctx *c, const char **pos, int *n_p
 static void cli_parses_getopt_long(void **st)
 {
     (void)st;
-    tctx c;
-    const char *pos[2];
-    int n;
-    char err[512], out[512];
+    tparse r;
     /* options and positionals in any order, --opt=value, a lone "-" positional */
     const char *w1[] = {"demo", "A", "--db", "x.db", "--jobs=2", "-", NULL};
-    int rc = t_parse(w1, &c, pos, &n, err, sizeof err, out, sizeof out);
-    if (rc) print_message("%s", err);
+    int rc = t_parse(w1, &r);
+    if (rc) print_message("%s", r.err);
     assert_int_equal(rc, COMMON_CLI_OK);
-    assert_string_equal(c.db, "x.db");
-    assert_int_equal(c.jobs, 2);
-    assert_int_equal(n, 2);
-    assert_string_equal(pos[0], "A");
-    assert_string_equal(pos[1], "-");
-    assert_string_equal(err, "");
+    assert_string_equal(r.c.db, "x.db");
+    assert_int_equal(r.c.jobs, 2);
+    assert_int_equal(r.n, 2);
+    assert_string_equal(r.pos[0], "A");
+    assert_string_equal(r.pos[1], "-");
+    assert_string_equal(r.err, "");
     /* "--" ends the options: what follows is positional */
     const char *w2[] = {"demo", "--flag", "--", "--db", NULL};
-    assert_int_equal(t_parse(w2, &c, pos, &n, err, sizeof err, out, sizeof out), COMMON_CLI_OK);
-    assert_int_equal(c.flag, 1);
-    assert_int_equal(n, 1);
-    assert_string_equal(pos[0], "--db");
+    assert_int_equal(t_parse(w2, &r), COMMON_CLI_OK);
+    assert_int_equal(r.c.flag, 1);
+    assert_int_equal(r.n, 1);
+    assert_string_equal(r.pos[0], "--db");
     /* --help and -h: the usage on stdout */
     const char *w3[] = {"demo", "A", "--help", "--bogus", NULL};
-    assert_int_equal(t_parse(w3, &c, pos, &n, err, sizeof err, out, sizeof out), COMMON_CLI_HELP);
-    assert_string_equal(out, "usage: tokgate demo [X] [--db FILE]\n");
+    assert_int_equal(t_parse(w3, &r), COMMON_CLI_HELP);
+    assert_string_equal(r.out, "usage: tokgate demo [X] [--db FILE]\n");
     const char *w3b[] = {"demo", "-h", NULL};
-    assert_int_equal(t_parse(w3b, &c, pos, &n, err, sizeof err, out, sizeof out), COMMON_CLI_HELP);
+    assert_int_equal(t_parse(w3b, &r), COMMON_CLI_HELP);
 }
 
 static void cli_errors_are_one_line(void **st)
 {
     (void)st;
-    tctx c;
-    const char *pos[2];
-    int n;
-    char err[512], out[512];
+    tparse r;
     const char *w1[] = {"demo", "--bogus", "v", NULL};
-    assert_int_equal(t_parse(w1, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: unknown option '--bogus' (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w1, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: unknown option '--bogus' (see tokgate demo --help)\n");
     const char *w2[] = {"demo", "-x", NULL};
-    assert_int_equal(t_parse(w2, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: unknown option '-x' (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w2, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: unknown option '-x' (see tokgate demo --help)\n");
     const char *w3[] = {"demo", "--db", NULL};
-    assert_int_equal(t_parse(w3, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: option '--db' needs a value (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w3, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: option '--db' needs a value (see tokgate demo --help)\n");
     const char *w4[] = {"demo", "--jobs", "9", NULL};
-    assert_int_equal(t_parse(w4, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: --jobs: expected 1 or 2, got '9'\n");
+    assert_int_equal(t_parse(w4, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: --jobs: expected 1 or 2, got '9'\n");
     const char *w5[] = {"demo", "a", "b", "c", NULL};
-    assert_int_equal(t_parse(w5, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: unexpected argument 'c' (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w5, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: unexpected argument 'c' (see tokgate demo --help)\n");
     const char *w6[] = {"demo", "--flag=1", NULL};
-    assert_int_equal(t_parse(w6, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_non_null(strstr(err, "'--flag'"));
-    assert_string_equal(out, "");
+    assert_int_equal(t_parse(w6, &r), 2);
+    assert_non_null(strstr(r.err, "'--flag'"));
+    assert_string_equal(r.out, "");
 }
 
 TG_TEST_MAIN(

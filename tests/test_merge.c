@@ -75,12 +75,21 @@ static void make_run(const char *name, const char *spec, int diff)
     store_close(st);
 }
 
-static int64_t count(const char *name, const char *sql)
+/* The sqlite database g_dir/name, opened (its path into p, n bytes; NULL:
+ * not wanted). */
+static sqlite3 *open_in(const char *name, char *p, size_t n)
 {
-    char p[2 * PATH_MAX];
-    path_in(p, sizeof p, name);
+    char own[2 * PATH_MAX];
+    if (!p) p = own, n = sizeof own;
+    path_in(p, n, name);
     sqlite3 *db;
     assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    return db;
+}
+
+static int64_t count(const char *name, const char *sql)
+{
+    sqlite3 *db = open_in(name, NULL, 0);
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
     int64_t v = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
@@ -133,9 +142,7 @@ static void test_migrate_v1(void **state)
     (void)state;
     make_run("v1.db", "s1", -1);
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "v1.db");
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    sqlite3 *db = open_in("v1.db", p, sizeof p);
     /* back to version 1: the tables of SCHEMA_V1 only, run without uid */
     static const char *const V1[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg", "leg_prompt",
                                      "step", "dump", "verdict_set", "verdict", "compare", "contested", NULL};
@@ -186,10 +193,7 @@ static void test_migrate_v1(void **state)
  * prompt, step, rank), so stores with other ids compare. */
 static uint64_t tops_hash(const char *name, const char *spec)
 {
-    char p[2 * PATH_MAX];
-    path_in(p, sizeof p, name);
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    sqlite3 *db = open_in(name, NULL, 0);
     sqlite3_stmt *q;
     assert_int_equal(sqlite3_prepare_v2(db, "SELECT lp.leg_id, lp.prompt_id, a.name, l.leg, pr.name FROM leg_prompt lp"
                                             " JOIN leg l ON l.id = lp.leg_id JOIN arm a ON a.id = l.arm_id"
@@ -296,12 +300,7 @@ static void test_merge_conflict(void **state)
     merge_stats ms;
     if (merge_into("c.db", "a.db", &ms, &e) < 0) fail_msg("%s", e.msg);
     /* a2.db: a copy of a.db whose run has one other token, plus another run */
-    char pa[2 * PATH_MAX], pa2[2 * PATH_MAX];
-    path_in(pa, sizeof pa, "a.db");
-    path_in(pa2, sizeof pa2, "a2.db");
-    sqlite3 *src, *dst;
-    assert_int_equal(sqlite3_open(pa, &src), SQLITE_OK);
-    assert_int_equal(sqlite3_open(pa2, &dst), SQLITE_OK);
+    sqlite3 *src = open_in("a.db", NULL, 0), *dst = open_in("a2.db", NULL, 0);
     sqlite3_backup *bk = sqlite3_backup_init(dst, "main", src, "main");
     assert_non_null(bk);
     sqlite3_backup_step(bk, -1);

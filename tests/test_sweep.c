@@ -69,11 +69,19 @@ static void write_spec(void)
     write_in(NULL, 0, "spec.yaml", "%s", text);
 }
 
+/* The fixture of every test: a fresh g_dir with spec.yaml (write_spec: the
+ * spec named tiny) in it. */
+static int setup(void **state)
+{
+    if (testenv_setup(state) < 0) return -1;
+    write_spec();
+    return 0;
+}
+
 static tg_sweep *load_sweep(const char *text, tg_err *e)
 {
-    write_in(NULL, 0, "sweep.yaml", "%s", text);
     char p[2 * PATH_MAX];
-    snprintf(p, sizeof p, "%s/sweep.yaml", g_dir);
+    write_in(p, sizeof p, "sweep.yaml", "%s", text);
     tg_sweep *sw = NULL;
     if (sweep_load(&sw, p, e) < 0) return NULL;
     return sw;
@@ -83,7 +91,6 @@ static tg_sweep *load_sweep(const char *text, tg_err *e)
 static void test_sweep_resolves_overrides(void **state)
 {
     (void)state;
-    write_spec();
     tg_err e;
     tg_sweep *sw = load_sweep("name: n1\n"
                               "overrides: {steps: 8, legs: 3}\n"
@@ -148,7 +155,6 @@ static void test_sweep_shards(void **state)
 static void test_sweep_bad_input(void **state)
 {
     (void)state;
-    write_spec();
     static const struct { const char *text, *expect; } cases[] = {
         {"name: x\nspecs: []\n", "non-empty list"},
         {"name: x\nspecz: [{spec: spec.yaml}]\n", "unknown key 'specz'"},
@@ -178,7 +184,6 @@ static void test_sweep_bad_input(void **state)
 static void test_sweep_paths_from_sweep_folder(void **state)
 {
     (void)state;
-    write_spec();                                   /* g_dir/spec.yaml: name tiny */
     char sub[2 * PATH_MAX], cwd[PATH_MAX];
     snprintf(sub, sizeof sub, "%s/sub", g_dir);
     assert_int_equal(mkdir(sub, 0777), 0);
@@ -224,7 +229,6 @@ static void test_sweep_paths_from_sweep_folder(void **state)
 static void test_sweep_cpus(void **state)
 {
     (void)state;
-    write_spec();
     tg_err e;
     tg_sweep *sw = load_sweep("name: c\n"
                               "specs:\n"
@@ -350,7 +354,6 @@ static void test_trend_history(void **state)
         skip();   /* needs the shipped model, llama.cpp's CPU build, tg-engine and tg-llama */
         return;
     }
-    write_spec();
     char db[2 * PATH_MAX];
     snprintf(db, sizeof db, "%s/t.db", g_dir);
     tg_err e;
@@ -515,6 +518,6 @@ static void test_trend_history(void **state)
     assert_int_not_equal(access(nodb, F_OK), 0);
 }
 
-TG_TEST_MAIN(
-    test_sweep_resolves_overrides, test_sweep_shards, test_sweep_bad_input, test_sweep_paths_from_sweep_folder,
+TG_TEST_MAIN_WITH(
+    setup, testenv_teardown, test_sweep_resolves_overrides, test_sweep_shards, test_sweep_bad_input, test_sweep_paths_from_sweep_folder,
     test_sweep_cpus, test_trend_history)
