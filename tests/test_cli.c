@@ -214,23 +214,30 @@ static void rescore_defaults_to_latest_run(void **st)
     free(out);
 }
 
+/* The first column of sql's first row in the store db (opened read-only),
+ * as text into out (n bytes). */
+static void db_value(const char *db, const char *sql, char *out, size_t n)
+{
+    sqlite3 *h;
+    assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(h, sql, -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    snprintf(out, n, "%s", (const char *)sqlite3_column_text(q, 0));
+    sqlite3_finalize(q);
+    sqlite3_close(h);
+}
+
 /* The store's bytes as a sha256, its run count and its integrity check. */
 static void store_state(const char *db, char sha[65], long long *runs)
 {
     tg_err e;
     assert_int_equal(tg_sha256_file(db, sha, &e), 0);
-    sqlite3 *h;
-    assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    sqlite3_stmt *q;
-    assert_int_equal(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &q, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_string_equal((const char *)sqlite3_column_text(q, 0), "ok");
-    sqlite3_finalize(q);
-    assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*) FROM run", -1, &q, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    *runs = sqlite3_column_int64(q, 0);
-    sqlite3_finalize(q);
-    sqlite3_close(h);
+    char v[64];
+    db_value(db, "PRAGMA integrity_check", v, sizeof v);
+    assert_string_equal(v, "ok");
+    db_value(db, "SELECT count(*) FROM run", v, sizeof v);
+    *runs = atoll(v);
 }
 
 /* --out naming the store (or its -wal / -shm) is refused before anything is
@@ -458,19 +465,11 @@ static void signal_ends_workers(void **st)
             }
         }
         /* the run is marked, the cut legs are not stored */
-        sqlite3 *h;
-        assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-        sqlite3_stmt *q;
-        assert_int_equal(sqlite3_prepare_v2(h, "SELECT verdict FROM run WHERE id = 1", -1, &q, NULL), SQLITE_OK);
-        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-        assert_string_equal((const char *)sqlite3_column_text(q, 0), "INTERRUPTED");
-        sqlite3_finalize(q);
-        assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id"
-                                               " WHERE a.name = 'stuck'", -1, &q, NULL), SQLITE_OK);
-        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-        assert_int_equal(sqlite3_column_int(q, 0), 0);
-        sqlite3_finalize(q);
-        sqlite3_close(h);
+        char v[64];
+        db_value(db, "SELECT verdict FROM run WHERE id = 1", v, sizeof v);
+        assert_string_equal(v, "INTERRUPTED");
+        db_value(db, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE a.name = 'stuck'", v, sizeof v);
+        assert_string_equal(v, "0");
     }
 }
 

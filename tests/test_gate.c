@@ -601,12 +601,22 @@ static tg_spec *resume_spec(int steps)
 
 /* The first run of the resume tests: *s the spec (resume_spec(4)), *r its
  * result; returns the store it went into. */
-static tg_store *resume_first_run(tg_spec **s, gate_result *r)
+/* A first run of the --resume tests (resume_spec(4) into a fresh store)
+ * and the options that resume it. */
+typedef struct resumable {
+    tg_spec *s;
+    tg_store *st;
+    gate_result r;   /* the first run */
+    gate_options o;  /* opts() resuming it */
+} resumable;
+
+static void resume_first_run(resumable *x)
 {
-    *s = resume_spec(4);
-    tg_store *st = open_db();
-    *r = run_gate(st, *s);
-    return st;
+    x->s = resume_spec(4);
+    x->st = open_db();
+    x->r = run_gate(x->st, x->s);
+    x->o = opts();
+    x->o.resume_run = x->r.run_id;
 }
 
 /* --resume: stored legs are skipped; a missing one is run again, forced
@@ -614,16 +624,13 @@ static tg_store *resume_first_run(tg_spec **s, gate_result *r)
 static void test_resume(void **unused)
 {
     (void)unused;
-    tg_spec *s;
-    gate_result r;
-    tg_store *st = resume_first_run(&s, &r);
-    gate_options o = opts();
+    resumable x;
+    resume_first_run(&x);
     tg_err e;
-    assert_int_equal(r.legs_run, 4);
-    o.resume_run = r.run_id;
+    assert_int_equal(x.r.legs_run, 4);
     gate_result r2;
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
-    assert_int_equal(r2.run_id, r.run_id);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), 0);
+    assert_int_equal(r2.run_id, x.r.run_id);
     assert_int_equal(r2.legs_skipped, 4);
     assert_int_equal(r2.legs_run, 0);
     /* drop the good arm's leg 2 and resume (leg 2: the leg whose rows may be
@@ -637,31 +644,31 @@ static void test_resume(void **unused)
              "FROM leg o JOIN step_top t ON t.leg_id = o.same_as WHERE o.run_id = %lld AND o.same_as IN "
              "(SELECT id FROM leg WHERE run_id = %lld AND leg = 2); "
              "UPDATE leg SET same_as = NULL WHERE same_as IN (SELECT id FROM leg WHERE run_id = %lld AND leg = 2)",
-             (long long)r.run_id, (long long)r.run_id, (long long)r.run_id);
-    assert_int_equal(sqlite3_exec(store_db(st), sql0, NULL, NULL, &err0), SQLITE_OK);
+             (long long)x.r.run_id, (long long)x.r.run_id, (long long)x.r.run_id);
+    assert_int_equal(sqlite3_exec(store_db(x.st), sql0, NULL, NULL, &err0), SQLITE_OK);
     char *err = NULL;
     char sql[256];
     snprintf(sql, sizeof sql, "DELETE FROM leg WHERE run_id = %lld AND leg = 2 AND arm_id = "
-             "(SELECT id FROM arm WHERE run_id = %lld AND name = 'good')", (long long)r.run_id, (long long)r.run_id);
-    assert_int_equal(sqlite3_exec(store_db(st), sql, NULL, NULL, &err), SQLITE_OK);
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+             "(SELECT id FROM arm WHERE run_id = %lld AND name = 'good')", (long long)x.r.run_id, (long long)x.r.run_id);
+    assert_int_equal(sqlite3_exec(store_db(x.st), sql, NULL, NULL, &err), SQLITE_OK);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), 0);
     assert_int_equal(r2.legs_run, 1);
     assert_int_equal(r2.legs_skipped, 3);
     assert_int_equal(r2.legs_faulted, 0);
-    assert_int_equal(q_int(st,
+    assert_int_equal(q_int(x.st,
                            "SELECT count(*) FROM step g JOIN leg lg ON lg.id = g.leg_id JOIN arm ag ON ag.id = lg.arm_id "
                            "JOIN step f ON f.prompt_id = g.prompt_id AND f.step = g.step "
                            "JOIN leg lf ON lf.id = f.leg_id JOIN arm af ON af.id = lf.arm_id "
                            "WHERE lg.run_id = ?1 AND ag.name = ?2 AND lg.leg = 2 AND af.name = 'ref' AND lf.leg = 1 "
-                           "AND g.forced = f.token", r.run_id, "good"), 4);
+                           "AND g.forced = f.token", x.r.run_id, "good"), 4);
     /* a run of another spec text cannot be resumed */
-    spec_free(s);
-    s = resume_spec(5);
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
+    spec_free(x.s);
+    x.s = resume_spec(5);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), -1);
     assert_non_null(strstr(e.msg, "another spec text"));
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(x.st);
+    store_close(x.st);
+    spec_free(x.s);
 }
 
 /* Two gates on one run: while another process holds run N's lock (as a
@@ -672,19 +679,17 @@ static void test_resume(void **unused)
 static void test_resume_locked(void **unused)
 {
     (void)unused;
-    tg_spec *s;
-    gate_result r;
-    tg_store *st = resume_first_run(&s, &r);
-    gate_options o = opts();
+    resumable x;
+    resume_first_run(&x);
     tg_err e;
-    int64_t run = r.run_id;
+    int64_t run = x.r.run_id;
     char *err = NULL;
     char sql[256];
     snprintf(sql, sizeof sql, "DELETE FROM leg WHERE run_id = %lld AND leg = 2", (long long)run);
-    assert_int_equal(sqlite3_exec(store_db(st), sql, NULL, NULL, &err), SQLITE_OK);
-    long long legs0 = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x");
-    store_close(st);                          /* this process's gate held the lock until here */
-    st = open_db();
+    assert_int_equal(sqlite3_exec(store_db(x.st), sql, NULL, NULL, &err), SQLITE_OK);
+    long long legs0 = q_int(x.st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x");
+    store_close(x.st);                          /* this process's gate held the lock until here */
+    x.st = open_db();
 
     /* the other process: takes the run's lock, says so, holds it until told */
     int up[2], down[2];
@@ -707,15 +712,14 @@ static void test_resume_locked(void **unused)
     assert_int_equal(read(up[0], &c, 1), 1);
     assert_int_equal(c, 'L');
 
-    o.resume_run = run;
     gate_result r2;
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), -1);
     char want[96];
     snprintf(want, sizeof want, "run %lld is being resumed by process %ld", (long long)run, (long)pid);
     if (!strstr(e.msg, want)) fail_msg("expected \"%s\" in: %s", want, e.msg);
     assert_int_equal(r2.run_id, 0);           /* main marks nothing */
     assert_int_equal(r2.legs_run, 0);
-    assert_int_equal(q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x"), legs0);
+    assert_int_equal(q_int(x.st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x"), legs0);
 
     /* the holder ends: the lock goes with it, and the resume runs the two legs */
     assert_int_equal(write(down[1], "x", 1), 1);
@@ -726,12 +730,12 @@ static void test_resume_locked(void **unused)
     close(up[1]);
     close(down[0]);
     close(down[1]);
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), 0);
     assert_int_equal(r2.legs_run, 2);
     assert_int_equal(r2.legs_skipped, 2);
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(x.st);
+    store_close(x.st);
+    spec_free(x.s);
 }
 
 /* The real thing: llama.cpp's CPU build as reference, a second llama arm

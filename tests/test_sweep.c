@@ -87,21 +87,28 @@ static tg_sweep *load_sweep(const char *text, tg_err *e)
     return sw;
 }
 
+/* load_sweep of a sweep that must load (the test fails otherwise). */
+static tg_sweep *good_sweep(const char *text)
+{
+    tg_err e;
+    tg_sweep *sw = load_sweep(text, &e);
+    if (!sw) fail_msg("sweep_load: %s", e.msg);
+    return sw;
+}
+
 /* Overrides, arm subsets and arm options end up in the resolved spec. */
 static void test_sweep_resolves_overrides(void **state)
 {
     (void)state;
     tg_err e;
-    tg_sweep *sw = load_sweep("name: n1\n"
+    tg_sweep *sw = good_sweep("name: n1\n"
                               "overrides: {steps: 8, legs: 3}\n"
                               "specs:\n"
                               "  - {spec: spec.yaml, name: a, arms: [cpu, llama-cpu]}\n"
                               "  - spec: spec.yaml\n"
                               "    name: b\n"
                               "    overrides: {steps: 5, top_k: 16}\n"
-                              "    arm_options: {llama-cpu: {type_k: q8_0}, ref: {n_ctx: 256}}\n",
-                              &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+                              "    arm_options: {llama-cpu: {type_k: q8_0}, ref: {n_ctx: 256}}\n");
     assert_string_equal(sweep_name(sw), "n1");
     assert_int_equal(sweep_n_entries(sw), 2);
     assert_string_equal(sweep_entry_name(sw, 0), "a");
@@ -230,14 +237,12 @@ static void test_sweep_cpus(void **state)
 {
     (void)state;
     tg_err e;
-    tg_sweep *sw = load_sweep("name: c\n"
+    tg_sweep *sw = good_sweep("name: c\n"
                               "specs:\n"
                               "  - {spec: spec.yaml, name: two, arms: [cpu, llama-cpu]}\n"
                               "  - {spec: spec.yaml, name: four, arm_options: {cpu: {threads: 4}}}\n"
                               "  - {spec: spec.yaml, name: unset, arms: [ref, llama-cpu],\n"
-                              "     arm_options: {llama-cpu: {threads: 1}}, overrides: {jobs: 3}}\n",
-                              &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+                              "     arm_options: {llama-cpu: {threads: 1}}, overrides: {jobs: 3}}\n");
     tg_spec *s[3];
     for (int i = 0; i < 3; i++) {
         const char *t = sweep_entry_text(sw, i);
@@ -266,8 +271,7 @@ static void test_sweep_cpus(void **state)
     for (int i = 0; i < 3; i++) spec_free(s[i]);
     sweep_free(sw);
     /* a cpu arm without threads takes every CPU: noted */
-    sw = load_sweep("name: c\nspecs:\n  - spec: spec.yaml\n    arms: [cpu, llama-cpu]\n", &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+    sw = good_sweep("name: c\nspecs:\n  - spec: spec.yaml\n    arms: [cpu, llama-cpu]\n");
     const char *t = sweep_entry_text(sw, 0);
     char *nt = strdup(t), *at = strstr(nt, "threads: 2");
     assert_non_null(at);
@@ -284,9 +288,7 @@ static void test_sweep_cpus(void **state)
 /* Runs the only spec of the sweep text into st; returns its row. */
 static sweep_row run_night(tg_store *st, const char *sweep_text)
 {
-    tg_err e;
-    tg_sweep *sw = load_sweep(sweep_text, &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+    tg_sweep *sw = good_sweep(sweep_text);
     sweep_row row;
     sweep_run_spec(st, sweep_entry_path(sw, 0), sweep_entry_text(sw, 0), g_bin, 2, 0, &row);
     sweep_free(sw);
