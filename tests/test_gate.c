@@ -103,7 +103,9 @@ static tg_store *open_db(void)
     return st;
 }
 
-static long long q_int(tg_store *st, const char *sql, int64_t run, const char *arm)
+/* sql on st, prepared with ?1 run and ?2 arm (those it has), stepped once;
+ * the test fails when sqlite refuses sql. */
+static sqlite3_stmt *q_row(tg_store *st, const char *sql, int64_t run, const char *arm, int *row)
 {
     sqlite3 *db = store_db(st);
     sqlite3_stmt *q;
@@ -113,23 +115,35 @@ static long long q_int(tg_store *st, const char *sql, int64_t run, const char *a
     }
     if (sqlite3_bind_parameter_count(q) >= 1) sqlite3_bind_int64(q, 1, run);
     if (sqlite3_bind_parameter_count(q) >= 2) sqlite3_bind_text(q, 2, arm, -1, SQLITE_STATIC);
-    long long v = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+    *row = sqlite3_step(q) == SQLITE_ROW;
+    return q;
+}
+
+/* The integer of q_row's first column (-1: no row). */
+static long long q_int(tg_store *st, const char *sql, int64_t run, const char *arm)
+{
+    int row;
+    sqlite3_stmt *q = q_row(st, sql, run, arm, &row);
+    long long v = row ? sqlite3_column_int64(q, 0) : -1;
     sqlite3_finalize(q);
     return v;
+}
+
+/* The text of q_row's first column into out ("(none)": no row). */
+static void q_text(tg_store *st, const char *sql, int64_t run, const char *arm, char *out, size_t n)
+{
+    int row;
+    sqlite3_stmt *q = q_row(st, sql, run, arm, &row);
+    const unsigned char *t = row ? sqlite3_column_text(q, 0) : NULL;
+    snprintf(out, n, "%s", t ? (const char *)t : "(none)");
+    sqlite3_finalize(q);
 }
 
 /* The arm's overall TOKEN_GATE in the latest verdict set, into word. */
 static void arm_verdict(tg_store *st, int64_t run, const char *arm, char word[32])
 {
-    sqlite3 *db = store_db(st);
-    sqlite3_stmt *q;
-    const char *sql = "SELECT value FROM verdict WHERE run_id = ?1 AND arm = ?2 AND prompt IS NULL "
-                      "AND key = 'TOKEN_GATE' ORDER BY set_no DESC LIMIT 1";
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK);
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_text(q, 2, arm, -1, SQLITE_STATIC);
-    snprintf(word, 32, "%s", sqlite3_step(q) == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : "(none)");
-    sqlite3_finalize(q);
+    q_text(st, "SELECT value FROM verdict WHERE run_id = ?1 AND arm = ?2 AND prompt IS NULL "
+               "AND key = 'TOKEN_GATE' ORDER BY set_no DESC LIMIT 1", run, arm, word, 32);
 }
 
 static void assert_integrity(tg_store *st)
@@ -289,16 +303,11 @@ static void test_degenerate_logits(void **unused)
         assert_string_equal(w, cases[c][2]);
         assert_int_equal(q_int(st, "SELECT count(*) FROM compare WHERE run_id = ?1 AND class = 'DEGENERATE'",
                                r.run_id, NULL), 2 * 3);
-        sqlite3_stmt *q;
-        assert_int_equal(sqlite3_prepare_v2(store_db(st),
-                                            "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'arm' AND"
-                                            " prompt = 'p1' AND key = 'REASON'", -1, &q, NULL), SQLITE_OK);
-        sqlite3_bind_int64(q, 1, r.run_id);
-        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-        const char *why = (const char *)sqlite3_column_text(q, 0);
+        char why[1024];
+        q_text(st, "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'arm' AND prompt = 'p1' AND key = 'REASON'",
+               r.run_id, NULL, why, sizeof why);
         if (!strstr(why, cases[c][3])) print_message("%s/%s: REASON %s\n", cases[c][0], cases[c][1], why);
         assert_non_null(strstr(why, cases[c][3]));
-        sqlite3_finalize(q);
         if (c < 2)
             assert_int_equal(q_int(st, "SELECT CAST(value AS INTEGER) FROM verdict WHERE run_id = ?1 AND arm IS NULL"
                                        " AND key = 'DEGENERATE_STEPS'", r.run_id, NULL), 3);
@@ -451,14 +460,10 @@ static void test_worker_error_text(void **unused)
     tg_spec *s = double_spec("name: errtext\nprompts: [{id: p1, text: ab}]\nsteps: 2\ntop_k: 2\n", arms);
     tg_store *st = open_db();
     gate_result r = run_gate(st, s);
-    sqlite3_stmt *q;
-    assert_int_equal(sqlite3_prepare_v2(store_db(st),
-                                        "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE"
-                                        " l.run_id = ?1 AND a.name = 'x'", -1, &q, NULL), SQLITE_OK);
-    sqlite3_bind_int64(q, 1, r.run_id);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_string_equal((const char *)sqlite3_column_text(q, 0), "load: \\x1b[31mno such model\\x1b[0m");
-    sqlite3_finalize(q);
+    char cause[256];
+    q_text(st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = 'x'",
+           r.run_id, NULL, cause, sizeof cause);
+    assert_string_equal(cause, "load: \\x1b[31mno such model\\x1b[0m");
     score(st, r.run_id);
     char *buf = NULL;
     size_t len = 0;
