@@ -37,6 +37,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TOKGATE_CACHE:-$top/.cache}
+. "$top/scripts/llama-prebuilt.sh"
 jobs=2
 while [ $# -gt 0 ]; do
   case $1 in
@@ -52,15 +53,10 @@ pre=$cache/npm/linux-x64/bins/linux-x64
 [ -f "$bundle" ] || { echo "build-llama-server: $bundle missing: run scripts/fetch-npm.sh" >&2; exit 1; }
 [ -f "$src/tools/server/server.cpp" ] || { echo "build-llama-server: $src/tools/server missing: run scripts/fetch-npm.sh" >&2; exit 1; }
 [ "$(uname -m)" = x86_64 ] || { echo "build-llama-server: links the x86-64 prebuilt libllama; not on $(uname -m)" >&2; exit 1; }
-for f in libllama-common.so libllama.v0.4.0.so libggml.v0.4.0.so libggml-base.so; do
-  [ -f "$pre/$f" ] || { echo "build-llama-server: $pre/$f missing: run scripts/fetch-npm.sh" >&2; exit 1; }
-done
-ls "$pre"/libggml-cpu-*.so >/dev/null 2>&1 \
-  || { echo "build-llama-server: no $pre/libggml-cpu-*.so (CPU backends) found" >&2; exit 1; }
-command -v g++ >/dev/null || { echo "build-llama-server: g++ not found (apt-get install g++)" >&2; exit 1; }
+prebuilt_check build-llama-server "$pre"
 
 sum=$(sha256sum "$bundle" | cut -c1-16)
-libsum=$(cd "$pre" && sha256sum ./*.so | sha256sum | cut -c1-16)
+libsum=$(prebuilt_sum "$pre")
 commit=unknown
 [ -e "$src/.git" ] && commit=$(git -C "$src" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
 dest=${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-server-$sum-$libsum
