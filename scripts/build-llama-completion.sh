@@ -82,28 +82,13 @@ if [ $from_source = 0 ]; then
        -L"$pre" -Wl,--as-needed -lllama-common -lllama -l:libggml.v0.4.0.so -lggml-base
        -Wl,-rpath,"$pre")
   stamp="relink bundle=$sum commit=$commit libs=$libsum prebuilt=$pre cxx=$(g++ -dumpfullversion)"
-  link() { ln -sfn "$bin" "$top/build/bin/llama-completion.tmp" && mv -T "$top/build/bin/llama-completion.tmp" "$top/build/bin/llama-completion"; }
-  mkdir -p "$top/build/bin"
-  if [ -x "$bin" ] && [ -f "$dest/STAMP" ] && [ "$(cat "$dest/STAMP")" = "$stamp" ]; then
-    link
-    echo "$bin"
-    exit 0
-  fi
+  prebuilt_cached "$bin" "$dest" "$stamp" "$top"
   mkdir -p "$dest/bin"
-  # the CPU backends next to the executable, where ggml_backend_load_all() looks
-  rm -f "$dest"/bin/libggml-cpu-*.so
-  for f in "$pre"/libggml-cpu-*.so; do ln -sfn "$f" "$dest/bin/$(basename "$f")"; done
+  prebuilt_backends "$pre" "$dest/bin"
   echo "build-llama-completion: compiling tools/completion against the prebuilt libraries in $pre" >&2
   "${cxx[@]}" -o "$bin.tmp" >"$dest/build.log" 2>&1 \
     || { echo "build-llama-completion: g++ failed, see $dest/build.log" >&2; exit 1; }
-  # the bundled common headers must match the prebuilt libllama-common's ABI:
-  # a mismatch shows as a crash or an error on --version
-  "$bin.tmp" --version >"$dest/version.log" 2>&1 \
-    || { echo "build-llama-completion: $bin.tmp --version failed (libllama-common.so ABI mismatch?), see $dest/version.log" >&2; exit 1; }
-  mv "$bin.tmp" "$bin"
-  printf '%s\n' "$stamp" >"$dest/STAMP"
-  link
-  echo "$bin"
+  prebuilt_install build-llama-completion "$bin" "$dest" "$stamp" "$top"
   exit 0
 fi
 
