@@ -615,10 +615,7 @@ static int parse_http(pctx *c, struct fy_node *kv, pos kpos, const char *g, spec
                 perr(c, vp, hf, "expected %s", env ? "Header-Name: ENV_VAR_NAME" : "Header-Name: one-line value");
                 goto out;
             }
-            size_t n = strlen(hn) + strlen(hv) + 4;
-            char *line = malloc(n);
-            if (!line) abort();
-            snprintf(line, n, env ? "%s=%s" : "%s: %s", hn, hv);
+            char *line = xasprintf(env ? "%s=%s" : "%s: %s", hn, hv);
             strv_push(&v, env ? "--header-env" : "--header");
             strv_push(&v, line);
             free(line);
@@ -724,8 +721,7 @@ static int parse_arm_env(pctx *c, struct fy_node *n, pos ap, const char *f, spec
     if (!fy_node_is_mapping(v))
         return perr(c, node_pos(v, kp), g, "expected a mapping {NAME: value} (e.g. {TG_CPU_ISA: avx2})");
     int k = fy_node_mapping_item_count(v);
-    a->env = calloc((size_t)k + 1, sizeof *a->env);
-    if (!a->env) abort();
+    a->env = xcalloc((size_t)k + 1, sizeof *a->env);
     void *it = NULL;
     struct fy_node_pair *p;
     while ((p = fy_node_mapping_iterate(v, &it))) {
@@ -738,11 +734,7 @@ static int parse_arm_env(pctx *c, struct fy_node *n, pos ap, const char *f, spec
             return perr(c, node_pos(fy_node_pair_key(p), kp), h,
                         "expected a variable name (letters, digits, '_', not a digit first)");
         if (!val) return perr(c, node_pos(fy_node_pair_value(p), kp), h, "expected a scalar value");
-        size_t len = strlen(name) + strlen(val) + 2;
-        char *kv = malloc(len);
-        if (!kv) abort();
-        snprintf(kv, len, "%s=%s", name, val);
-        a->env[a->n_env++] = kv;
+        a->env[a->n_env++] = xasprintf("%s=%s", name, val);
     }
     return 0;
 }
