@@ -331,17 +331,13 @@ static int count_lines(const char *out, const char *prefix)
     return n;
 }
 
-/* Fails with msg after printing out whole (fail_msg cuts long messages). */
-static void fail_with(const char *out, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s\n", out);
-    fail_msg("%s (output above)", msg);
-}
+/* Fails with the message of fmt after printing out whole (fail_msg cuts
+ * long messages). */
+#define fail_with(out, fmt, ...)                                  \
+    do {                                                          \
+        fprintf(stderr, "%s\n", (out));                           \
+        fail_msg(fmt " (output above)", ##__VA_ARGS__);           \
+    } while (0)
 
 static void test_trend_history(void **state)
 {
