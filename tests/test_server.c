@@ -107,6 +107,18 @@ static void q_text(tg_store *st, const char *sql, int64_t run, const char *arm, 
     sqlite3_finalize(q);
 }
 
+/* expr over the legs l of arm a in run (with steps: over their step rows
+ * s) that meet cond (SQL over l, a, s; "1": all), as text into out. */
+static void arm_rows(tg_store *st, int64_t run, const char *arm, int steps, const char *expr, const char *cond,
+                     char *out, size_t n)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT %s FROM %s JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 AND (%s)", expr,
+             steps ? "step s JOIN leg l ON l.id = s.leg_id" : "leg l", cond);
+    q_text(st, sql, run, arm, out, n);
+}
+
 /* A per-arm verdict key of the latest set, into out. */
 static void arm_key(tg_store *st, int64_t run, const char *arm, const char *key, char *out, size_t n)
 {
@@ -332,11 +344,9 @@ static void test_llama_server_gate(void **unused)
     arm_key(g.st, g.run, "llama-server", "LEGS_CLEAN", v, sizeof v);
     assert_string_equal(v, "2/2");
     /* every compared step of both legs EXACT, over the reference's 32 ids */
-    q_text(g.st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-                 "WHERE l.run_id = ?1 AND a.name = ?2 AND s.token = s.forced", g.run, "llama-server", v, sizeof v);
+    arm_rows(g.st, g.run, "llama-server", 1, "count(*)", "s.token = s.forced", v, sizeof v);
     assert_string_equal(v, "576");
-    q_text(g.st, "SELECT json_extract(hello, '$.arm.logits') FROM leg l JOIN arm a ON a.id = l.arm_id "
-                 "WHERE l.run_id = ?1 AND a.name = ?2", g.run, "llama-server", v, sizeof v);
+    arm_rows(g.st, g.run, "llama-server", 0, "json_extract(hello, '$.arm.logits')", "1", v, sizeof v);
     assert_string_equal(v, "logprob");
     assert_integrity(g.st);
     gated_free(&g);
@@ -356,8 +366,7 @@ static void test_llama_server_free(void **unused)
     char v[128];
     arm_key(g.st, g.run, "srv", "GENERATION_DIVERGENCES", v, sizeof v);
     assert_string_equal(v, "0/144");
-    q_text(g.st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-                 "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", g.run, "srv", v, sizeof v);
+    arm_rows(g.st, g.run, "srv", 0, "json_extract(counters, '$.requests')", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "6");
     gated_free(&g);
 }
@@ -384,8 +393,7 @@ static void test_openai_gate(void **unused)
     print_message("openai arm: KL_MEAN %s over 20 of the reference's 32 ids\n", v);
     if (!(kl >= 0 && kl < 1e-9)) fail_msg("KL_MEAN %s, expected below 1e-9 for the same logits", v);
     /* 16 steps in at most 4 tokens a request: 4 requests a prompt */
-    q_text(g.st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-                 "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", g.run, "openai", v, sizeof v);
+    arm_rows(g.st, g.run, "openai", 0, "json_extract(counters, '$.requests')", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "24");
     assert_integrity(g.st);
     gated_free(&g);
@@ -479,36 +487,30 @@ static void test_faults(void **unused)
     /* the other arms: every leg clean */
     const char *clean[] = {"ref", "twin", "good", "legacy"};
     for (int i = 0; i < 4; i++) {
-        q_text(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                   "AND l.cause IS NULL AND l.exit_status = 0", run, clean[i], v, sizeof v);
+        arm_rows(st, run, clean[i], 0, "count(*)", "l.cause IS NULL AND l.exit_status = 0", v, sizeof v);
         if (strcmp(v, "2")) {
             print_causes(st, run);
             fail_msg("arm %s: %s clean legs, expected 2", clean[i], v);
         }
     }
     /* the double's steps arrived through both flavours, ordered, 4 ids a step */
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2", run, "legacy", v, sizeof v);
+    arm_rows(st, run, "legacy", 1, "count(*)", "1", v, sizeof v);
     assert_string_equal(v, "16");
     /* each faulted leg: not clean, with the server's own message */
-    q_text(st, "SELECT group_concat(l.cause, ' | ') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2", run, "refused", v, sizeof v);
+    arm_rows(st, run, "refused", 0, "group_concat(l.cause, ' | ')", "1", v, sizeof v);
     if (!strstr(v, "onnect")) fail_msg("refused: cause '%s', expected the connection failure", v);
     for (size_t i = 0; i < sizeof arms / sizeof arms[0]; i++) {
         if (!arms[i].cause) continue;
-        q_text(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                   "AND l.cause IS NOT NULL", run, arms[i].name, v, sizeof v);
+        arm_rows(st, run, arms[i].name, 0, "count(*)", "l.cause IS NOT NULL", v, sizeof v);
         if (strcmp(v, "2")) fail_msg("arm %s: %s legs with a cause, expected 2", arms[i].name, v);
-        q_text(st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                   "AND l.leg = 1", run, arms[i].name, v, sizeof v);
+        arm_rows(st, run, arms[i].name, 0, "l.cause", "l.leg = 1", v, sizeof v);
         if (!strstr(v, arms[i].cause)) fail_msg("arm %s: cause '%s', expected '%s'", arms[i].name, v, arms[i].cause);
         char w[32];
         arm_key(st, run, arms[i].name, "TOKEN_GATE", w, sizeof w);
         if (!strcmp(w, "PASS")) fail_msg("faulted arm %s got TOKEN_GATE=PASS", arms[i].name);
     }
     /* a server that died after two answers: the steps it gave are kept */
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "die", v, sizeof v);
+    arm_rows(st, run, "die", 1, "count(*)", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "2");
     assert_string_not_equal(vr.verdict, "PASS");
     store_close(st);
@@ -536,11 +538,9 @@ static void test_free_continuation(void **unused)
     gated g;
     gate_clean(t, &g);
     char v[256];
-    q_text(g.st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-                 "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", g.run, "short", v, sizeof v);
+    arm_rows(g.st, g.run, "short", 0, "json_extract(counters, '$.requests')", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "6");
-    q_text(g.st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-                 "WHERE l.run_id = ?1 AND a.name = ?2 AND s.forced IS NULL", g.run, "short", v, sizeof v);
+    arm_rows(g.st, g.run, "short", 1, "count(*)", "s.forced IS NULL", v, sizeof v);
     assert_string_equal(v, "20");
     gated_free(&g);
 }
@@ -589,14 +589,12 @@ static void test_api_key_not_stored(void **unused)
     unsetenv("TG_DOUBLE_KEY");
     unsetenv("TG_TEST_API_KEY");
     char v[2048];
-    q_text(g.st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                 "AND l.cause IS NULL", g.run, "keyed", v, sizeof v);
+    arm_rows(g.st, g.run, "keyed", 0, "count(*)", "l.cause IS NULL", v, sizeof v);
     if (strcmp(v, "2")) {
         print_causes(g.st, g.run);
         fail_msg("the arm with the key: %s clean legs, expected 2", v);
     }
-    q_text(g.st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                 "AND l.leg = 1", g.run, "keyless", v, sizeof v);
+    arm_rows(g.st, g.run, "keyless", 0, "l.cause", "l.leg = 1", v, sizeof v);
     if (!strstr(v, "HTTP 401: test double: missing or wrong API key")) fail_msg("keyless: cause '%s'", v);
     /* the value appears in no stored text */
     q_text(g.st, "SELECT count(*) FROM arm WHERE run_id = ?1 AND instr(config, ?2) > 0", g.run, secret, v, sizeof v);
