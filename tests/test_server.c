@@ -352,20 +352,27 @@ static void test_llama_server_gate(void **unused)
     gated_free(&g);
 }
 
+/* server_spec's gate over build/bin/llama-server (need_server): no leg
+ * faulted, PASS, and the arm's GENERATION_DIVERGENCES are divergences. */
+static void server_pass(const char *head, const char *arm, const char *extra, const char *divergences, gated *g)
+{
+    char srv[PATH_MAX * 2];
+    need_server(srv, sizeof srv);
+    gate_clean(server_spec(srv, head, arm, extra), g);
+    assert_string_equal(g->vr.verdict, "PASS");
+    char v[128];
+    arm_key(g->st, g->run, arm, "GENERATION_DIVERGENCES", v, sizeof v);
+    assert_string_equal(v, divergences);
+}
+
 /* Free mode over llama-server: each arm decodes alone, the server a whole
  * prompt in one request; the same tokens as tg-llama. */
 static void test_llama_server_free(void **unused)
 {
     (void)unused;
-    char srv[PATH_MAX * 2];
-    need_server(srv, sizeof srv);
-    char *t = server_spec(srv, "name: server-free\nsteps: 24\ntop_k: 8\nmode: free\n", "srv", "");
     gated g;
-    gate_clean(t, &g);
-    assert_string_equal(g.vr.verdict, "PASS");
+    server_pass("name: server-free\nsteps: 24\ntop_k: 8\nmode: free\n", "srv", "", "0/144", &g);
     char v[128];
-    arm_key(g.st, g.run, "srv", "GENERATION_DIVERGENCES", v, sizeof v);
-    assert_string_equal(v, "0/144");
     arm_rows(g.st, g.run, "srv", 0, "json_extract(counters, '$.requests')", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "6");
     gated_free(&g);
@@ -376,16 +383,10 @@ static void test_llama_server_free(void **unused)
 static void test_openai_gate(void **unused)
 {
     (void)unused;
-    char srv[PATH_MAX * 2];
-    need_server(srv, sizeof srv);
-    char *t = server_spec(srv, "name: server-openai\nsteps: 16\ntop_k: 32\n", "openai",
-                          "      api: openai\n      tokens_per_request: 4\n");
     gated g;
-    gate_clean(t, &g);
-    assert_string_equal(g.vr.verdict, "PASS");
+    server_pass("name: server-openai\nsteps: 16\ntop_k: 32\n", "openai",
+                "      api: openai\n      tokens_per_request: 4\n", "0/96", &g);
     char v[128];
-    arm_key(g.st, g.run, "openai", "GENERATION_DIVERGENCES", v, sizeof v);
-    assert_string_equal(v, "0/96");
     /* the shorter lists are compared over the reference's first 20 ids:
      * log-probabilities of the same logits give a KL of rounding size */
     arm_key(g.st, g.run, "openai", "KL_MEAN", v, sizeof v);
