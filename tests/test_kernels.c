@@ -5,6 +5,8 @@
  *   tests/helpers/kernels-check.c for the qemu run), each weight type, row
  *   lengths 256 .. 8192: |fast - ref| <= TG_CPU_DOT_TOL * sum |terms|, one
  *   line per case with the largest relative error seen;
+ * - vec_dot4 and gemm16 (the multi-row kernels): bit-identical to the
+ *   tier's vec_dot on every pair;
  * - activation quantizers and f32 -> f16 rows: identical bytes;
  * - tg_cpu_matmul / tg_cpu_gemv: against a loop of reference dots, rows
  *   outside [r0, r1) untouched;
@@ -220,6 +222,73 @@ static void check_dot4(const tg_cpu_kernels *k)
     free(x); free(y); free(qx); free(qy);
 }
 
+/* gemm16 (where a tier has one): 16 weight rows against nb activation
+ * rows, nb from 1 to past one pass of the tile's accumulators; every output
+ * bit-identical to the tier's vec_dot on that pair and within
+ * TG_CPU_DOT_TOL of the reference, nothing written outside the 16 x nb
+ * outputs. */
+static void check_gemm16(const tg_cpu_kernels *k)
+{
+    static const int ns[] = {256, 1024, 2816};
+    static const int nbs[] = {1, 2, 5, 64, 70};
+    enum { NBMAX = 70, OS = 19 };
+    for (size_t t = 0; t < sizeof weight_types / sizeof weight_types[0]; t++) {
+        const uint32_t type = weight_types[t];
+        if (!k->gemm16[type]) continue;
+        const tg_type_traits *tx = tg_traits(type), *ty = tg_traits(tx->vec_dot_type);
+        for (size_t l = 0; l < sizeof ns / sizeof ns[0]; l++) {
+            const int n = ns[l];
+            /* rows a little more than a row apart: the kernel takes any stride */
+            const size_t wr = tg_row_size(type, n), bx = wr + 64, ar = tg_row_size(tx->vec_dot_type, n);
+            float *x = malloc((size_t)n * sizeof(float));
+            float *xd = malloc((size_t)16 * n * sizeof(float)), *yd = malloc((size_t)NBMAX * n * sizeof(float));
+            char *qx = malloc(16 * bx), *qy = malloc(NBMAX * ar);
+            float *out = malloc((size_t)NBMAX * OS * sizeof(float));
+            for (int r = 0; r < 16; r++) {
+                fill(x, n);
+                tx->from_float(x, qx + r * bx, n);
+                tx->to_float(qx + r * bx, xd + (size_t)r * n, n);
+            }
+            for (int b = 0; b < NBMAX; b++) {
+                fill(x, n);
+                ty->from_float(x, qy + b * ar, n);
+                ty->to_float(qy + b * ar, yd + (size_t)b * n, n);
+            }
+            double worst = 0;
+            for (size_t q = 0; q < sizeof nbs / sizeof nbs[0]; q++) {
+                const int nb = nbs[q];
+                for (int i = 0; i < NBMAX * OS; i++) out[i] = -12345.0f;
+                k->gemm16[type](n, out, OS, qx, bx, qy, ar, nb);
+                for (int b = 0; b < NBMAX; b++)
+                    for (int r = 0; r < OS; r++) {
+                        const float v = out[b * OS + r];
+                        if (b >= nb || r >= 16) {
+                            if (v != -12345.0f)
+                                fail_msg("%s gemm16 %s n=%d nb=%d wrote [%d][%d]", k->isa, tx->name, n, nb, b, r);
+                            continue;
+                        }
+                        float s1, ref;
+                        k->vec_dot[type](n, &s1, qx + r * bx, qy + b * ar);
+                        if (memcmp(&s1, &v, sizeof v) != 0)
+                            fail_msg("%s gemm16 %s n=%d nb=%d [%d][%d]: %.9g, vec_dot %.9g (must be bit-identical)",
+                                     k->isa, tx->name, n, nb, b, r, v, s1);
+                        tx->vec_dot(n, &ref, qx + r * bx, qy + b * ar);
+                        double mag = 0;
+                        for (int i = 0; i < n; i++) mag += fabs((double)xd[(size_t)r * n + i] * yd[(size_t)b * n + i]);
+                        const double rel = fabs((double)v - ref) / mag;
+                        if (!(rel <= TG_CPU_DOT_TOL))
+                            fail_msg("%s gemm16 %s n=%d nb=%d [%d][%d]: %.9g, reference %.9g, rel %g", k->isa,
+                                     tx->name, n, nb, b, r, v, ref, rel);
+                        if (rel > worst) worst = rel;
+                    }
+            }
+            printf("  %-10s gemm16 %-4s n=%-5d nb 1..%d: bit-identical to vec_dot, max |fast-ref|/sum|terms| %.2e\n",
+                   k->isa, tx->name, n, NBMAX, worst);
+            free(x); free(xd); free(yd); free(qx); free(qy); free(out);
+        }
+    }
+}
+
 static void check_tier(const char *isa)
 {
     const tg_cpu_kernels *k = tg_cpu_kernels_tier(isa);
@@ -229,6 +298,7 @@ static void check_tier(const char *isa)
     }
     check_dots(k);
     check_dot4(k);
+    check_gemm16(k);
     check_quantizers(k);
 }
 
