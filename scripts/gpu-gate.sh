@@ -28,7 +28,10 @@
 #    then 128 steps, after one warm-up request): prefill and decode tokens/s
 #    and the ratio; a decode A/B of the TG_GPU_* settings; bench_gpu
 #    for the copy bandwidth, the roofline and a per-kernel profile;
-# 5. gates, once llama.cpp is built: specs/gpu-0.6b-ref.yaml and
+# 5. stage replay of the gpu tier against the ref tier: specs/gpu-tiny-replay.yaml
+#    (the shipped model) and specs/gpu-0.6b-replay.yaml, gates with `replay:`,
+#    and `tokgate localize` of one step of each (its stage table, in $OUT);
+# 6. gates, once llama.cpp is built: specs/gpu-0.6b-ref.yaml and
 #    specs/gpu-8b-ref.yaml (gpu, llama-cuda, llama-cpu teacher-forced over
 #    the ref tier; the gpu arm gates) and specs/gpu-0.6b.yaml (scored against
 #    llama-cuda), each with its markdown evidence (tokgate report --format md)
@@ -217,6 +220,20 @@ if [ -f $M06 ]; then
   TG_GPU_YARDSTICK=cpu TG_GPU_STEPS=24 timeout 100 $W/bin/test_gpu_model $M06 > "$OUT/test_gpu_model-0.6b.txt" 2>&1
   say "test_gpu_model (0.6b against the cpu tier, 6 x 24) rc=$?"; tail -4 "$OUT/test_gpu_model-0.6b.txt"
 fi
+
+# stage replay of the gpu tier against the exact arbiter (the ref tier), no
+# llama.cpp needed: the shipped model and the 0.6b file, each a gate with
+# `replay:` (REPLAY=PASS: no stage over budget) and the whole stage table of
+# one step (tokgate localize, markdown into OUT)
+replay_gate() { # spec tag prompt/step
+  [ "$(left)" -gt 120 ] || { say "replay $1: no time left"; return; }
+  gate $1 $2
+  grep "tokgate: replay" "$OUT/gate-$2.err" | tail -12
+  timeout $(( $(left) - 10 )) $TK localize $3 --arms ref,gpu --db $DB --evidence "$OUT" > "$OUT/localize-$2.txt" 2>&1
+  say "localize $3 ($2) rc=$?"; grep -E "^(FIRST_OVER|OVER_BUDGET|REPLAY|stage replay)" "$OUT/localize-$2.txt" | head -8
+}
+pin gpu-tiny-replay.yaml $PWD/models/tiny-trained-qwen3-Q4_K_M.gguf && replay_gate gpu-tiny-replay.yaml tiny-replay p7/40
+[ -f $M06 ] && pin gpu-0.6b-replay.yaml $M06 && replay_gate gpu-0.6b-replay.yaml 0.6b-replay p1/16
 
 [ "$(left)" -gt 300 ] && mk 8b $M8 $NPROC && pin gpu-8b.yaml $M8 && pin gpu-8b-ref.yaml $M8
 

@@ -89,6 +89,12 @@ struct tg_gpu {
     int graph_ready;
     tg_ops graph_ops;            /* ops one replay runs */
     float *dump_buf;             /* host, max(n_vocab, widest activation) */
+    /* the hooked path (replay, perturbations): host rows and device scores,
+     * grown on first use */
+    float *hook_buf;
+    size_t hook_cap;             /* bytes */
+    float *dscores;
+    size_t dscores_cap;          /* bytes */
     /* the fused single-token path (kernels.cu): on when every mat-vec weight
      * and shape suits it, unless TG_GPU_FUSED=0 */
     int fused;
@@ -374,7 +380,7 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
                    g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest,
-                   g->q8_mem};
+                   g->q8_mem, g->dscores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (g->hparams) cudaFreeHost(g->hparams);
@@ -386,6 +392,7 @@ static void gpu_state_free(tg_gpu *g)
     if (g->ev_join) cudaEventDestroy(g->ev_join);
     free(g->layers);
     free(g->dump_buf);
+    free(g->hook_buf);
     free(g);
 }
 
@@ -406,6 +413,107 @@ static int dump_stage(tg_gpu *g, int layer, int stage, const float *d, int n, in
                                  cudaMemcpyDeviceToHost, g->stream));
     GPU_CHECK(e, cudaStreamSynchronize(g->stream));
     return tg_dump(g->s, layer, stage, g->dump_buf, width, e);
+}
+
+/* Whether the evals of the session run the hooked path: a stage replay in
+ * progress (replay_hook.h) or a calibrated perturbation (model.h, pert_*).
+ * It is the plain path (never the fused kernels or the graph) with f32
+ * matmuls on every batch (gk_matmul_plain: the numerics gpu_numerics
+ * declares), and after every stage its rows go to the host, through the
+ * stage hook (tier.h, tg_hook) and back. */
+static int hooked(const tg_gpu *g)
+{
+    return g->s->replay != NULL || g->s->o.pert_kind != 0;
+}
+
+/* Grows the host hook buffer to bytes. 0 or -1 with e. */
+static int hook_room(tg_gpu *g, size_t bytes, tg_err *e)
+{
+    if (bytes <= g->hook_cap) return 0;
+    float *p = (float *)realloc(g->hook_buf, bytes);
+    if (!p) return tg_errf(e, "out of host memory for the replay hook (%zu bytes)", bytes);
+    g->hook_buf = p;
+    g->hook_cap = bytes;
+    return 0;
+}
+
+/* The stage hook over n rows of width floats of device buffer d (the tokens
+ * at positions pos0..pos0+n-1): copied to the host, hooked (recorded,
+ * perturbed, overwritten) and copied back. Synchronizes. 0 or -1 with e. */
+static int hook_stage(tg_gpu *g, int layer, int stage, float *d, int n, int width, int pos0, tg_err *e)
+{
+    if (!hooked(g)) return 0;
+    const size_t bytes = (size_t)n * width * sizeof(float);
+    if (hook_room(g, bytes, e)) return -1;
+    GPU_CHECK(e, cudaMemcpyAsync(g->hook_buf, d, bytes, cudaMemcpyDeviceToHost, g->stream));
+    GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    tg_hook(g->s, layer, stage, pos0, n, g->hook_buf, width, 0, width);
+    GPU_CHECK(e, cudaMemcpyAsync(d, g->hook_buf, bytes, cudaMemcpyHostToDevice, g->stream));
+    GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    return 0;
+}
+
+/* The hook of the K and V cache rows of the batch (positions pos0..
+ * pos0+n-1 of one layer's caches kc, vc): each row as stored, read back to
+ * f32, hooked, and stored again from what the hook leaves (the
+ * reference's values when it has them: representable in the cache type
+ * when the reference applied it). Synchronizes. 0 or -1 with e. */
+static int hook_cache(tg_gpu *g, int layer, void *kc, void *vc, int n, int pos0, tg_err *e)
+{
+    if (!hooked(g)) return 0;
+    const int KVD = g->hp.n_head_kv * g->hp.head_dim;
+    const size_t vals = (size_t)n * KVD, el = g->kv_f32 ? 4 : 2;
+    if (hook_room(g, vals * (sizeof(float) + el), e)) return -1;
+    float *f = g->hook_buf;
+    void *raw = g->hook_buf + vals;
+    for (int kv = 0; kv < 2; kv++) {
+        uint8_t *rows = (uint8_t *)(kv ? vc : kc) + (size_t)pos0 * KVD * el;
+        GPU_CHECK(e, cudaMemcpyAsync(raw, rows, vals * el, cudaMemcpyDeviceToHost, g->stream));
+        GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+        for (size_t i = 0; i < vals; i++) f[i] = g->kv_f32 ? ((float *)raw)[i] : tg_half_to_f32(((tg_half *)raw)[i]);
+        tg_hook(g->s, layer, kv ? TG_RS_V_CACHE : TG_RS_K_CACHE, pos0, n, f, KVD, 0, KVD);
+        for (size_t i = 0; i < vals; i++) {
+            if (g->kv_f32) ((float *)raw)[i] = f[i];
+            else ((tg_half *)raw)[i] = tg_f32_to_half(f[i]);
+        }
+        GPU_CHECK(e, cudaMemcpyAsync(rows, raw, vals * el, cudaMemcpyHostToDevice, g->stream));
+        GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    }
+    return 0;
+}
+
+/* The hooked attention of the batch (n tokens from pos0) of one layer: a
+ * first launch computes and keeps the scaled scores, the score hook
+ * (tier.h, tg_hook_score) sees each (token, head, key position) on the
+ * host, and a second launch computes the output from the hooked scores
+ * (gk_attention_scores). Synchronizes. 0 or -1 with e. */
+static int attention_hooked(tg_gpu *g, int layer, const void *kc, const void *vc, int n, int pos0, tg_err *e)
+{
+    const tg_hparams *hp = &g->hp;
+    const int H = hp->n_head, stride = pos0 + n;
+    const size_t vals = (size_t)n * H * stride, bytes = vals * sizeof(float);
+    if (bytes > g->dscores_cap) {
+        if (g->dscores) cudaFree(g->dscores);
+        g->dscores = NULL;
+        g->dscores_cap = 0;
+        if (dalloc(&g->dscores, bytes, e)) return tg_err_prefix(e, "replay scores (%zu bytes)", bytes);
+        g->dscores_cap = bytes;
+    }
+    if (hook_room(g, bytes, e)) return -1;
+    const int f16 = !g->kv_f32;
+    if (gk_attention_scores(g->stream, g->q, kc, vc, f16, g->att, n, H, hp->n_head_kv, hp->head_dim, g->dparams,
+                            NULL, g->dscores, stride, e))
+        return -1;
+    GPU_CHECK(e, cudaMemcpyAsync(g->hook_buf, g->dscores, bytes, cudaMemcpyDeviceToHost, g->stream));
+    GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    for (int b = 0; b < n; b++)
+        for (int h = 0; h < H; h++) {
+            float *row = g->hook_buf + ((size_t)b * H + h) * stride;
+            for (int j = 0; j <= pos0 + b; j++) row[j] = (float)tg_hook_score(g->s, layer, pos0 + b, h, j, row[j]);
+        }
+    GPU_CHECK(e, cudaMemcpyAsync(g->dscores, g->hook_buf, bytes, cudaMemcpyHostToDevice, g->stream));
+    return gk_attention_scores(g->stream, g->q, kc, vc, f16, g->att, n, H, hp->n_head_kv, hp->head_dim, g->dparams,
+                               g->dscores, NULL, stride, e);
 }
 
 #define COUNT(ops, op, type) tg_ops_count((ops), (op), (type), TG_TIER_GPU)
@@ -526,19 +634,34 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     return 0;
 }
 
+/* y (n, rows) = W x, counted; plain (hooked): the plain f32 kernel whatever
+ * the shape. 0 or -1 with e. */
+static int matmul(tg_gpu *g, int plain, const dweight *w, int rows, int K, const float *x, int n, float *y,
+                  tg_ops *ops, tg_err *e)
+{
+    if ((plain ? gk_matmul_plain : gk_matmul)(g->stream, w->type, w->d, rows, K, x, n, y, e)) return -1;
+    COUNT(ops, TG_OP_MATMUL, w->type);
+    return 0;
+}
+
 /* Enqueues the forward pass of n tokens (ids and position already in
  * g->dparams) and, when k > 0, the top-k and digest with their copies to the
  * pinned host buffers. Counts every op into ops. With dumps on, synchronizes
- * after each stage. Returns 0 or -1 with e. */
+ * after each stage; hooked (a replay or a perturbation), after each stage
+ * too, with every stage through the stage hook. Returns 0 or -1 with e. */
 static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
 {
     const tg_hparams *hp = &g->hp;
     cudaStream_t s = g->stream;
-    const int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KVD = hp->n_head_kv * HD;
+    const int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KVD = hp->n_head_kv * HD, FF = hp->n_ff;
     const int32_t *pos0 = g->dparams, *ids = g->dparams + 1;
+    const int p0 = g->hparams->pos0;   /* the same position on the host, for the hooks */
     const int f16 = !g->kv_f32;
     const size_t kv_el = f16 ? 2 : 4;
-    if (n == 1 && g->fused && !g->want_dump) return enqueue_fused(g, k, ops, e);
+    const int hk = hooked(g);
+    if (n == 1 && g->fused && !g->want_dump && !hk) return enqueue_fused(g, k, ops, e);
+#define MATMUL(w, rows, K, x, y) matmul(g, hk, &(w), (rows), (K), (x), n, (y), ops, e)
+#define HOOK(layer, stage, d, width) hook_stage(g, (layer), (stage), (d), n, (width), p0, e)
     /* token embedding */
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, n, g->x, e)) return -1;
     COUNT(ops, TG_OP_EMBED, g->token_embd.type);
@@ -549,14 +672,12 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
         /* attention rmsnorm */
         if (gk_rmsnorm(s, g->x, (const float *)L->attn_norm.d, g->h, n, E, hp->eps, e)) return -1;
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        if (dump_stage(g, l, TG_STAGE_ATTN_NORM, g->h, n, E, e)) return -1;
+        if (HOOK(l, TG_RS_ATTN_NORM, g->h, E) || dump_stage(g, l, TG_STAGE_ATTN_NORM, g->h, n, E, e)) return -1;
         /* q, k, v projections */
-        if (gk_matmul(s, L->wq.type, L->wq.d, QD, E, g->h, n, g->q, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->wq.type);
-        if (gk_matmul(s, L->wk.type, L->wk.d, KVD, E, g->h, n, g->k, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->wk.type);
-        if (gk_matmul(s, L->wv.type, L->wv.d, KVD, E, g->h, n, g->v, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->wv.type);
+        if (MATMUL(L->wq, QD, E, g->h, g->q) || HOOK(l, TG_RS_Q_PROJ, g->q, QD) ||
+            MATMUL(L->wk, KVD, E, g->h, g->k) || HOOK(l, TG_RS_K_PROJ, g->k, KVD) ||
+            MATMUL(L->wv, KVD, E, g->h, g->v) || HOOK(l, TG_RS_V_PROJ, g->v, KVD))
+            return -1;
         /* per-head q/k rmsnorm */
         if (hp->qk_norm) {
             if (gk_rmsnorm(s, g->q, (const float *)L->q_norm.d, g->q, n * hp->n_head, HD, hp->eps, e)) return -1;
@@ -564,55 +685,62 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
             if (gk_rmsnorm(s, g->k, (const float *)L->k_norm.d, g->k, n * hp->n_head_kv, HD, hp->eps, e))
                 return -1;
             COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+            if (HOOK(l, TG_RS_Q_NORM, g->q, QD) || HOOK(l, TG_RS_K_NORM, g->k, KVD)) return -1;
         }
         /* rope */
         if (gk_rope(s, g->q, n, hp->n_head, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
         COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
         if (gk_rope(s, g->k, n, hp->n_head_kv, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
         COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        if (HOOK(l, TG_RS_Q_ROPE, g->q, QD) || HOOK(l, TG_RS_K_ROPE, g->k, KVD)) return -1;
         if (dump_stage(g, l, TG_STAGE_Q, g->q, n, QD, e) || dump_stage(g, l, TG_STAGE_K, g->k, n, KVD, e) ||
             dump_stage(g, l, TG_STAGE_V, g->v, n, KVD, e))
             return -1;
         /* append k, v to the cache */
         if (gk_kv_store(s, g->k, g->v, kc, vc, f16, n, KVD, pos0, e)) return -1;
         COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
+        if (hook_cache(g, l, kc, vc, n, p0, e)) return -1;
         /* attention */
-        if (gk_attention(s, g->q, kc, vc, f16, g->att, n, hp->n_head, hp->n_head_kv, HD, g->n_ctx, pos0,
-                         g->att_scratch, e))
+        if (hk ? attention_hooked(g, l, kc, vc, n, p0, e)
+               : gk_attention(s, g->q, kc, vc, f16, g->att, n, hp->n_head, hp->n_head_kv, HD, g->n_ctx, pos0,
+                              g->att_scratch, e))
             return -1;
         COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
+        if (HOOK(l, TG_RS_ATTN, g->att, QD)) return -1;
         /* output projection and residual */
-        if (gk_matmul(s, L->wo.type, L->wo.d, E, QD, g->att, n, g->tmp, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->wo.type);
+        if (MATMUL(L->wo, E, QD, g->att, g->tmp) || HOOK(l, TG_RS_ATTN_OUT, g->tmp, E)) return -1;
         if (dump_stage(g, l, TG_STAGE_ATTN_OUT, g->tmp, n, E, e)) return -1;
         if (gk_add(s, g->x, g->tmp, n * E, e)) return -1;
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+        if (HOOK(l, TG_RS_ATTN_RES, g->x, E)) return -1;
         /* ffn rmsnorm */
         if (gk_rmsnorm(s, g->x, (const float *)L->ffn_norm.d, g->h, n, E, hp->eps, e)) return -1;
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        if (dump_stage(g, l, TG_STAGE_FFN_NORM, g->h, n, E, e)) return -1;
+        if (HOOK(l, TG_RS_FFN_NORM, g->h, E) || dump_stage(g, l, TG_STAGE_FFN_NORM, g->h, n, E, e)) return -1;
         /* swiglu */
-        if (gk_matmul(s, L->gate.type, L->gate.d, hp->n_ff, E, g->h, n, g->fg, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->gate.type);
-        if (gk_matmul(s, L->up.type, L->up.d, hp->n_ff, E, g->h, n, g->fu, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->up.type);
-        if (gk_swiglu(s, g->fg, g->fu, g->fg, n * hp->n_ff, e)) return -1;
+        if (MATMUL(L->gate, FF, E, g->h, g->fg) || HOOK(l, TG_RS_GATE, g->fg, FF) ||
+            MATMUL(L->up, FF, E, g->h, g->fu) || HOOK(l, TG_RS_UP, g->fu, FF))
+            return -1;
+        if (gk_swiglu(s, g->fg, g->fu, g->fg, n * FF, e)) return -1;
         COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
-        if (gk_matmul(s, L->down.type, L->down.d, E, hp->n_ff, g->fg, n, g->tmp, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->down.type);
+        if (HOOK(l, TG_RS_SWIGLU, g->fg, FF)) return -1;
+        if (MATMUL(L->down, E, FF, g->fg, g->tmp) || HOOK(l, TG_RS_FFN_OUT, g->tmp, E)) return -1;
         if (dump_stage(g, l, TG_STAGE_FFN_OUT, g->tmp, n, E, e)) return -1;
         /* residual */
         if (gk_add(s, g->x, g->tmp, n * E, e)) return -1;
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
-        if (dump_stage(g, l, TG_STAGE_RESIDUAL, g->x, n, E, e)) return -1;
+        if (HOOK(l, TG_RS_RESIDUAL, g->x, E) || dump_stage(g, l, TG_STAGE_RESIDUAL, g->x, n, E, e)) return -1;
     }
     /* output norm and projection, last token only */
-    const float *xl = g->x + (size_t)(n - 1) * E;
+    float *xl = g->x + (size_t)(n - 1) * E;
     if (gk_rmsnorm(s, xl, (const float *)g->output_norm.d, g->h, 1, E, hp->eps, e)) return -1;
     COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-    if (gk_matmul(s, g->output.type, g->output.d, hp->n_vocab, E, g->h, 1, g->logits, e)) return -1;
-    COUNT(ops, TG_OP_MATMUL, g->output.type);
+    if (hook_stage(g, -1, TG_RS_OUT_NORM, g->h, 1, E, p0 + n - 1, e)) return -1;
+    if (matmul(g, hk, &g->output, hp->n_vocab, E, g->h, 1, g->logits, ops, e)) return -1;
+    if (hook_stage(g, -1, TG_RS_LOGITS, g->logits, 1, hp->n_vocab, p0 + n - 1, e)) return -1;
     if (dump_stage(g, -1, TG_STAGE_LOGITS, g->logits, 1, hp->n_vocab, e)) return -1;
+#undef MATMUL
+#undef HOOK
     /* top-k and digest on the device; only they cross to the host */
     if (k > 0) {
         if (enqueue_select(g, k, e)) return -1;
@@ -703,7 +831,7 @@ static int gpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
     g->want_dump = (flags & TG_EVAL_DUMP) != 0;   /* read by dump_stage until the next eval */
     g->hparams->pos0 = s->pos;
     memcpy(g->hparams->tokens, tokens, (size_t)nb * sizeof(int32_t));
-    const int use_graph = nb == 1 && !g->no_graph && !g->want_dump;
+    const int use_graph = nb == 1 && !g->no_graph && !g->want_dump && !hooked(g);
     if (use_graph) {
         if ((!g->graph_ready || g->graph_k != k) && capture_graph(g, k, e)) return -1;
         GPU_CHECK(e, cudaGraphLaunch(g->graph_exec, g->stream));
@@ -760,6 +888,22 @@ static int gpu_describe(const tg_session *s, const tg_opts *o, char *buf, size_t
     return 0;
 }
 
+/* The table's numerics: what the hooked path (a replay, a perturbation)
+ * rounds, for the exact arbiter to apply (docs/protocol.md, "Declaring
+ * numerics"): f32 activations into f32 matmuls (gk_matmul_plain), the K/V
+ * cache in the session's type, q in f32 against it, rope angles as
+ * ggml-cpu computes them (kernels.cu, rope_cs). The attention's softmax and
+ * V sums are f32 but not an online softmax in position order (a block
+ * sums its keys in parallel), so attn_acc is left to the arbiter's exact
+ * sums and the f32 sums count as accumulation noise ("accum": "f32"). */
+static void gpu_numerics(const tg_opts *o, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "{\"exact\":false,\"act\":\"f32\",\"kv\":\"%s\",\"attn_q\":\"f32\",\"attn_acc\":\"f64\","
+             "\"rope\":\"ggml-f32\",\"accum\":\"f32\",\"silu\":\"f32\"}",
+             o->kv_f32 ? "f32" : "f16");
+}
+
 extern "C" size_t tg_gpu_weight_bytes(const tg_session *s)
 {
     const tg_gpu *g = gpu_of(s);
@@ -810,5 +954,6 @@ extern "C" const tg_tier_i tg_tier_gpu = {
     NULL,             /* eval_all: one token at a time */
     gpu_logits,
     gpu_top,
+    gpu_numerics,
 };
 #endif

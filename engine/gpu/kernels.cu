@@ -692,19 +692,31 @@ int gk_matmul_tc(uint32_t type, int K, int ncols)
     return tc_enabled() && tc_ready && t && t->tc && ncols >= TC_MIN_COLS && K > 0 && K % TC_BK == 0;
 }
 
-int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
-              const float *x, int ncols, float *y, tg_err *e)
+static int matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K, const float *x, int ncols,
+                  float *y, int plain, tg_err *e)
 {
     const gk_type_entry *t = gk_find(type);
     if (!t) return tg_errf(e, "gpu matmul: weight type %u is not supported on the GPU", type);
     if (K <= 0 || K % t->qk || K % 8 || nrows <= 0 || ncols <= 0)
         return tg_errf(e, "gpu matmul: shape K=%d nrows=%d ncols=%d: expected K a multiple of %d and 8",
                        K, nrows, ncols, t->qk);
-    if (gk_matmul_q8(type, K, ncols)) launch_mv_q8(s, type, W, nrows, K, x, y);
-    else if (gk_matmul_tc(type, K, ncols)) t->tc(s, W, nrows, K, x, ncols, y);
+    if (!plain && gk_matmul_q8(type, K, ncols)) launch_mv_q8(s, type, W, nrows, K, x, y);
+    else if (!plain && gk_matmul_tc(type, K, ncols)) t->tc(s, W, nrows, K, x, ncols, y);
     else t->mm(s, W, nrows, K, x, ncols, y);
     GPU_CHECK_LAUNCH(e, "matmul");
     return 0;
+}
+
+int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
+              const float *x, int ncols, float *y, tg_err *e)
+{
+    return matmul(s, type, W, nrows, K, x, ncols, y, 0, e);
+}
+
+int gk_matmul_plain(cudaStream_t s, uint32_t type, const void *W, int nrows, int K, const float *x, int ncols,
+                    float *y, tg_err *e)
+{
+    return matmul(s, type, W, nrows, K, x, ncols, y, 1, e);
 }
 
 int gk_get_rows(cudaStream_t s, uint32_t type, const void *W, int K,
@@ -770,16 +782,30 @@ int gk_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y,
     return 0;
 }
 
+/* The cos and sin of rope pair i at position pos, as ggml-cpu (and the
+ * cpu tier) compute them: the angle in f32, starting at pos and multiplied
+ * by theta_scale = powf(base, -2/head_dim) (computed on the host) once per
+ * pair, so every product is an IEEE f32 product; cos and sin in f64, then
+ * rounded to f32 (the correctly rounded cosf and sinf the host's libm gives,
+ * not the device's few-ulp cosf). The replay budgets rest on this
+ * (docs/protocol.md, "Declaring numerics": "rope": "ggml-f32"). */
+__device__ __forceinline__ void rope_cs(int pos, float theta_scale, int i, float *c, float *sn)
+{
+    float theta = (float)pos;
+    for (int k = 0; k < i; k++) theta *= theta_scale;
+    *c = (float)cos((double)theta);
+    *sn = (float)sin((double)theta);
+}
+
 __global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos0, float theta_scale, int neox)
 {
     const int t = blockIdx.y, h = blockIdx.x;
     const int half = head_dim / 2;
     float *xh = x + ((size_t)t * n_head + h) * head_dim;
-    const float pos = (float)(*pos0 + t);
+    const int pos = *pos0 + t;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        /* theta = pos * base^(-2i/head_dim), as ggml computes it */
-        const float theta = pos * powf(theta_scale, (float)i);
-        const float c = cosf(theta), sn = sinf(theta);
+        float c, sn;
+        rope_cs(pos, theta_scale, i, &c, &sn);
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float a = xh[i0], b = xh[i1];
         xh[i0] = a * c - b * sn;
@@ -857,7 +883,8 @@ static int att_splits(void)
 template <int F16>
 __global__ void __launch_bounds__(ATT_THREADS)
 k_attention(const float *q, const void *kc, const void *vc, float *out, int n_head, int n_head_kv,
-            int head_dim, const int32_t *pos0, float scale, float *part)
+            int head_dim, const int32_t *pos0, float scale, float *part, const float *s_in, float *s_out,
+            int s_stride)
 {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[32];
@@ -881,11 +908,22 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
     for (int j0 = jb; j0 < je; j0 += ATT_CHUNK) {
         const int nj = je - j0 < ATT_CHUNK ? je - j0 : ATT_CHUNK;
         for (int jj = wid; jj < nj; jj += nw) {
-            const size_t base = (size_t)(j0 + jj) * kv_row + (size_t)hkv * head_dim;
-            float d = 0.0f;
-            for (int i = lane; i < head_dim; i += TG_WARP) d += qs[i] * kv_at<F16>(kc, base + i);
-            d = warp_sum(d);
-            if (lane == 0) sc[jj] = d * scale;
+            /* the scaled score: computed, or given (s_in: a replay's); s_out
+             * keeps what is used (gk_attention_scores) */
+            const size_t si = ((size_t)t * n_head + h) * s_stride + j0 + jj;
+            float d;
+            if (s_in) {
+                d = s_in[si];
+            } else {
+                const size_t base = (size_t)(j0 + jj) * kv_row + (size_t)hkv * head_dim;
+                d = 0.0f;
+                for (int i = lane; i < head_dim; i += TG_WARP) d += qs[i] * kv_at<F16>(kc, base + i);
+                d = warp_sum(d) * scale;
+            }
+            if (lane == 0) {
+                sc[jj] = d;
+                if (s_out) s_out[si] = d;
+            }
         }
         __syncthreads();
         float mx = -INFINITY;
@@ -979,9 +1017,9 @@ size_t gk_attention_scratch(int n_head, int head_dim)
     return (size_t)n_head * ATT_SPLITS_MAX * (head_dim + 2) * sizeof(float);
 }
 
-int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
-                 int kv_f16, float *out, int n_tok, int n_head, int n_head_kv,
-                 int head_dim, int n_ctx, const int32_t *pos0, void *scratch, tg_err *e)
+static int attention(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
+                     int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t *pos0, void *scratch,
+                     const float *s_in, float *s_out, int s_stride, tg_err *e)
 {
     if (n_tok <= 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 ||
         head_dim > 4 * ATT_THREADS)
@@ -995,15 +1033,36 @@ int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
     const size_t shm = (size_t)head_dim * sizeof(float);
     float *part = (float *)scratch;
     if (kv_f16)
-        k_attention<1><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
+        k_attention<1><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part,
+                                                      s_in, s_out, s_stride);
     else
-        k_attention<0><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part);
+        k_attention<0><<<grid, ATT_THREADS, shm, s>>>(q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part,
+                                                      s_in, s_out, s_stride);
     GPU_CHECK_LAUNCH(e, "attention");
     if (nsplit > 1) {
         k_attn_combine<<<dim3(n_head, n_tok), 128, 0, s>>>(part, out, n_head, head_dim, nsplit);
         GPU_CHECK_LAUNCH(e, "attention combine");
     }
     return 0;
+}
+
+int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
+                 int kv_f16, float *out, int n_tok, int n_head, int n_head_kv,
+                 int head_dim, int n_ctx, const int32_t *pos0, void *scratch, tg_err *e)
+{
+    (void)n_ctx;
+    return attention(s, q, kc, vc, kv_f16, out, n_tok, n_head, n_head_kv, head_dim, pos0, scratch, NULL, NULL, 0, e);
+}
+
+int gk_attention_scores(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
+                        int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t *pos0,
+                        const float *s_in, float *s_out, int s_stride, tg_err *e)
+{
+    if (s_stride <= 0 || (!s_in && !s_out))
+        return tg_errf(e, "gpu attention scores: stride %d, %s: expected a stride > 0 and a score buffer", s_stride,
+                       s_in || s_out ? "buffers" : "no buffer");
+    return attention(s, q, kc, vc, kv_f16, out, n_tok, n_head, n_head_kv, head_dim, pos0, NULL, s_in, s_out,
+                     s_stride, e);
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float *y, int n)
@@ -1873,8 +1932,8 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const f
     const int half = head_dim / 2;
     const int pos = *pos0;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float theta = (float)pos * powf(theta_scale, (float)i);
-        const float c = cosf(theta), sn = sinf(theta);
+        float c, sn;
+        rope_cs(pos, theta_scale, i, &c, &sn);
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float a = hv[i0], b = hv[i1];
         hv[i0] = a * c - b * sn;
@@ -2034,7 +2093,8 @@ int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *
     float *part = (float *)scratch;
     const size_t shm = (size_t)head_dim * sizeof(float);
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, dim3(n_head, 1, nsplit), ATT_THREADS, shm, s,
-                           q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part));
+                           q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part, (const float *)NULL,
+                           (float *)NULL, 0));
     GPU_CHECK(e, gk_launch(k_attn_combine_q8, n_head, head_dim, 0, s, part, out, n_head, head_dim, nsplit, oq));
     return 0;
 }

@@ -34,6 +34,13 @@ int gk_type_supported(uint32_t type);
 int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
               const float *x, int ncols, float *y, tg_err *e);
 
+/* gk_matmul on its plain f32 kernel whatever the shape (weights
+ * dequantized to f32, x as given, products summed in f32; never the 8-bit or
+ * tensor-core paths below): the numerics the gpu tier declares for its
+ * hooked evals (replay, perturbations; docs/protocol.md). */
+int gk_matmul_plain(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
+                    const float *x, int ncols, float *y, tg_err *e);
+
 /* Whether gk_matmul quantizes x to 8 bits for this call (single-token Q4_K
  * and Q6_K mat-vecs, unless TG_GPU_MMVQ=0): then, per 32 values of x,
  * d = max|x| / 127 (f32 division), q = round-half-even(x / d) (0 when d is
@@ -77,6 +84,15 @@ int gk_kv_store(cudaStream_t s, const float *k, const float *v, void *kc,
 int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
                  int kv_f16, float *out, int n_tok, int n_head, int n_head_kv,
                  int head_dim, int n_ctx, const int32_t *pos0, void *scratch, tg_err *e);
+/* gk_attention (one block per head and token, no split) with its scaled
+ * scores exposed, for the replay hooks: with s_out, the score of query
+ * token t, head h and key position j (j <= *pos0 + t) is written to
+ * s_out[(t * n_head + h) * s_stride + j] (the output is computed as usual);
+ * with s_in, the scores are read from there instead of computed from q and
+ * the keys (q is then unused). s_stride >= *pos0 + n_tok. */
+int gk_attention_scores(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
+                        int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t *pos0,
+                        const float *s_in, float *s_out, int s_stride, tg_err *e);
 /* Scratch bytes for gk_attention's split single-token path (n_tok == 1
  * with scratch not NULL: the keys are split over several blocks per head
  * and merged; NULL keeps one block per head). */

@@ -226,6 +226,16 @@ static void test_rmsnorm(int nrows, int n, const char *what)
     cudaFree(dx); cudaFree(dw); cudaFree(dy);
 }
 
+/* The angle of rope pair i at pos in f32 as ggml-cpu computes it: pos
+ * times theta_scale = powf(base, -2/hd), i times, one f32 product each. */
+static double rope_theta(int pos, float base, int hd, int i)
+{
+    const float theta_scale = powf(base, -2.0f / (float)hd);
+    float th = (float)pos;
+    for (int k = 0; k < i; k++) th *= theta_scale;
+    return th;
+}
+
 static void test_rope(int n_tok, int n_head, int hd, int pos0, int neox)
 {
     char name[128];
@@ -238,9 +248,7 @@ static void test_rope(int n_tok, int n_head, int hd, int pos0, int neox)
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++)
             for (int i = 0; i < hd / 2; i++) {
-                /* the angle in f32 as ggml computes it: pos * theta_scale^i */
-                const float theta_scale = powf((float)base, -2.0f / (float)hd);
-                const double th = (float)(pos0 + t) * powf(theta_scale, (float)i);
+                const double th = rope_theta(pos0 + t, (float)base, hd, i);
                 const size_t o = ((size_t)t * n_head + h) * hd;
                 const int i0 = neox ? i : 2 * i, i1 = neox ? i + hd / 2 : 2 * i + 1;
                 const double a = x[o + i0], b = x[o + i1];
@@ -258,11 +266,15 @@ static void test_rope(int n_tok, int n_head, int hd, int pos0, int neox)
 
 /* kv_store then attention over a cache pre-filled with random history:
  * positions < pos0 come from a host-written cache, pos0.. from kv_store. */
-static void test_attention(int kv_f16, int n_tok, int n_head, int n_head_kv, int hd, int pos0, int split)
+/* scores (split 0): through gk_attention_scores, the replay hooks' path: a
+ * first launch keeps the scores (checked against the reference's), a
+ * second takes them halved (the reference's output halves them too). */
+static void test_attention(int kv_f16, int n_tok, int n_head, int n_head_kv, int hd, int pos0, int split,
+                           int scores = 0)
 {
     char name[160];
-    snprintf(name, sizeof name, "attn_%s%s(tok=%d,heads=%d/%d,hd=%d,pos0=%d)", kv_f16 ? "f16kv" : "f32kv",
-             split ? ",split" : "", n_tok, n_head, n_head_kv, hd, pos0);
+    snprintf(name, sizeof name, "attn_%s%s%s(tok=%d,heads=%d/%d,hd=%d,pos0=%d)", kv_f16 ? "f16kv" : "f32kv",
+             split ? ",split" : "", scores ? ",scores" : "", n_tok, n_head, n_head_kv, hd, pos0);
     const int n_ctx = pos0 + n_tok + 3, row = n_head_kv * hd;
     std::vector<float> hist((size_t)n_ctx * row), knew((size_t)n_tok * row), vnew((size_t)n_tok * row);
     std::vector<float> histv(hist.size()), q((size_t)n_tok * n_head * hd);
@@ -295,7 +307,8 @@ static void test_attention(int kv_f16, int n_tok, int n_head, int n_head_kv, int
         CK(cudaMemcpy(dv, histv.data(), histv.size() * 4, cudaMemcpyHostToDevice));
     }
     std::vector<double> ref(q.size());
-    const int grp = n_head / n_head_kv;
+    const int grp = n_head / n_head_kv, stride = pos0 + n_tok;
+    std::vector<double> sref((size_t)n_tok * n_head * stride, 0.0);
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
             const int nkv = pos0 + t + 1, hk = h / grp;
@@ -306,6 +319,8 @@ static void test_attention(int kv_f16, int n_tok, int n_head, int n_head_kv, int
                 for (int i = 0; i < hd; i++)
                     d += (double)q[((size_t)t * n_head + h) * hd + i] * K[(size_t)j * row + hk * hd + i];
                 s[j] = d / sqrt((double)hd);
+                sref[((size_t)t * n_head + h) * stride + j] = s[j];
+                if (scores) s[j] = (float)(0.5f * (float)s[j]);   /* what the second launch is given */
                 mx = s[j] > mx ? s[j] : mx;
             }
             double sum = 0;
@@ -324,7 +339,35 @@ static void test_attention(int kv_f16, int n_tok, int n_head, int n_head_kv, int
     int rc = gk_kv_store(0, dkn, dvn, dk, dv, kv_f16, n_tok, row, dp, &e);
     void *scr = NULL;
     if (split) CK(cudaMalloc(&scr, gk_attention_scratch(n_head, hd)));
-    if (!rc) rc = gk_attention(0, dq, dk, dv, kv_f16, dout, n_tok, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    if (!scores) {
+        if (!rc) rc = gk_attention(0, dq, dk, dv, kv_f16, dout, n_tok, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    } else {
+        float *dsc = dev_poisoned(sref.size());
+        if (!rc)
+            rc = gk_attention_scores(0, dq, dk, dv, kv_f16, dout, n_tok, n_head, n_head_kv, hd, dp, NULL, dsc,
+                                     stride, &e);
+        if (!rc) {
+            std::vector<float> got = dev_download(dsc, sref.size());
+            char nm[200];
+            snprintf(nm, sizeof nm, "%s.scores", name);
+            /* only the causal entries are the kernel's; the rest stay poisoned */
+            std::vector<float> causal;
+            std::vector<double> want;
+            for (int t = 0; t < n_tok; t++)
+                for (int h = 0; h < n_head; h++)
+                    for (int j = 0; j <= pos0 + t; j++) {
+                        const size_t i = ((size_t)t * n_head + h) * stride + j;
+                        causal.push_back(got[i]);
+                        want.push_back(sref[i]);
+                        got[i] = 0.5f * got[i];
+                    }
+            judge(nm, causal, want, NMSE_ATTN);
+            CK(cudaMemcpy(dsc, got.data(), got.size() * 4, cudaMemcpyHostToDevice));
+            rc = gk_attention_scores(0, dq, dk, dv, kv_f16, dout, n_tok, n_head, n_head_kv, hd, dp, dsc, NULL,
+                                     stride, &e);
+        }
+        cudaFree(dsc);
+    }
     if (!rc) judge(name, dev_download(dout, q.size()), ref, NMSE_ATTN);
     else check_gk(rc, &e, name);
     cudaFree(dk); cudaFree(dv); cudaFree(dkn); cudaFree(dvn); cudaFree(dq); cudaFree(dp); cudaFree(dout);
@@ -650,7 +693,6 @@ static void test_qk_norm_rope_store(int kv_f16, int n_head, int n_head_kv, int h
     std::vector<float> q(QD), k(KVD), v(KVD), wq(hd), wk(hd);
     fill(q, 2.0f); fill(k, 2.0f); fill(v, 2.0f); fill(wq, 1.0f); fill(wk, 1.0f);
     const float eps = 1e-6f, base = 1e6f;
-    const float theta_scale = powf(base, -2.0f / (float)hd);
     auto ref_head = [&](const float *x, const float *w, double *out) {
         double ss = 0;
         for (int i = 0; i < hd; i++) ss += (double)x[i] * x[i];
@@ -658,7 +700,7 @@ static void test_qk_norm_rope_store(int kv_f16, int n_head, int n_head_kv, int h
         std::vector<double> t(hd);
         for (int i = 0; i < hd; i++) t[i] = norm ? x[i] * sc * w[i] : x[i];
         for (int i = 0; i < hd / 2; i++) {
-            const double th = (float)pos * powf(theta_scale, (float)i);
+            const double th = rope_theta(pos, base, hd, i);
             const int i0 = neox ? i : 2 * i, i1 = neox ? i + hd / 2 : 2 * i + 1;
             out[i0] = t[i0] * cos(th) - t[i1] * sin(th);
             out[i1] = t[i0] * sin(th) + t[i1] * cos(th);
@@ -799,6 +841,8 @@ int main(void)
         }
         test_attention(f16, 7, 4, 2, 64, 5, 0);           /* prefill, causal */
         test_attention(f16, 12, 16, 8, 128, 0, 0);        /* prefill from an empty cache */
+        test_attention(f16, 7, 4, 2, 64, 5, 0, 1);        /* the replay's scores in and out */
+        test_attention(f16, 3, 16, 8, 128, 1500, 0, 1);
     }
     test_swiglu_add(1000);
     test_swiglu_add(12288 * 3);
