@@ -43,19 +43,6 @@ static inline int hsum_epi32_128(__m128i v)
     return _mm_cvtsi128_si32(v);
 }
 
-/* As kernels_avx2.c: sc[8] in bytes 0..7, m[8] in bytes 8..15. */
-static inline __m128i unpack_scales_k4(const uint8_t *q)
-{
-    uint32_t u[3];
-    memcpy(u, q, 12);
-    const uint32_t k63 = 0x3f3f3f3fu, k15 = 0x0f0f0f0fu, k3 = 0x03030303u;
-    /* built in registers: a store + wide reload would stall store forwarding */
-    return _mm_setr_epi32((int)(u[0] & k63),   /* sc 0..3 */
-                          (int)((u[2] & k15) | (((u[0] >> 6) & k3) << 4)),   /* sc 4..7 */
-                          (int)(u[1] & k63),   /* m 0..3 */
-                          (int)(((u[2] >> 4) & k15) | (((u[1] >> 6) & k3) << 4)));  /* m 4..7 */
-}
-
 /* vpermw indices: for q4_K group g, int16 lanes 0..15 take scale 2g and
  * lanes 16..31 scale 2g+1 (a 512-bit maddubs result of 64 values). */
 static const int16_t k4_idx[4][32] = {
@@ -129,28 +116,64 @@ static inline __m128 half_f32(__m128i v, int half)
     return _mm_cvtph_ps(_mm_shuffle_epi8(v, pick));
 }
 
-/* Prefetches part i of `parts` of the nr rows (bx bytes apart) after the
- * nr rows at x: a row range's next rows are its next bytes, so the rows a
- * kernel reads next are on their way while it works through these (past a
- * matrix's end this only costs a little bandwidth). */
+/* Bytes past the next rows that prefetch_next_rows reaches: on short rows
+ * (1024 values) the next four rows alone are not far enough ahead for
+ * memory's latency (measured on the 2-core AVX-512 machine: q4_K rows of
+ * 1024 from memory 25-27 GB/s with none, 34-36 with 2 KiB; hardware
+ * prefetch alone gives 15-20). */
+#define PREFETCH_AHEAD 2048
+
+/* Prefetches part i of `parts` of the nr rows (bx bytes apart) that follow
+ * PREFETCH_AHEAD bytes after the nr rows at x: a row range's next rows are
+ * its next bytes, so the rows a kernel reads next are on their way while it
+ * works through these (past a matrix's end this only costs a little
+ * bandwidth). */
 TILE_INLINE void prefetch_next_rows(const void *x, size_t bx, int nr, int i,
                                                                      int parts)
 {
     const size_t span = (size_t)nr * bx, part = (span + (size_t)parts - 1) / (size_t)parts;
-    const char *p = (const char *)x + span + (size_t)i * part;
+    const char *p = (const char *)x + span + PREFETCH_AHEAD + (size_t)i * part;
     for (size_t o = 0; o < part; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+/* The scales and mins of NR (1..4) Q4_K blocks bx bytes apart, unpacked
+ * together: in 128-bit lane r, block r's sc[0..7] then m[0..7] as bytes
+ * (the layout of kernels_avx2.c's unpack_scales_k4). Each lane reads the block's 12 scale bytes
+ * and the 4 quant bytes after them (ignored): dwords u0, u1, u2 give
+ *   sc 0..3 = u0 & 0x3f..,  sc 4..7 = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..),
+ *   m 0..3  = u1 & 0x3f..,  m 4..7  = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..). */
+TILE_INLINE __m512i scales_k4_rows(const uint8_t *x, size_t bx, const int NR)
+{
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(x + offsetof(block_q4_K, scales))));
+#pragma GCC unroll 4
+    for (int r = 1; r < NR; r++)
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + r * bx + offsetof(block_q4_K, scales))), r);
+    const __m512i a = _mm512_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));   /* u0, u2, u1, u2 */
+    const __m512i b = _mm512_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));   /* u0, u0, u1, u1 */
+    const __m512i mlo = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
+    const __m512i mhi = _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0);
+    return _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi32(a, _mm512_set4_epi32(4, 0, 0, 0)), mlo),
+                           _mm512_and_si512(_mm512_srli_epi32(b, 2), mhi));
 }
 
 /* NR (1 or 4) Q4_K rows x, bx bytes apart, against one activation row y:
  * s[r] = the dot of row r, in the numerics above (lane r of the float
- * vectors does row r's scalar operations). */
+ * vectors does row r's scalar operations). The scales of the NR rows are
+ * unpacked together (scales_k4_rows), widened to int16 two rows per
+ * register (row r's sc at int16 lanes 16 (r & 1) + 0..7, its m at + 8..15);
+ * each 32 quant bytes are broadcast to both register halves, the upper
+ * half shifted to its high nibbles. */
 TILE_INLINE void rows_q4_K(int n, float *s, const uint8_t *x, size_t bx,
                                                             const block_q8_K *y, const int NR)
 {
     const int nb = n / QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m512i idx[4] = {_mm512_loadu_si512(k4_idx[0]), _mm512_loadu_si512(k4_idx[1]),
-                            _mm512_loadu_si512(k4_idx[2]), _mm512_loadu_si512(k4_idx[3])};
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512i idx[2][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        idx[0][g] = _mm512_loadu_si512(k4_idx[g]);
+        idx[1][g] = _mm512_add_epi16(idx[0][g], _mm512_set1_epi16(16));
+    }
     __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
     for (int i = 0; i < nb; i++) {
         const uint8_t *xi = x + (size_t)i * sizeof(block_q4_K);
@@ -158,32 +181,40 @@ TILE_INLINE void rows_q4_K(int n, float *s, const uint8_t *x, size_t bx,
         const __m128i b0 = _mm_loadu_si128((const __m128i *)y[i].bsums);
         const __m128i b1 = _mm_loadu_si128((const __m128i *)(y[i].bsums + 8));
         const __m128i bsub = _mm_hadd_epi16(b0, b1);   /* the 8 sub-block sums */
+        const __m512i scm = scales_k4_rows(xi, bx, NR);
+        __m512i w16[2];
+        w16[0] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(scm));
+        if (NR > 2) w16[1] = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(scm, 1));
+        /* the mins against the sub-block sums: rows 0, 2 in 128-bit lane 1,
+         * rows 1, 3 in lane 3 (4 partial int32 sums each) */
+        const __m512i bm = _mm512_maskz_broadcast_i32x4(0xf0f0, bsub);
+        const __m512i pm0 = _mm512_madd_epi16(w16[0], bm);
+        __m512i yq[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) yq[g] = _mm512_loadu_si512(y[i].qs + 64 * g);
         __m512i sumi[4];
-        __m128i mins[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const block_q4_K *xr = (const block_q4_K *)(xi + r * bx);
-            const __m128i scmin = unpack_scales_k4(xr->scales);
-            mins[r] = _mm_madd_epi16(bsub, _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8)));
-            const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scmin));
             sumi[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
-                const __m256i bits = _mm256_loadu_si256((const __m256i *)(xr->qs + 32 * g));
-                const __m256i lo = _mm256_and_si256(bits, m4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                const __m512i sc = _mm512_permutexvar_epi16(idx[g], sc16);
-                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(w, _mm512_loadu_si512(y[i].qs + 64 * g)), sc);
+                const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xr->qs + 32 * g)));
+                const __m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(bits, 0xffff0000u, bits, 4), m4);
+                const __m512i sc = _mm512_permutexvar_epi16(idx[r & 1][g], w16[r >> 1]);
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(w, yq[g]), sc);
             }
         }
         __m128i isum, imin;
         if (NR == 4) {
+            const __m512i pm1 = _mm512_madd_epi16(w16[1], bm);
+            const __m128i mins[4] = {_mm512_extracti32x4_epi32(pm0, 1), _mm512_extracti32x4_epi32(pm0, 3),
+                                     _mm512_extracti32x4_epi32(pm1, 1), _mm512_extracti32x4_epi32(pm1, 3)};
             isum = hsum4_epi32_512(sumi);
             imin = hsum4_epi32_128(mins);
         } else {
             isum = _mm_cvtsi32_si128(hsum_epi32_512(sumi[0]));
-            imin = _mm_cvtsi32_si128(hsum_epi32_128(mins[0]));
+            imin = _mm_cvtsi32_si128(hsum_epi32_128(_mm512_extracti32x4_epi32(pm0, 1)));
         }
         const __m128 yd = _mm_set1_ps(y[i].d);
         const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), NR);   /* d, dmin */
