@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/attn.h"
 #include "cpu/kernels.h"
 #include "quant.h"
 #include "threadpool.h"
@@ -60,7 +61,8 @@ typedef struct cpu_state {
     size_t qa_stride; /* bytes per row of qa / qb */
     void *kc;         /* (n_layer, n_ctx, n_head_kv*head_dim) K cache, kv_type */
     void *vc;         /* (n_layer, n_ctx, n_head_kv*head_dim) V cache, kv_type */
-    void *acc;        /* (nth, head_dim) per-thread attention accumulator, kv_type */
+    void *acc;        /* (nth, head_dim) per-thread attention accumulator (F32 cache) */
+    float *fa_scratch; /* (nth, 2 * n_ctx) per-thread scores and weights (F16 cache) */
     void *qconv;      /* (nth, head_dim) per-thread q in the K cache type */
     float *rope_cs;   /* (nb, head_dim) cos, sin per pair and token */
     int layer;        /* the layer being evaluated (for the replay hooks) */
@@ -96,8 +98,8 @@ static void k_vec_dot(uint32_t type, int n, float *s, const void *x, const void 
     tg_cpu_vec_dot(type)(n, s, x, y);
 }
 
-/* 0: portable code; 1: AVX2 helpers with ggml's 8-lane order; 2: AVX2
- * helpers with ggml's 16-lane (AVX-512) order. Follows the kernels' ISA, as
+/* 0: portable code; 1: AVX2 helpers with ggml's 8-lane order; 2: ggml's
+ * 16-lane (AVX-512) order (TG_FA_* of cpu/attn.h). Follows the kernels' ISA, as
  * llama.cpp's CPU backend picks its variant by the same features. */
 static int fa_simd(void)
 {
@@ -110,46 +112,6 @@ static int fa_simd(void)
 #endif
     }
     return simd;
-}
-
-/* Returns k . q for rows of n values of the cache type (F16 or F32); for
- * F16 on x86 in ggml_vec_dot_f16's order, else the kernels' dot. */
-static float fa_dot(uint32_t type, int n, const void *k, const void *q)
-{
-#if defined(__x86_64__)
-    int simd = fa_simd();
-    if (type == TG_TYPE_F16 && simd)
-        return tg_fa_dot_f16_avx2(n, k, q, simd == 2);
-#endif
-    float s;
-    k_vec_dot(type, n, &s, k, q);
-    return s;
-}
-
-/* y (n, f16) = f16(fma(x, a, y)): ggml_vec_mad_f16 into an F16 accumulator. */
-static void fa_mad_f16(int n, tg_half *y, const tg_half *x, float a)
-{
-#if defined(__x86_64__)
-    if (fa_simd()) {
-        tg_fa_mad_f16_avx2(n, y, x, a);
-        return;
-    }
-#endif
-    for (int i = 0; i < n; i++)
-        y[i] = tg_f32_to_half(fmaf(tg_half_to_f32(x[i]), a, tg_half_to_f32(y[i])));
-}
-
-/* y (n, f16) = f16(y * a): ggml_vec_scale_f16. */
-static void fa_scale_f16(int n, tg_half *y, float a)
-{
-#if defined(__x86_64__)
-    if (fa_simd()) {
-        tg_fa_scale_f16_avx2(n, y, a);
-        return;
-    }
-#endif
-    for (int i = 0; i < n; i++)
-        y[i] = tg_f32_to_half(tg_half_to_f32(y[i]) * a);
 }
 
 static int k_has_matmul(uint32_t type)
@@ -234,7 +196,10 @@ static void mm_chunk(void *ctx, int chunk, int ith)
 #if defined(__x86_64__)
             if (fa_simd()) {
                 // ggml's vectorized expf, as llama.cpp's swiglu on this ISA
-                tg_swiglu_ggml_avx2(r0, r1, jb->w->rows, g, u, fa_simd() == 2);
+                if (fa_simd() == 2)
+                    tg_swiglu_ggml_avx512(r0, r1, jb->w->rows, g, u);
+                else
+                    tg_swiglu_ggml_avx2(r0, r1, jb->w->rows, g, u, 0);
                 continue;
             }
 #endif
@@ -372,6 +337,18 @@ typedef struct attn_job {
     int pos0;          /* position of token 0 of the batch */
 } attn_job;
 
+/* The score hook of one query row (tg_fa_hook_fn). */
+typedef struct score_hook {
+    tg_session *s;
+    int layer, pos, head;
+} score_hook;
+
+static float hook_score(void *ctx, int j, float sj)
+{
+    const score_hook *h = ctx;
+    return (float)tg_hook_score(h->s, h->layer, h->pos, h->head, j, sj);
+}
+
 /* Attention of task t = (token b, head h) of the batch, as llama.cpp's CPU
  * flash attention computes one query row (ggml's flash_attn_ext, one chunk):
  * q rounded to the K cache type, s = (k . q) * scale for each position in
@@ -379,7 +356,8 @@ typedef struct attn_job {
  * accumulator and S are rescaled by expf(Mold - M), else the position's
  * weight is expf(s - M)), V accumulated in the V cache type (F16: each
  * update rounded to f16), S = S * ms + vs fused, and at the end the
- * accumulator times 1/S. */
+ * accumulator times 1/S. An F16 cache goes through cpu/attn.h (the dot in
+ * ggml_vec_dot_f16's order on x86); an F32 one is summed here. */
 static void attn_chunk(void *ctx, int t, int ith)
 {
     attn_job *a = ctx;
@@ -391,51 +369,51 @@ static void attn_chunk(void *ctx, int t, int ith)
     const float scale = 1.0f / sqrtf((float)d);
     const size_t lay = (size_t)a->layer * s->o.n_ctx * KV;
     void *qc = (char *)c->qconv + (size_t)ith * d * c->kv_es;
-    void *acc = (char *)c->acc + (size_t)ith * d * sizeof(float);
     const int b = t / hp->n_head, h = t % hp->n_head, g = h / group;
     const int pos = a->pos0 + b;
     const float *qh = c->q + (size_t)b * Qd + (size_t)h * d;
-    const int f16 = c->kv_type == TG_TYPE_F16;
-    tg_half *acc16 = acc;
-    float *acc32 = acc;
+    float *out = c->att + (size_t)b * Qd + (size_t)h * d;
+    const size_t off0 = (lay + (size_t)g * d) * c->kv_es;
+    const int n = pos + 1;   /* causal: positions 0..pos */
 
     k_quantize_row(c->kv_type, qh, qc, d);
-    memset(acc, 0, (size_t)d * c->kv_es);
+    if (c->kv_type == TG_TYPE_F16) {
+        score_hook hk = {s, a->layer, pos, h};
+        tg_fa_row_f16(fa_simd(), n, d, (const tg_half *)((const char *)c->kc + off0),
+                      (const tg_half *)((const char *)c->vc + off0), (size_t)KV, qc, scale,
+                      s->replay || s->o.pert_kind ? hook_score : NULL, &hk,
+                      c->fa_scratch + (size_t)ith * 2 * s->o.n_ctx, out);
+        return;
+    }
+    float *acc = (float *)c->acc + (size_t)ith * d;
+    memset(acc, 0, (size_t)d * sizeof(float));
     float S = 0.0f, M = -INFINITY;
-    for (int j = 0; j <= pos; j++) {
-        const size_t off = (lay + (size_t)j * KV + (size_t)g * d) * c->kv_es;
-        float sj = fa_dot(c->kv_type, d, (const char *)c->kc + off, qc) * scale;
+    for (int j = 0; j < n; j++) {
+        const float *kj = (const float *)((const char *)c->kc + off0) + (size_t)j * KV;
+        const float *vf = (const float *)((const char *)c->vc + off0) + (size_t)j * KV;
+        float dot;
+        k_vec_dot(TG_TYPE_F32, d, &dot, kj, qc);
+        float sj = dot * scale;
         if (s->replay || s->o.pert_kind)
             sj = (float)tg_hook_score(s, a->layer, pos, h, j, sj);
-        const void *vj = (const char *)c->vc + off;
         float ms = 1.0f, vs = 1.0f;
         if (sj > M) {
             // a new maximum: rescale what is summed so far, this weight is 1
             const float Mold = M;
             M = sj;
             ms = expf(Mold - M);
-            if (f16) {
-                fa_scale_f16(d, acc16, ms);
-            } else {
-                for (int i = 0; i < d; i++)
-                    acc32[i] *= ms;
-            }
+            for (int i = 0; i < d; i++)
+                acc[i] *= ms;
         } else {
             vs = expf(sj - M);
         }
-        if (f16) {
-            fa_mad_f16(d, acc16, vj, vs);
-        } else {
-            const float *vf = vj;
-            for (int i = 0; i < d; i++)
-                acc32[i] = fmaf(vf[i], vs, acc32[i]);
-        }
+        for (int i = 0; i < d; i++)
+            acc[i] = fmaf(vf[i], vs, acc[i]);
         S = fmaf(S, ms, vs);
     }
-    float *out = c->att + (size_t)b * Qd + (size_t)h * d;
     const float S_inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int i = 0; i < d; i++)
-        out[i] = (f16 ? tg_half_to_f32(acc16[i]) : acc32[i]) * S_inv;
+        out[i] = acc[i] * S_inv;
 }
 
 /* --- the forward pass ---------------------------------------------------- */
@@ -643,7 +621,7 @@ static void cpu_fini(tg_session *s)
     tg_pool_free(c->pool);
     free(c->x); free(c->h); free(c->q); free(c->k); free(c->v); free(c->att); free(c->o);
     free(c->g); free(c->u); free(c->qa); free(c->qb); free(c->kc); free(c->vc); free(c->acc);
-    free(c->qconv); free(c->rope_cs);
+    free(c->fa_scratch); free(c->qconv); free(c->rope_cs);
     free(c);
     s->tier = NULL;
 }
@@ -698,10 +676,11 @@ static int cpu_init(tg_session *s, tg_err *e)
     c->kc = calloc(cache, 1);
     c->vc = calloc(cache, 1);
     c->acc = calloc((size_t)c->nth * d, sizeof(float));
+    c->fa_scratch = calloc((size_t)c->nth * 2 * (size_t)s->o.n_ctx, sizeof(float));
     c->qconv = calloc((size_t)c->nth * d, sizeof(float));
     c->rope_cs = calloc(nb * d, sizeof(float));
     if (!c->pool || !c->x || !c->h || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u ||
-        !c->qa || !c->qb || !c->kc || !c->vc || !c->acc || !c->qconv || !c->rope_cs) {
+        !c->qa || !c->qb || !c->kc || !c->vc || !c->acc || !c->fa_scratch || !c->qconv || !c->rope_cs) {
         cpu_fini(s);
         return tg_errf(e, "cpu tier: out of memory (or threads) for n_ctx %d, n_batch %d, %d threads",
                        s->o.n_ctx, s->o.n_batch, s->o.threads);

@@ -5,10 +5,16 @@
  *   tests/helpers/kernels-check.c for the qemu run), each weight type, row
  *   lengths 256 .. 8192: |fast - ref| <= TG_CPU_DOT_TOL * sum |terms|, one
  *   line per case with the largest relative error seen;
+ * - vec_dot4 and gemm16 (the multi-row kernels): bit-identical to the
+ *   tier's vec_dot on every pair;
  * - activation quantizers and f32 -> f16 rows: identical bytes;
  * - tg_cpu_matmul / tg_cpu_gemv: against a loop of reference dots, rows
  *   outside [r0, r1) untouched;
- * - rows of the shipped model (made by llama-quantize) through every tier.
+ * - rows of the shipped model (made by llama-quantize) through every tier;
+ * - the attention row over an F16 cache (cpu/attn.h): the three-pass form
+ *   bit-identical to the one-position-at-a-time reference in every dot
+ *   order this CPU has, with and without a score hook;
+ * - x86-64: the AVX-512 swiglu bit-identical to its AVX2 emulation.
  * A tier the CPU lacks is skipped with a message. Seed: /dev/urandom or
  * TG_SEED, printed first.
  */
@@ -23,7 +29,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/attn.h"
 #include "cpu/kernels.h"
+#if defined(__x86_64__)
+#include "cpu/forward_avx2.h"
+#endif
 #include "gguf.h"
 #include "quant.h"
 
@@ -220,6 +230,73 @@ static void check_dot4(const tg_cpu_kernels *k)
     free(x); free(y); free(qx); free(qy);
 }
 
+/* gemm16 (where a tier has one): 16 weight rows against nb activation
+ * rows, nb from 1 to past one pass of the tile's accumulators; every output
+ * bit-identical to the tier's vec_dot on that pair and within
+ * TG_CPU_DOT_TOL of the reference, nothing written outside the 16 x nb
+ * outputs. */
+static void check_gemm16(const tg_cpu_kernels *k)
+{
+    static const int ns[] = {256, 1024, 2816};
+    static const int nbs[] = {1, 2, 5, 64, 70};
+    enum { NBMAX = 70, OS = 19 };
+    for (size_t t = 0; t < sizeof weight_types / sizeof weight_types[0]; t++) {
+        const uint32_t type = weight_types[t];
+        if (!k->gemm16[type]) continue;
+        const tg_type_traits *tx = tg_traits(type), *ty = tg_traits(tx->vec_dot_type);
+        for (size_t l = 0; l < sizeof ns / sizeof ns[0]; l++) {
+            const int n = ns[l];
+            /* rows a little more than a row apart: the kernel takes any stride */
+            const size_t wr = tg_row_size(type, n), bx = wr + 64, ar = tg_row_size(tx->vec_dot_type, n);
+            float *x = malloc((size_t)n * sizeof(float));
+            float *xd = malloc((size_t)16 * n * sizeof(float)), *yd = malloc((size_t)NBMAX * n * sizeof(float));
+            char *qx = malloc(16 * bx), *qy = malloc(NBMAX * ar);
+            float *out = malloc((size_t)NBMAX * OS * sizeof(float));
+            for (int r = 0; r < 16; r++) {
+                fill(x, n);
+                tx->from_float(x, qx + r * bx, n);
+                tx->to_float(qx + r * bx, xd + (size_t)r * n, n);
+            }
+            for (int b = 0; b < NBMAX; b++) {
+                fill(x, n);
+                ty->from_float(x, qy + b * ar, n);
+                ty->to_float(qy + b * ar, yd + (size_t)b * n, n);
+            }
+            double worst = 0;
+            for (size_t q = 0; q < sizeof nbs / sizeof nbs[0]; q++) {
+                const int nb = nbs[q];
+                for (int i = 0; i < NBMAX * OS; i++) out[i] = -12345.0f;
+                k->gemm16[type](n, out, OS, qx, bx, qy, ar, nb);
+                for (int b = 0; b < NBMAX; b++)
+                    for (int r = 0; r < OS; r++) {
+                        const float v = out[b * OS + r];
+                        if (b >= nb || r >= 16) {
+                            if (v != -12345.0f)
+                                fail_msg("%s gemm16 %s n=%d nb=%d wrote [%d][%d]", k->isa, tx->name, n, nb, b, r);
+                            continue;
+                        }
+                        float s1, ref;
+                        k->vec_dot[type](n, &s1, qx + r * bx, qy + b * ar);
+                        if (memcmp(&s1, &v, sizeof v) != 0)
+                            fail_msg("%s gemm16 %s n=%d nb=%d [%d][%d]: %.9g, vec_dot %.9g (must be bit-identical)",
+                                     k->isa, tx->name, n, nb, b, r, v, s1);
+                        tx->vec_dot(n, &ref, qx + r * bx, qy + b * ar);
+                        double mag = 0;
+                        for (int i = 0; i < n; i++) mag += fabs((double)xd[(size_t)r * n + i] * yd[(size_t)b * n + i]);
+                        const double rel = fabs((double)v - ref) / mag;
+                        if (!(rel <= TG_CPU_DOT_TOL))
+                            fail_msg("%s gemm16 %s n=%d nb=%d [%d][%d]: %.9g, reference %.9g, rel %g", k->isa,
+                                     tx->name, n, nb, b, r, v, ref, rel);
+                        if (rel > worst) worst = rel;
+                    }
+            }
+            printf("  %-10s gemm16 %-4s n=%-5d nb 1..%d: bit-identical to vec_dot, max |fast-ref|/sum|terms| %.2e\n",
+                   k->isa, tx->name, n, NBMAX, worst);
+            free(x); free(xd); free(yd); free(qx); free(qy); free(out);
+        }
+    }
+}
+
 static void check_tier(const char *isa)
 {
     const tg_cpu_kernels *k = tg_cpu_kernels_tier(isa);
@@ -229,6 +306,7 @@ static void check_tier(const char *isa)
     }
     check_dots(k);
     check_dot4(k);
+    check_gemm16(k);
     check_quantizers(k);
 }
 
@@ -395,6 +473,96 @@ static void test_quantize_row_errors(void **state)
     assert_int_equal(tg_cpu_quantize_row(TG_TYPE_F32, x, y, 256), 0);
 }
 
+/* A score hook for the attention test: masks every fifth position (-inf)
+ * and moves every third by ctx's offset. */
+static float test_hook(void *ctx, int j, float s)
+{
+    if (j % 5 == 4) return -INFINITY;
+    return j % 3 == 0 ? s + *(const float *)ctx : s;
+}
+
+/* Bytes of n floats equal? */
+static int same_bits(const float *a, const float *b, int n)
+{
+    return memcmp(a, b, (size_t)n * sizeof(float)) == 0;
+}
+
+static void test_attn_row(void **state)
+{
+    (void)state;
+    static const int dims[] = {16, 64, 80, 128, 256};
+    static const int lens[] = {1, 2, 7, 64, 301};
+    enum { NMAX = 301, DMAX = 256 };
+    static const struct { int order; const char *tier; } orders[] = {
+        {TG_FA_PORTABLE, "scalar"}, {TG_FA_AVX2, "avx2"}, {TG_FA_AVX512, "avx512vnni"}};
+    tg_half *k = malloc(sizeof(tg_half) * NMAX * DMAX), *v = malloc(sizeof(tg_half) * NMAX * DMAX);
+    tg_half q[DMAX];
+    float x[DMAX], want[DMAX], got[DMAX], scratch[2 * NMAX];
+    int cases = 0;
+    for (size_t o = 0; o < sizeof orders / sizeof orders[0]; o++) {
+#if !defined(__x86_64__)
+        if (orders[o].order != TG_FA_PORTABLE) continue;
+#endif
+        if (!tg_cpu_kernels_tier(orders[o].tier)) {
+            printf("attention: no %s on this CPU, its order not checked\n", orders[o].tier);
+            continue;
+        }
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+                for (int h = 0; h < 2; h++) {
+                    const int d = dims[di], n = lens[li];
+                    /* scores spread widely enough for many new maxima */
+                    for (int j = 0; j < n; j++) {
+                        fill(x, d);
+                        for (int i = 0; i < d; i++) k[(size_t)j * d + i] = tg_f32_to_half(x[i]);
+                        fill(x, d);
+                        for (int i = 0; i < d; i++) v[(size_t)j * d + i] = tg_f32_to_half(x[i]);
+                    }
+                    fill(x, d);
+                    for (int i = 0; i < d; i++) q[i] = tg_f32_to_half(x[i]);
+                    const float scale = 1.0f / sqrtf((float)d), off = 3.5f;
+                    tg_fa_hook_fn hook = h ? test_hook : NULL;
+                    tg_fa_row_f16_ref(orders[o].order, n, d, k, v, d, q, scale, hook, (void *)&off, want);
+                    tg_fa_row_f16(orders[o].order, n, d, k, v, d, q, scale, hook, (void *)&off, scratch, got);
+                    if (!same_bits(want, got, d))
+                        fail_msg("attention row, order %s, d %d, %d positions, hook %d: the three-pass form "
+                                 "differs from the reference", orders[o].tier, d, n, h);
+                    cases++;
+                }
+    }
+    printf("attention rows: %d cases bit-identical to the reference\n", cases);
+    free(k);
+    free(v);
+}
+
+static void test_swiglu_avx512(void **state)
+{
+    (void)state;
+#if defined(__x86_64__)
+    if (!tg_cpu_kernels_tier("avx512vnni")) {
+        skip();
+        return;
+    }
+    enum { N = 1000 };
+    float g[N], u[N], want[N], got[N];
+    for (int rep = 0; rep < 20; rep++) {
+        fill(g, N);
+        fill(u, N);
+        for (int i = 0; i < N; i += 37) g[i] = (float)((rng_uniform() - 0.5) * 500);   /* the big-argument path */
+        const int64_t n = rep % 2 ? N : 992, r0 = (int64_t)(rng_next() % 50), r1 = n - (int64_t)(rng_next() % 50);
+        memcpy(want, g, sizeof g);
+        memcpy(got, g, sizeof g);
+        tg_swiglu_ggml_avx2(r0, r1, n, want, u, 1);
+        tg_swiglu_ggml_avx512(r0, r1, n, got, u);
+        if (!same_bits(want, got, N))
+            fail_msg("swiglu, row of %lld, rows [%lld, %lld): AVX-512 differs from its AVX2 emulation",
+                     (long long)n, (long long)r0, (long long)r1);
+    }
+#else
+    skip();
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -406,6 +574,8 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_model_rows),
         cmocka_unit_test(test_quantize_row_errors),
+        cmocka_unit_test(test_attn_row),
+        cmocka_unit_test(test_swiglu_avx512),
     };
     return cmocka_run_group_tests(tests, setup_seed, NULL);
 }

@@ -183,7 +183,7 @@ specs:
   - spec: $root/specs/default.yaml
     name: nightly-cpu
     arms: [cpu, llama-cpu]
-    arm_options: {cpu: {perturb: "bf16:ffn_out:3"}}
+    arm_options: {cpu: {perturb: "noise=0.04:out_norm:-1"}}
 YAML
 ids=$(bash scripts/slurm/submit.sh "$T/perturbed.yaml" 1 "$T/out2" "$H" --cpus-per-task=2) ||
   fail "submit.sh (night 2) failed: $ids"
@@ -194,7 +194,7 @@ wait_jobs "$array,$merge"
 [ "$(cat "$T/out2/merge.exit" 2>/dev/null)" = 1 ] ||
   fail "night 2's merge should exit 1 (a regression): $(tail -20 "$T/out2/merge.log" 2>/dev/null)"
 [ "$(job_exit "$merge")" = " ExitCode=1:0" ] || fail "night 2's merge job should fail with 1: $(job_exit "$merge")"
-grep -q "REGRESSION cpu: tokens: " "$T/out2/merge.log" && grep -q 'options.perturb - -> "bf16:ffn_out:3"' "$T/out2/merge.log" ||
+grep -q "REGRESSION cpu: tokens: " "$T/out2/merge.log" && grep -q 'options.perturb - -> "noise=0.04:out_norm:-1"' "$T/out2/merge.log" ||
   fail "night 2's trend should name the tokens regression and the perturb option: $(cat "$T/out2/merge.log")"
 grep -q "TREND_SPECS=1" "$T/out2/merge.log" || fail "night 2's trend should cover its plan's one spec"
 [ -f "$T/out2/trend.md" ] && [ -f "$T/out2/svg/nightly-cpu-trend.svg" ] || fail "night 2: no trend.md or SVG"

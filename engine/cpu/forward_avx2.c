@@ -10,7 +10,9 @@
  *    lanes reduced in the order of the ISA's reduction, the tail in double;
  *  - tg_fa_mad_f16_avx2: y = f16(fma(x, a, y)) per element, the F16
  *    accumulator update of ggml_vec_mad_f16;
- *  - tg_fa_scale_f16_avx2: y = f16(y * a) per element (ggml_vec_scale_f16).
+ *  - tg_fa_scale_f16_avx2: y = f16(y * a) per element (ggml_vec_scale_f16);
+ *  - tg_fa_vsum_f16_avx2: the two above over a whole row's positions, the
+ *    accumulator in registers (attn.c's V pass).
  * The element-wise two give the scalar code's bytes (forward_cpu.c); the
  * dot's order is the only thing that depends on `wide`. Declared in
  * forward_avx2.h.
@@ -95,6 +97,42 @@ void tg_fa_scale_f16_avx2(int n, tg_half *y, float a)
     }
     for (; i < n; i++)
         y[i] = tg_f32_to_half(tg_half_to_f32(y[i]) * a);
+}
+
+/* The V pass of a row's attention (attn.c): acc (d floats, f16 values) =
+ * over positions j: f16(acc * ms[j]) where ms[j] != 1, then
+ * f16(fma(v_j, w[j], acc)); d a multiple of 8. The accumulator stays in
+ * registers, NT x 8 values at a time, rounded to f16 and back after each
+ * update (the bytes of tg_fa_scale_f16_avx2 and tg_fa_mad_f16_avx2). */
+static inline __attribute__((always_inline)) void vsum_tile(int n, const tg_half *v, size_t stride,
+                                                            const float *w, const float *ms, float *acc,
+                                                            const int NT)
+{
+    __m256 a[8];
+    for (int t = 0; t < NT; t++)
+        a[t] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const tg_half *vj = v + (size_t)j * stride;
+        if (ms[j] != 1.0f) {
+            const __m256 m = _mm256_set1_ps(ms[j]);
+            for (int t = 0; t < NT; t++)
+                a[t] = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a[t], m), _MM_FROUND_TO_NEAREST_INT));
+        }
+        const __m256 wj = _mm256_set1_ps(w[j]);
+        for (int t = 0; t < NT; t++)
+            a[t] = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_fmadd_ps(ld(vj + 8 * t), wj, a[t]), _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (int t = 0; t < NT; t++)
+        _mm256_storeu_ps(acc + 8 * t, a[t]);
+}
+
+void tg_fa_vsum_f16_avx2(int n, int d, const tg_half *v, size_t stride, const float *w, const float *ms, float *acc)
+{
+    int i = 0;
+    for (; i + 64 <= d; i += 64)
+        vsum_tile(n, v + i, stride, w, ms, acc + i, 8);
+    for (; i < d; i += 8)
+        vsum_tile(n, v + i, stride, w, ms, acc + i, 1);
 }
 
 /* --- swiglu ----------------------------------------------------------------

@@ -8,6 +8,7 @@
 #ifndef TG_CPU_FORWARD_AVX2_H
 #define TG_CPU_FORWARD_AVX2_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "quant.h"
@@ -18,11 +19,25 @@ float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide);
 void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a);
 /* y (n) = f16(y * a): ggml_vec_scale_f16. */
 void tg_fa_scale_f16_avx2(int n, tg_half *y, float a);
+/* acc (d) = the V sum of a row's attention over n positions (attn.c's V
+ * pass: rescale by ms[j] where not 1, then acc = f16(fma(v_j, w[j], acc)));
+ * v rows `stride` values apart; d a multiple of 8. */
+void tg_fa_vsum_f16_avx2(int n, int d, const tg_half *v, size_t stride, const float *w, const float *ms, float *acc);
 /* ggml's vectorized expf, one element, as its AVX2 / AVX-512 forms round. */
 float tg_ggml_expf_avx2(float x);
 float tg_ggml_expf_avx512(float x);
 /* g[r] = silu(g[r]) * u[r] for rows [r0, r1) of a row of n, as
  * ggml_vec_swiglu_f32 computes it (wide: the AVX-512 form). */
 void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
+
+/* AVX-512 forms (forward_avx512.c; call only where the kernels' tier is
+ * avx512vnni). Same bytes as the functions above with wide = 1:
+ * s[j] = tg_fa_dot_f16_avx2(d, k_j, q, 1) * scale for j < n (k rows
+ * `stride` values apart, d a multiple of 16); the V pass (d a multiple of
+ * 16); swiglu. */
+void tg_fa_scores_f16_avx512(int n, int d, const tg_half *k, size_t stride, const tg_half *q, float scale, float *s);
+void tg_fa_vsum_f16_avx512(int n, int d, const tg_half *v, size_t stride, const float *w, const float *ms,
+                           float *acc);
+void tg_swiglu_ggml_avx512(int64_t r0, int64_t r1, int64_t n, float *g, const float *u);
 
 #endif

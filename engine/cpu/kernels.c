@@ -66,12 +66,13 @@ static void build_tier(int tier, int base, void (*fill)(tg_cpu_kernels *))
 {
     tiers[tier] = tiers[base];
     fill(&tiers[tier]);
-    /* a vec_dot4 must match its tier's vec_dot bit for bit: drop an
-     * inherited one whose vec_dot was replaced */
-    for (int t = 0; t < TG_TYPE_COUNT; t++)
-        if (tiers[tier].vec_dot[t] != tiers[base].vec_dot[t] &&
-            tiers[tier].vec_dot4[t] == tiers[base].vec_dot4[t])
-            tiers[tier].vec_dot4[t] = NULL;
+    /* a vec_dot4 or gemm16 must match its tier's vec_dot bit for bit: drop
+     * an inherited one whose vec_dot was replaced */
+    for (int t = 0; t < TG_TYPE_COUNT; t++) {
+        if (tiers[tier].vec_dot[t] == tiers[base].vec_dot[t]) continue;
+        if (tiers[tier].vec_dot4[t] == tiers[base].vec_dot4[t]) tiers[tier].vec_dot4[t] = NULL;
+        if (tiers[tier].gemm16[t] == tiers[base].gemm16[t]) tiers[tier].gemm16[t] = NULL;
+    }
     tiers[tier].isa = tier_names[tier];
     tier_ok[tier] = 1;
 }
@@ -193,9 +194,11 @@ int tg_cpu_quantize_row(uint32_t vec_dot_type, const float *x, void *y, int64_t 
     }
 }
 
-/* Rows are taken in tiles so that a tile of weight rows stays in L1 while
- * the activation rows pass over it four at a time (vec_dot4: weights
- * unpacked once per four activations). */
+/* Where the tier has a gemm16, whole tiles of 16 rows go through it (each
+ * weight block unpacked once for every activation row). Other rows are
+ * taken in tiles so that a tile of weight rows stays in L1 while the
+ * activation rows pass over it four at a time (vec_dot4: weights unpacked
+ * once per four activations). */
 #define MATMUL_ROW_TILE 4
 
 void tg_cpu_matmul(uint32_t type, const void *w, int64_t nrows, int64_t ncols,
@@ -212,6 +215,10 @@ void tg_cpu_matmul(uint32_t type, const void *w, int64_t nrows, int64_t ncols,
     assert(wrow && arow && "tg_cpu_matmul: ncols is not a whole number of blocks");
     assert(0 <= r0 && r0 <= r1 && r1 <= nrows);
     const char *wb = w, *ab = act;
+    if (k->gemm16[type]) {
+        for (; r0 + 16 <= r1; r0 += 16)
+            k->gemm16[type]((int)ncols, out + r0, (size_t)nrows, wb + (size_t)r0 * wrow, wrow, act, arow, (int)nb);
+    }
     for (int64_t rt = r0; rt < r1; rt += MATMUL_ROW_TILE) {
         const int64_t re = rt + MATMUL_ROW_TILE < r1 ? rt + MATMUL_ROW_TILE : r1;
         int64_t b = 0;

@@ -45,11 +45,20 @@ typedef void (*tg_axpy_f16_fn)(int64_t n, float *y, const tg_half *x, float a);
  * is bit-identical to what the tier's vec_dot gives for that pair. */
 typedef void (*tg_vec_dot4_fn)(int n, float *s, const void *x, const void *y, size_t by);
 
+/* out[b * os + r] = dot(x + r * bx, y + b * by) for r in [0, 16) and b in
+ * [0, nb): sixteen weight rows `bx` bytes apart against nb activation rows
+ * `by` bytes apart, each weight block unpacked once for all nb activation
+ * rows (a prefill tile; also decode's, nb = 1). Each output is
+ * bit-identical to what the tier's vec_dot gives for that pair. */
+typedef void (*tg_gemm16_fn)(int n, float *out, size_t os, const void *x, size_t bx, const void *y,
+                             size_t by, int nb);
+
 /* The kernels of one tier. */
 typedef struct tg_cpu_kernels {
     const char *isa;                       /* tier name, as listed above */
     tg_vec_dot_fn vec_dot[TG_TYPE_COUNT];  /* by weight type (against its vec_dot_type); NULL: none */
     tg_vec_dot4_fn vec_dot4[TG_TYPE_COUNT]; /* optional (NULL: four vec_dot calls); tg_cpu_matmul uses it */
+    tg_gemm16_fn gemm16[TG_TYPE_COUNT];     /* optional; tg_cpu_matmul uses it for whole tiles of 16 rows */
     tg_from_float_fn quantize_q8_K;        /* k a multiple of 256 */
     tg_from_float_fn quantize_q8_0;        /* k a multiple of 32 */
     tg_f32_to_f16_fn f32_to_f16;
