@@ -21,8 +21,8 @@
  * output rows to the thread pool (gate and up together, with the swiglu of
  * the chunk's rows); each output value is one dot product whichever thread
  * computes it, so the bytes depend neither on the thread count nor on
- * timing. Attention hands out (token, head) pairs the same way, each
- * computed whole by one thread.
+ * timing. Attention hands out (token, KV head) pairs the same way, each
+ * query head computed whole by one thread.
  *
  * The tier's table, tg_tier_cpu (tier.h), is at the end of the file.
  */
@@ -349,7 +349,7 @@ static float hook_score(void *ctx, int j, float sj)
     return (float)tg_hook_score(h->s, h->layer, h->pos, h->head, j, sj);
 }
 
-/* Attention of task t = (token b, head h) of the batch, as llama.cpp's CPU
+/* Attention of query head h of token b of the batch, as llama.cpp's CPU
  * flash attention computes one query row (ggml's flash_attn_ext, one chunk):
  * q rounded to the K cache type, s = (k . q) * scale for each position in
  * order, an online softmax (running max M and sum S: on a new maximum the
@@ -358,9 +358,8 @@ static float hook_score(void *ctx, int j, float sj)
  * update rounded to f16), S = S * ms + vs fused, and at the end the
  * accumulator times 1/S. An F16 cache goes through cpu/attn.h (the dot in
  * ggml_vec_dot_f16's order on x86); an F32 one is summed here. */
-static void attn_chunk(void *ctx, int t, int ith)
+static void attn_head(const attn_job *a, int b, int h, int ith)
 {
-    attn_job *a = ctx;
     tg_session *s = a->s;
     cpu_state *c = s->tier;
     const tg_hparams *hp = &s->m->hp;
@@ -369,7 +368,7 @@ static void attn_chunk(void *ctx, int t, int ith)
     const float scale = 1.0f / sqrtf((float)d);
     const size_t lay = (size_t)a->layer * s->o.n_ctx * KV;
     void *qc = (char *)c->qconv + (size_t)ith * d * c->kv_es;
-    const int b = t / hp->n_head, h = t % hp->n_head, g = h / group;
+    const int g = h / group;
     const int pos = a->pos0 + b;
     const float *qh = c->q + (size_t)b * Qd + (size_t)h * d;
     float *out = c->att + (size_t)b * Qd + (size_t)h * d;
@@ -414,6 +413,19 @@ static void attn_chunk(void *ctx, int t, int ith)
     const float S_inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int i = 0; i < d; i++)
         out[i] = acc[i] * S_inv;
+}
+
+/* Task t = (token b, KV head g) of the batch: the query heads that share
+ * KV head g, one after the other, so the second reads the cache rows the
+ * first brought in. */
+static void attn_chunk(void *ctx, int t, int ith)
+{
+    const attn_job *a = ctx;
+    const tg_hparams *hp = &a->s->m->hp;
+    const int group = hp->n_head / hp->n_head_kv;
+    const int b = t / hp->n_head_kv, g = t % hp->n_head_kv;
+    for (int h = g * group; h < (g + 1) * group; h++)
+        attn_head(a, b, h, ith);
 }
 
 /* --- the forward pass ---------------------------------------------------- */
@@ -537,7 +549,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         // attention over positions 0..pos of each token
         {
             attn_job a = {.s = s, .layer = il, .nb = nb, .pos0 = pos0};
-            tg_pool_run(c->pool, nb * hp->n_head, attn_chunk, &a);
+            tg_pool_run(c->pool, nb * hp->n_head_kv, attn_chunk, &a);
             tg_ops_count(&s->ops, TG_OP_ATTN, 0, TG_TIER_CPU);
         }
         tg_hook(s, il, TG_RS_ATTN, pos0, nb, c->att, Qd, 0, Qd);
