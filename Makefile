@@ -98,11 +98,12 @@ all: $(BINS) $(TESTS) $(HELPERS) $(BUILD)/mutant-flags
 
 # The flags of this build for tests/helpers/tg-mutate, which compiles one
 # mutated engine file like this Makefile would and links a mutant tg-engine
-# (the mutation suite: tests/mutants/, docs/verdicts.md).
+# (the mutation suites: tests/mutants/README.md).
 $(BUILD)/mutant-flags: Makefile
 	@mkdir -p $(dir $@)
 	@printf '%s\n' "root $(TOP)" "cc $(CC)" "ar $(AR)" "cflags $(CPPFLAGS) $(CFLAGS)" \
 	  "isa_avx2 $(AVX2_FLAGS)" "isa_avx512 $(AVX512_FLAGS)" \
+	  "fp_strict $(FP_STRICT:%=engine/%.c)" "fp_flags $(NO_FP_CONTRACT)" \
 	  "ldflags $(LDFLAGS)" "ldlibs $(LDLIBS)" "lib $(TOP)/$(LIB_ENGINE)" \
 	  "main $(TOP)/$(BUILD)/obj/engine/worker/main.o" "tg_llama $(TOP)/$(BUILD)/bin/tg-llama" > $@
 

@@ -18,15 +18,12 @@ static const char *const stage_names[TG_STAGE_COUNT] = {
 
 const char *tg_stage_name(int stage)
 {
-    return stage >= 0 && stage < TG_STAGE_COUNT ? stage_names[stage] : "?";
+    return tg_name_at(stage_names, TG_STAGE_COUNT, stage);
 }
 
 int tg_stage_parse(const char *s)
 {
-    for (int i = 0; i < TG_STAGE_COUNT; i++)
-        if (s && strcmp(s, stage_names[i]) == 0)
-            return i;
-    return -1;
+    return tg_name_index(stage_names, TG_STAGE_COUNT, s);
 }
 
 /* --- hyperparameters --------------------------------------------------- */

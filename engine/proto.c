@@ -270,6 +270,18 @@ int proto_opt_enum(const json_t *options, const char *name, const char *const *c
     return tg_errf(e, "option '%s' must be one of: %s", name, list);
 }
 
+char *proto_string_dup(const json_t *s, size_t *len)
+{
+    size_t n = json_string_length(s);
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, json_string_value(s), n);
+        d[n] = 0;
+        *len = n;
+    }
+    return d;
+}
+
 int proto_opt_known(const json_t *options, const char *const *known, tg_err *e)
 {
     const char *key;

@@ -154,6 +154,10 @@ int proto_opt_enum(const json_t *options, const char *name, const char *const *c
  * -1 with e naming the first unknown one and listing the known. */
 int proto_opt_known(const json_t *options, const char *const *known, tg_err *e);
 
+/* A copy of the JSON string s's bytes (embedded NULs kept), NUL-terminated,
+ * its length into *len; NULL when out of memory. */
+char *proto_string_dup(const json_t *s, size_t *len);
+
 /* Checks that every id is in [0, n_vocab); -1 with e naming what[i]. */
 int proto_check_ids(const int32_t *ids, int n, int n_vocab, const char *what, tg_err *e);
 

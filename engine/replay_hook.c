@@ -27,15 +27,12 @@ static const char *const rs_names[TG_RS_COUNT] = {
 
 const char *tg_rstage_name(int stage)
 {
-    return stage >= 0 && stage < TG_RS_COUNT ? rs_names[stage] : "?";
+    return tg_name_at(rs_names, TG_RS_COUNT, stage);
 }
 
 int tg_rstage_parse(const char *s)
 {
-    for (int i = 0; i < TG_RS_COUNT; i++)
-        if (s && strcmp(s, rs_names[i]) == 0)
-            return i;
-    return -1;
+    return tg_name_index(rs_names, TG_RS_COUNT, s);
 }
 
 struct tg_replay {
@@ -112,31 +109,25 @@ static int rd(FILE *f, void *p, size_t n)
     return fread(p, 1, n, f) == n ? 0 : -1;
 }
 
-/* Reads path's records into r->in. Returns 0 or -1 with e. */
-static int read_input(tg_replay *r, const char *path, tg_err *e)
+FILE *tg_rfile_open(const char *path, const char *what, uint32_t h[8], tg_err *e)
 {
     FILE *f = fopen(path, "rb");
-    if (!f)
-        return tg_errf(e, "replay input %s: cannot open: %s", path, strerror(errno));
-    char magic[8];
-    uint32_t h[8];
-    const tg_hparams *hp = &r->hp;
-    const uint32_t want[8] = {(uint32_t)hp->n_layer, (uint32_t)hp->n_embd, (uint32_t)hp->n_head,
-                              (uint32_t)hp->n_head_kv, (uint32_t)hp->head_dim, (uint32_t)hp->n_ff,
-                              (uint32_t)hp->n_vocab, (uint32_t)r->T};
-    static const char *const hn[8] = {"n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab",
-                                      "n_tokens"};
-    if (rd(f, magic, 8) || memcmp(magic, RP_MAGIC, 8) != 0 || rd(f, h, sizeof h)) {
-        fclose(f);
-        return tg_errf(e, "replay input %s: not a replay file (expected the magic %s and an 8-word header)", path,
-                       RP_MAGIC);
+    if (!f) {
+        tg_errf(e, "%s %s: cannot open: %s", what, path, strerror(errno));
+        return NULL;
     }
-    for (int i = 0; i < 8; i++)
-        if (h[i] != want[i]) {
-            fclose(f);
-            return tg_errf(e, "replay input %s: header %s is %u, expected %u (this model and prompt)", path, hn[i],
-                           h[i], want[i]);
-        }
+    char magic[8];
+    if (rd(f, magic, 8) || memcmp(magic, RP_MAGIC, 8) != 0 || rd(f, h, 8 * sizeof *h)) {
+        fclose(f);
+        tg_errf(e, "%s %s: not a replay file (expected the magic %s and an 8-word header)", what, path, RP_MAGIC);
+        return NULL;
+    }
+    return f;
+}
+
+int tg_rfile_read(FILE *f, const char *path, const char *what, tg_rfile_dest_fn dest, void *ud, tg_err *e)
+{
+    tg_err why = {{0}};
     for (;;) {
         int32_t ls[2];
         uint64_t n;
@@ -145,29 +136,91 @@ static int read_input(tg_replay *r, const char *path, tg_err *e)
             break;
         if (got != sizeof ls || rd(f, &n, sizeof n)) {
             fclose(f);
-            return tg_errf(e, "replay input %s: truncated record header", path);
+            return tg_errf(e, "%s %s: truncated record header", what, path);
         }
-        int slot = slot_of(r, ls[0], ls[1]);
-        if (slot < 0 || (int64_t)n != slot_n(r, ls[1]) || r->in[slot]) {
+        float *x = dest(ud, ls[0], ls[1], n, &why);
+        if (!x) {
             fclose(f);
-            return tg_errf(e, "replay input %s: record layer %d stage %d with %llu values: %s", path, ls[0], ls[1],
-                           (unsigned long long)n,
-                           slot < 0 ? "no such layer and stage" : r->in[slot] ? "given twice" : "wrong size");
+            return tg_errf(e, "%s %s: %s", what, path, why.msg);
         }
-        r->in[slot] = malloc((size_t)n * sizeof(float));
-        if (!r->in[slot]) {
+        if (rd(f, x, (size_t)n * sizeof(float))) {
             fclose(f);
-            return tg_errf(e, "replay input %s: out of memory", path);
-        }
-        if (rd(f, r->in[slot], (size_t)n * sizeof(float))) {
-            fclose(f);
-            return tg_errf(e, "replay input %s: truncated record (layer %d stage %s)", path, ls[0],
+            return tg_errf(e, "%s %s: truncated record (layer %d stage %s)", what, path, ls[0],
                            tg_rstage_name(ls[1]));
         }
-        r->n_in++;
     }
     fclose(f);
     return 0;
+}
+
+FILE *tg_rfile_create(const char *path, const char *what, const uint32_t h[8], tg_err *e)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        tg_errf(e, "%s %s: cannot create: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    if (fwrite(RP_MAGIC, 1, 8, f) != 8 || fwrite(h, 8 * sizeof *h, 1, f) != 1) {
+        fclose(f);
+        tg_errf(e, "%s %s: write failed", what, path);
+        return NULL;
+    }
+    return f;
+}
+
+int tg_rfile_put(FILE *f, int layer, int stage, const float *x, uint64_t n)
+{
+    const int32_t ls[2] = {layer, stage};
+    return fwrite(ls, sizeof ls, 1, f) == 1 && fwrite(&n, sizeof n, 1, f) == 1 &&
+           fwrite(x, sizeof(float), (size_t)n, f) == (size_t)n;
+}
+
+/* The file header of r's model and token count. */
+static void file_header(const tg_replay *r, uint32_t h[8])
+{
+    const tg_hparams *hp = &r->hp;
+    const uint32_t v[8] = {(uint32_t)hp->n_layer, (uint32_t)hp->n_embd, (uint32_t)hp->n_head,
+                           (uint32_t)hp->n_head_kv, (uint32_t)hp->head_dim, (uint32_t)hp->n_ff,
+                           (uint32_t)hp->n_vocab, (uint32_t)r->T};
+    memcpy(h, v, sizeof v);
+}
+
+/* tg_rfile_dest_fn of the input: the slot's input buffer, once, of the slot's size. */
+static float *input_dest(void *ud, int layer, int stage, uint64_t n, tg_err *e)
+{
+    tg_replay *r = ud;
+    int slot = slot_of(r, layer, stage);
+    if (slot < 0 || (int64_t)n != slot_n(r, stage) || r->in[slot]) {
+        tg_errf(e, "record layer %d stage %d with %llu values: %s", layer, stage, (unsigned long long)n,
+                slot < 0 ? "no such layer and stage" : r->in[slot] ? "given twice" : "wrong size");
+        return NULL;
+    }
+    r->in[slot] = malloc((size_t)n * sizeof(float));
+    if (!r->in[slot]) {
+        tg_errf(e, "out of memory");
+        return NULL;
+    }
+    r->n_in++;
+    return r->in[slot];
+}
+
+/* Reads path's records into r->in. Returns 0 or -1 with e. */
+static int read_input(tg_replay *r, const char *path, tg_err *e)
+{
+    uint32_t h[8], want[8];
+    FILE *f = tg_rfile_open(path, "replay input", h, e);
+    if (!f)
+        return -1;
+    file_header(r, want);
+    static const char *const hn[8] = {"n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab",
+                                      "n_tokens"};
+    for (int i = 0; i < 8; i++)
+        if (h[i] != want[i]) {
+            fclose(f);
+            return tg_errf(e, "replay input %s: header %s is %u, expected %u (this model and prompt)", path, hn[i],
+                           h[i], want[i]);
+        }
+    return tg_rfile_read(f, path, "replay input", input_dest, r, e);
 }
 
 int tg_replay_new(tg_replay **out, const tg_model *m, int n_tokens, const char *in_path, tg_err *e)
@@ -228,25 +281,20 @@ int tg_replay_n_overwritten(const tg_replay *r)
 
 int tg_replay_write(const tg_replay *r, const char *path, tg_err *e)
 {
-    FILE *f = fopen(path, "wb");
+    uint32_t h[8];
+    file_header(r, h);
+    FILE *f = tg_rfile_create(path, "replay record", h, e);
     if (!f)
-        return tg_errf(e, "replay record %s: cannot create: %s", path, strerror(errno));
-    const tg_hparams *hp = &r->hp;
-    const uint32_t h[8] = {(uint32_t)hp->n_layer, (uint32_t)hp->n_embd, (uint32_t)hp->n_head,
-                           (uint32_t)hp->n_head_kv, (uint32_t)hp->head_dim, (uint32_t)hp->n_ff,
-                           (uint32_t)hp->n_vocab, (uint32_t)r->T};
-    int ok = fwrite(RP_MAGIC, 1, 8, f) == 8 && fwrite(h, sizeof h, 1, f) == 1;
-    int n_rec = 0;
-    for (int layer = 0; layer <= hp->n_layer && ok; layer++) {
-        int lay = layer == hp->n_layer ? -1 : layer;   /* layer -1 last, in forward order */
+        return -1;
+    int ok = 1, n_rec = 0;
+    const int n_layer = r->hp.n_layer;
+    for (int layer = 0; layer <= n_layer && ok; layer++) {
+        int lay = layer == n_layer ? -1 : layer;   /* layer -1 last, in forward order */
         for (int st = 0; st < TG_RS_COUNT && ok; st++) {
             int slot = slot_of(r, lay, st);
             if (slot < 0 || !r->seen[slot])
                 continue;
-            int32_t ls[2] = {lay, st};
-            uint64_t n = (uint64_t)slot_n(r, st);
-            ok = fwrite(ls, sizeof ls, 1, f) == 1 && fwrite(&n, sizeof n, 1, f) == 1 &&
-                 fwrite(r->rec[slot], sizeof(float), (size_t)n, f) == (size_t)n;
+            ok = tg_rfile_put(f, lay, st, r->rec[slot], (uint64_t)slot_n(r, st));
             n_rec++;
         }
     }
@@ -265,42 +313,32 @@ static int64_t row_off(const tg_replay *r, int stage, int pos)
     return (int64_t)pos * tg_replay_width(&r->hp, stage);
 }
 
-void tg_replay_f32(tg_replay *r, int layer, int stage, int pos0, int nb, float *x, int64_t stride, int64_t c0,
-                   int64_t c1)
+void tg_replay_rows(tg_replay *r, int layer, int stage, int pos0, int nb, void *x, int f64, int64_t stride,
+                    int64_t c0, int64_t c1)
 {
     int slot = slot_of(r, layer, stage);
     if (slot < 0 || stage == TG_RS_SCORES)
         return;
     __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
+    const float *in = r->in[slot];
     for (int b = 0; b < nb; b++) {
         int64_t off = row_off(r, stage, pos0 + b);
         if (off < 0)
             continue;
-        float *row = x + (int64_t)b * stride;
-        memcpy(r->rec[slot] + off + c0, row + c0, (size_t)(c1 - c0) * sizeof(float));
-        if (r->in[slot])
-            memcpy(row + c0, r->in[slot] + off + c0, (size_t)(c1 - c0) * sizeof(float));
-    }
-}
-
-void tg_replay_f64(tg_replay *r, int layer, int stage, int pos0, int nb, double *x, int64_t stride, int64_t c0,
-                   int64_t c1)
-{
-    int slot = slot_of(r, layer, stage);
-    if (slot < 0 || stage == TG_RS_SCORES)
-        return;
-    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
-    for (int b = 0; b < nb; b++) {
-        int64_t off = row_off(r, stage, pos0 + b);
-        if (off < 0)
-            continue;
-        double *row = x + (int64_t)b * stride;
         float *rec = r->rec[slot] + off;
-        for (int64_t i = c0; i < c1; i++)
-            rec[i] = (float)row[i];
-        if (r->in[slot])
+        if (f64) {
+            /* the ref tier's f64 rows: recorded as f32, overwritten with the f32 reference */
+            double *row = (double *)x + (int64_t)b * stride;
             for (int64_t i = c0; i < c1; i++)
-                row[i] = (double)r->in[slot][off + i];
+                rec[i] = (float)row[i];
+            for (int64_t i = c0; in && i < c1; i++)
+                row[i] = (double)in[off + i];
+        } else {
+            float *row = (float *)x + (int64_t)b * stride;
+            memcpy(rec + c0, row + c0, (size_t)(c1 - c0) * sizeof(float));
+            if (in)
+                memcpy(row + c0, in + off + c0, (size_t)(c1 - c0) * sizeof(float));
+        }
     }
 }
 
@@ -312,7 +350,7 @@ static int64_t score_off(const tg_replay *r, int pos, int head, int j)
     return (int64_t)r->hp.n_head * pos * (pos + 1) / 2 + (int64_t)head * (pos + 1) + (j <= pos ? j : pos);
 }
 
-float tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, float v)
+double tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, double v)
 {
     int slot = slot_of(r, layer, TG_RS_SCORES);
     int64_t off = slot < 0 ? -1 : score_off(r, pos, head, j);
@@ -321,21 +359,6 @@ float tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, float v
     __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
     if (j > pos) {
         // a position after the token's own: the mask is wrong; make it show
-        r->rec[slot][off] = NAN;
-        return v;
-    }
-    r->rec[slot][off] = v;
-    return r->in[slot] ? r->in[slot][off] : v;
-}
-
-double tg_replay_score_f64(tg_replay *r, int layer, int pos, int head, int j, double v)
-{
-    int slot = slot_of(r, layer, TG_RS_SCORES);
-    int64_t off = slot < 0 ? -1 : score_off(r, pos, head, j);
-    if (off < 0)
-        return v;
-    __atomic_store_n(&r->seen[slot], 1, __ATOMIC_RELAXED);
-    if (j > pos) {
         r->rec[slot][off] = NAN;
         return v;
     }
@@ -374,18 +397,14 @@ double tg_pert_value(const tg_opts *o, double v, int pos, int64_t col)
     }
 }
 
-void tg_pert_f32(const tg_opts *o, int pos0, int nb, float *x, int64_t stride, int64_t c0, int64_t c1)
-{
-    for (int b = 0; b < nb; b++)
-        for (int64_t i = c0; i < c1; i++)
-            x[(int64_t)b * stride + i] = (float)tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
-}
-
-void tg_pert_f64(const tg_opts *o, int pos0, int nb, double *x, int64_t stride, int64_t c0, int64_t c1)
+void tg_pert_rows(const tg_opts *o, int pos0, int nb, void *x, int f64, int64_t stride, int64_t c0, int64_t c1)
 {
     for (int b = 0; b < nb; b++)
         for (int64_t i = c0; i < c1; i++) {
-            double v = tg_pert_value(o, x[(int64_t)b * stride + i], pos0 + b, i);
-            x[(int64_t)b * stride + i] = s_round(v);
+            const int64_t k = (int64_t)b * stride + i;
+            if (f64)
+                ((double *)x)[k] = s_round(tg_pert_value(o, ((double *)x)[k], pos0 + b, i));
+            else
+                ((float *)x)[k] = (float)tg_pert_value(o, ((float *)x)[k], pos0 + b, i);
         }
 }

@@ -31,6 +31,7 @@
 #define TG_REPLAY_HOOK_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "model.h"
 #include "util.h"
@@ -90,6 +91,21 @@ int tg_replay_write(const tg_replay *r, const char *path, tg_err *e);
 /* Records overwritten from the input (for the answer). */
 int tg_replay_n_overwritten(const tg_replay *r);
 
+/* The file format's reading and writing, shared by the replay (its input
+ * and record) and the harness (harness/replay.c); what names the file in
+ * messages ("replay input"). tg_rfile_open opens path and reads the magic
+ * and the header into h; returns the file, or NULL with e. tg_rfile_read
+ * reads f's records to its end and closes f: dest returns where a record's
+ * n floats go, or NULL after writing into its e why the record is refused
+ * (the message is prefixed with what and path); returns 0 or -1 with e.
+ * tg_rfile_create creates path with the magic and h (NULL with e);
+ * tg_rfile_put appends one record (1, or 0 when the write failed). */
+typedef float *(*tg_rfile_dest_fn)(void *ud, int layer, int stage, uint64_t n, tg_err *e);
+FILE *tg_rfile_open(const char *path, const char *what, uint32_t h[8], tg_err *e);
+int tg_rfile_read(FILE *f, const char *path, const char *what, tg_rfile_dest_fn dest, void *ud, tg_err *e);
+FILE *tg_rfile_create(const char *path, const char *what, const uint32_t h[8], tg_err *e);
+int tg_rfile_put(FILE *f, int layer, int stage, const float *x, uint64_t n);
+
 /* Runs s's evals with the replay r (NULL: none); r must outlive its use.
  * Replay evaluates the tokens 0..T-1 from an empty cache (model.c). */
 void tg_session_set_replay(tg_session *s, tg_replay *r);
@@ -97,23 +113,21 @@ void tg_session_set_replay(tg_session *s, tg_replay *r);
 /* Floats per token of a stage (scores: 0, it varies). */
 int64_t tg_replay_width(const tg_hparams *hp, int stage);
 
-/* The hooks. Rows b < nb of x (row b at x + b*stride) are the tokens at
- * positions pos0+b; only columns [c0, c1) are touched. Positions outside
- * 0..T-1 (and, for out_norm/logits, all but T-1) are ignored. */
-void tg_replay_f32(tg_replay *r, int layer, int stage, int pos0, int nb, float *x, int64_t stride, int64_t c0,
-                   int64_t c1);
-void tg_replay_f64(tg_replay *r, int layer, int stage, int pos0, int nb, double *x, int64_t stride, int64_t c0,
-                   int64_t c1);
-/* The score of (head, position j) of the token at pos: records v and
- * returns the reference's value (or v). j > pos (a causal mask that lets a
- * later position in) marks the token's scores as wrong (NaN). */
-float tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, float v);
-double tg_replay_score_f64(tg_replay *r, int layer, int pos, int head, int j, double v);
+/* The hooks. Rows b < nb of x (row b at x + b*stride; float, or double
+ * when f64: the ref tier's) are the tokens at positions pos0+b; only
+ * columns [c0, c1) are touched. Positions outside 0..T-1 (and, for
+ * out_norm/logits, all but T-1) are ignored. */
+void tg_replay_rows(tg_replay *r, int layer, int stage, int pos0, int nb, void *x, int f64, int64_t stride,
+                    int64_t c0, int64_t c1);
+/* The score of (head, position j) of the token at pos: records v (as f32)
+ * and returns the reference's value (or v). j > pos (a causal mask that
+ * lets a later position in) marks the token's scores as wrong (NaN). */
+double tg_replay_score(tg_replay *r, int layer, int pos, int head, int j, double v);
 
 /* The calibrated perturbation of o (model.h, pert_*) of one value at
  * (pos, col), and of rows as the hooks take them. */
 double tg_pert_value(const tg_opts *o, double v, int pos, int64_t col);
-void tg_pert_f32(const tg_opts *o, int pos0, int nb, float *x, int64_t stride, int64_t c0, int64_t c1);
-void tg_pert_f64(const tg_opts *o, int pos0, int nb, double *x, int64_t stride, int64_t c0, int64_t c1);
+/* f64 rows stay f32 values after the perturbation. */
+void tg_pert_rows(const tg_opts *o, int pos0, int nb, void *x, int f64, int64_t stride, int64_t c0, int64_t c1);
 
 #endif

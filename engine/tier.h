@@ -146,22 +146,25 @@ static inline int tg_dump(tg_session *s, int layer, int stage, const float *x, i
  * pos0..pos0+nb-1, columns [c0, c1)): the calibrated perturbation of the
  * options (model.h, pert_*), then the replay's record and overwrite.
  * No-ops unless one of them is active. */
+static inline void tg_hook_rows(tg_session *s, int layer, int stage, int pos0, int nb, void *x, int f64,
+                                int64_t stride, int64_t c0, int64_t c1)
+{
+    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == stage)
+        tg_pert_rows(&s->o, pos0, nb, x, f64, stride, c0, c1);
+    if (s->replay)
+        tg_replay_rows(s->replay, layer, stage, pos0, nb, x, f64, stride, c0, c1);
+}
+
+/* tg_hook_rows over float rows (the cpu tier's) and double rows (the ref tier's). */
 static inline void tg_hook(tg_session *s, int layer, int stage, int pos0, int nb, float *x, int64_t stride,
                            int64_t c0, int64_t c1)
 {
-    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == stage)
-        tg_pert_f32(&s->o, pos0, nb, x, stride, c0, c1);
-    if (s->replay)
-        tg_replay_f32(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
+    tg_hook_rows(s, layer, stage, pos0, nb, x, 0, stride, c0, c1);
 }
-
 static inline void tg_hook_f64(tg_session *s, int layer, int stage, int pos0, int nb, double *x, int64_t stride,
                                int64_t c0, int64_t c1)
 {
-    if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == stage)
-        tg_pert_f64(&s->o, pos0, nb, x, stride, c0, c1);
-    if (s->replay)
-        tg_replay_f64(s->replay, layer, stage, pos0, nb, x, stride, c0, c1);
+    tg_hook_rows(s, layer, stage, pos0, nb, x, 1, stride, c0, c1);
 }
 
 /* The score hook of (head, position j) of the token at pos: returns the
@@ -170,7 +173,7 @@ static inline double tg_hook_score(tg_session *s, int layer, int pos, int head, 
 {
     if (s->o.pert_kind && s->o.pert_layer == layer && s->o.pert_stage == TG_RS_SCORES)
         v = tg_pert_value(&s->o, v, pos, head * 65536 + j);
-    return s->replay ? tg_replay_score_f64(s->replay, layer, pos, head, j, v) : v;
+    return s->replay ? tg_replay_score(s->replay, layer, pos, head, j, v) : v;
 }
 
 #ifdef __cplusplus

@@ -52,4 +52,9 @@ int tg_argmax(const float *logits, int n);
 /* Monotonic time in seconds. */
 double tg_now(void);
 
+/* A name table (the stages' names): names[i] for 0 <= i < n, else "?"; and
+ * the index of s in names[0..n-1], or -1 (s NULL or not there). */
+const char *tg_name_at(const char *const *names, int n, int i);
+int tg_name_index(const char *const *names, int n, const char *s);
+
 #endif

@@ -15,6 +15,7 @@
 #include "arm.h"
 
 #include "common.h"
+#include "proto.h"
 
 #include <assert.h>
 #include <limits.h>
@@ -643,21 +644,35 @@ int arm_start(tg_arm **out, const arm_config *cfg, tg_err *e)
     return 0;
 }
 
-int arm_hello(tg_arm *a, char **answer_json, tg_err *e)
+/* request, then the answer's object key: returns it (*ans holds it; the
+ * caller frees *ans) with the answer as compact JSON into answer_json
+ * (NULL: not wanted), or NULL when the request failed or the answer has no
+ * such object (the arm failed, e written). */
+static json_t *request_object(tg_arm *a, const char *op, json_t *req, const char *key, json_t **ans,
+                              char **answer_json, tg_err *e)
 {
     if (answer_json) *answer_json = NULL;
-    json_t *req = json_pack("{s:s,s:i}", "op", "hello", "protocol", 1), *ans;
-    int rc = request(a, "hello", req, &ans, e);
-    if (rc <= 0) return -1;
-    json_t *arm = json_object_get(ans, "arm");
-    if (!json_is_object(arm)) {
-        json_decref(ans);
-        fail(a, "protocol: hello: expected an \"arm\" object in the answer");
-        return fail_err(a, e);
+    if (request(a, op, req, ans, e) <= 0) return NULL;
+    json_t *obj = json_object_get(*ans, key);
+    if (!json_is_object(obj)) {
+        json_decref(*ans);
+        *ans = NULL;
+        fail(a, "protocol: %s: expected %s \"%s\" object in the answer", op, strchr("aeiou", key[0]) ? "an" : "a",
+             key);
+        fail_err(a, e);
+        return NULL;
     }
+    if (answer_json) *answer_json = json_dumps(*ans, JSON_COMPACT | JSON_SORT_KEYS);
+    return obj;
+}
+
+int arm_hello(tg_arm *a, char **answer_json, tg_err *e)
+{
+    json_t *req = json_pack("{s:s,s:i}", "op", "hello", "protocol", 1), *ans;
+    json_t *arm = request_object(a, "hello", req, "arm", &ans, answer_json, e);
+    if (!arm) return -1;
     json_decref(a->hello_arm);
     a->hello_arm = json_incref(arm);
-    if (answer_json) *answer_json = json_dumps(ans, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(ans);
     return 0;
 }
@@ -677,14 +692,7 @@ int arm_load(tg_arm *a, const char *model, const char *options_json, char **answ
         return tg_errf(e, "arm %s: load: options are not a JSON object: %s", a->name, options_json);
     }
     json_t *req = json_pack("{s:s,s:s,s:o}", "op", "load", "model", model, "options", opts), *ans;
-    int rc = request(a, "load", req, &ans, e);
-    if (rc <= 0) return -1;
-    if (!json_is_object(json_object_get(ans, "model"))) {
-        json_decref(ans);
-        fail(a, "protocol: load: expected a \"model\" object in the answer");
-        return fail_err(a, e);
-    }
-    if (answer_json) *answer_json = json_dumps(ans, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!request_object(a, "load", req, "model", &ans, answer_json, e)) return -1;
     json_decref(ans);
     return 0;
 }
@@ -707,14 +715,7 @@ int arm_replay(tg_arm *a, const int32_t *tokens, int n, const char *in, const ch
     json_t *req = json_pack("{s:s,s:o,s:s}", "op", "replay", "tokens", ids, "out", out), *ans;
     if (in) json_object_set_new(req, "in", json_string(in));
     if (num) json_object_set_new(req, "numerics", num);
-    int rc = request(a, "replay", req, &ans, e);
-    if (rc <= 0) return -1;
-    if (!json_is_object(json_object_get(ans, "replay"))) {
-        json_decref(ans);
-        fail(a, "protocol: replay: expected a \"replay\" object in the answer");
-        return fail_err(a, e);
-    }
-    if (answer_json) *answer_json = json_dumps(ans, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!request_object(a, "replay", req, "replay", &ans, answer_json, e)) return -1;
     json_decref(ans);
     return 0;
 }
@@ -801,14 +802,8 @@ int arm_detokenize(tg_arm *a, const int32_t *ids, int n, int special, char **tex
         b[k / 2] = 0;
         *text = b;
         *len = k / 2;
-    } else {
-        size_t k = json_string_length(t);
-        char *b = xrealloc(NULL, k + 1);
-        memcpy(b, json_string_value(t), k);
-        b[k] = 0;
-        *text = b;
-        *len = k;
-    }
+    } else if (!(*text = proto_string_dup(t, len)))
+        common_out_of_memory(json_string_length(t) + 1);
     json_decref(ans);
     return 0;
 }

@@ -15,18 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "noise.h"
 
 static const char *const METRIC_NAMES[CAL_N_METRICS] = {"KL_MEAN", "DIVERGENCE_RATE", "EXACT_ERR", "EXACT_KL"};
 
 const char *calibrate_metric_name(int metric)
 {
-    return metric >= 0 && metric < CAL_N_METRICS ? METRIC_NAMES[metric] : "?";
-}
-
-static int db_fail(sqlite3 *db, tg_err *e, const char *what)
-{
-    return tg_errf(e, "store: %s: %s", what, sqlite3_errmsg(db));
+    return tg_name_at(METRIC_NAMES, CAL_N_METRICS, metric);
 }
 
 void calibrate_free(cal_run *c)
@@ -45,12 +41,12 @@ int calibrate_put_params(tg_store *st, int64_t run_id, const tg_spec *s, tg_err 
 {
     sqlite3 *db = store_db(st);
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "INSERT OR REPLACE INTO run_calibration(run_id, exact, factor, limit_k, budget,"
                            " cal_from) VALUES(?1,?2,?3,?4,?5,?6)",
-                           -1, &q, NULL) != SQLITE_OK)
-        return db_fail(db, e, "writing the calibration parameters");
-    sqlite3_bind_int64(q, 1, run_id);
+                           "I", run_id);
+    if (!q)
+        return common_sql_err(db, e, "writing the calibration parameters");
     if (s->exact) sqlite3_bind_text(q, 2, s->exact, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 2);
     sqlite3_bind_double(q, 3, s->cal_factor);
     sqlite3_bind_double(q, 4, s->cal_limit_k);
@@ -58,7 +54,7 @@ int calibrate_put_params(tg_store *st, int64_t run_id, const tg_spec *s, tg_err 
     if (s->cal_from) sqlite3_bind_text(q, 6, s->cal_from, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 6);
     int rc = sqlite3_step(q);
     sqlite3_finalize(q);
-    return rc == SQLITE_DONE ? 0 : db_fail(db, e, "writing the calibration parameters");
+    return rc == SQLITE_DONE ? 0 : common_sql_err(db, e, "writing the calibration parameters");
 }
 
 /* Reads the run's parameters into c (defaults when the run has none). */
@@ -66,12 +62,12 @@ static int load_params(sqlite3 *db, int64_t run_id, cal_run *c, tg_err *e)
 {
     c->factor = 2.0, c->limit_k = 3.0, c->budget = 2.0;
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "SELECT exact, factor, limit_k, budget, cal_from FROM run_calibration"
                            " WHERE run_id=?1",
-                           -1, &q, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading the calibration parameters");
-    sqlite3_bind_int64(q, 1, run_id);
+                           "I", run_id);
+    if (!q)
+        return common_sql_err(db, e, "reading the calibration parameters");
     int rc = sqlite3_step(q);
     if (rc == SQLITE_ROW) {
         const unsigned char *x = sqlite3_column_text(q, 0), *f = sqlite3_column_text(q, 4);
@@ -82,7 +78,7 @@ static int load_params(sqlite3 *db, int64_t run_id, cal_run *c, tg_err *e)
         if (f) snprintf(c->from, sizeof c->from, "%s", (const char *)f);
     }
     sqlite3_finalize(q);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return db_fail(db, e, "reading the calibration parameters");
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return common_sql_err(db, e, "reading the calibration parameters");
     return 0;
 }
 
@@ -253,33 +249,30 @@ static int stored_load(sqlite3 *db, const cmp_run *r, const char *from, stored_c
 {
     memset(out, 0, sizeof *out);
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "SELECT c.run_id, c.set_no FROM calib_set c JOIN run ON run.id = c.run_id"
                            " JOIN spec ON spec.id = run.spec_id JOIN artifact ON artifact.id = run.artifact_id"
                            " WHERE spec.name = ?1 AND artifact.sha256 = ?2 AND c.run_id <> ?3"
                            " AND c.panel <> '' ORDER BY c.run_id DESC, c.set_no DESC LIMIT 1",
-                           -1, &q, NULL) != SQLITE_OK)
-        return db_fail(db, e, "looking up a stored calibration");
-    sqlite3_bind_text(q, 1, from, -1, SQLITE_STATIC);
-    sqlite3_bind_text(q, 2, r->artifact_sha256 ? r->artifact_sha256 : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int64(q, 3, r->run_id);
+                           "ttI", from, r->artifact_sha256 ? r->artifact_sha256 : "", r->run_id);
+    if (!q)
+        return common_sql_err(db, e, "looking up a stored calibration");
     int rc = sqlite3_step(q);
     if (rc != SQLITE_ROW) {
         sqlite3_finalize(q);
-        return rc == SQLITE_DONE ? 0 : db_fail(db, e, "looking up a stored calibration");
+        return rc == SQLITE_DONE ? 0 : common_sql_err(db, e, "looking up a stored calibration");
     }
     int64_t run = sqlite3_column_int64(q, 0);
     int set = sqlite3_column_int(q, 1);
     sqlite3_finalize(q);
     out->run = run;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "SELECT s.prompt, s.step, s.spread, p.text FROM calib_step s"
                            " JOIN prompt p ON p.run_id = s.run_id AND p.name = s.prompt"
                            " WHERE s.run_id = ?1 AND s.set_no = ?2 ORDER BY p.no, s.step",
-                           -1, &q, NULL) != SQLITE_OK)
-        return db_fail(db, e, "reading a stored calibration");
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_int(q, 2, set);
+                           "Ii", run, set);
+    if (!q)
+        return common_sql_err(db, e, "reading a stored calibration");
     int cap = 0;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         const char *pn = (const char *)sqlite3_column_text(q, 0), *text = (const char *)sqlite3_column_text(q, 3);
@@ -309,14 +302,14 @@ static int stored_load(sqlite3 *db, const cmp_run *r, const char *from, stored_c
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE) {
         stored_free(out);
-        return db_fail(db, e, "reading a stored calibration");
+        return common_sql_err(db, e, "reading a stored calibration");
     }
     if (sqlite3_prepare_v2(db,
                            "SELECT metric, n, mean, sd, basis FROM calib_limit"
                            " WHERE run_id = ?1 AND set_no = ?2 AND arm = '*'",
                            -1, &q, NULL) != SQLITE_OK) {
         stored_free(out);
-        return db_fail(db, e, "reading a stored calibration");
+        return common_sql_err(db, e, "reading a stored calibration");
     }
     sqlite3_bind_int64(q, 1, run);
     sqlite3_bind_int(q, 2, set);
@@ -336,7 +329,7 @@ static int stored_load(sqlite3 *db, const cmp_run *r, const char *from, stored_c
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE) {
         stored_free(out);
-        return db_fail(db, e, "reading a stored calibration");
+        return common_sql_err(db, e, "reading a stored calibration");
     }
     return 1;
 }
@@ -838,13 +831,12 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
     if (!c) return 0;
     sqlite3_stmt *q = NULL;
     int64_t run = r->run_id;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "INSERT INTO calib_set(run_id, set_no, exact, factor, limit_k, budget, source_run,"
                            " panel) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Ii", run, set);
+    if (!q)
         goto fail;
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_int(q, 2, set);
     if (c->exact >= 0) sqlite3_bind_text(q, 3, c->exact_name, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 3);
     sqlite3_bind_double(q, 4, c->factor);
     sqlite3_bind_double(q, 5, c->limit_k);
@@ -942,7 +934,7 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
     sqlite3_finalize(q);
     return 0;
 fail:
-    db_fail(db, e, "writing the calibration");
+    common_sql_err(db, e, "writing the calibration");
     sqlite3_finalize(q);
     return -1;
 }

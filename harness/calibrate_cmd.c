@@ -70,8 +70,7 @@ int calibrate_main(int argc, char **argv)
         return 2;
     }
     tg_store *st = NULL;
-    if (store_open(&st, db, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&st, db, 0)) {
         spec_free(spec);
         return 2;
     }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "calibrate.h"
+#include "common.h"
 #include "svg.h"
 
 static int cmp_double(const void *a, const void *b)
@@ -36,10 +37,8 @@ static double *arm_column(sqlite3 *db, int64_t run, int set, const char *arm, co
              "SELECT %s FROM calib_arm_step WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND exact_n > 0", col);
     sqlite3_stmt *q = NULL;
     *n = 0;
-    if (sqlite3_prepare_v2(db, sql, -1, &q, NULL) != SQLITE_OK) return NULL;
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_int(q, 2, set);
-    sqlite3_bind_text(q, 3, arm, -1, SQLITE_STATIC);
+    q = common_sql_prepare(db, sql, "Iit", run, set, arm);
+    if (!q) return NULL;
     int cap = 0;
     double *v = NULL;
     while (sqlite3_step(q) == SQLITE_ROW) {
@@ -65,15 +64,13 @@ static int limits_line(sqlite3 *db, int64_t run, int set, const char *arm, char 
     sqlite3_stmt *q = NULL;
     out[0] = 0;
     *fail = 0;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "SELECT metric, value, upper, ok FROM calib_limit WHERE run_id=?1 AND set_no=?2"
                            " AND arm=?3 ORDER BY CASE metric WHEN 'KL_MEAN' THEN 0 WHEN 'DIVERGENCE_RATE' THEN 1"
                            " WHEN 'EXACT_ERR' THEN 2 ELSE 3 END",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Iit", run, set, arm);
+    if (!q)
         return 0;
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_int(q, 2, set);
-    sqlite3_bind_text(q, 3, arm, -1, SQLITE_STATIC);
     size_t k = 0;
     int any = 0;
     while (sqlite3_step(q) == SQLITE_ROW) {
@@ -100,15 +97,12 @@ static int arm_value(sqlite3 *db, int64_t run, int set, const char *arm, const c
 {
     sqlite3_stmt *q = NULL;
     out[0] = 0;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "SELECT value FROM verdict WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND prompt IS NULL"
                            " AND key=?4 ORDER BY id DESC LIMIT 1",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Iitt", run, set, arm, key);
+    if (!q)
         return 0;
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_int(q, 2, set);
-    sqlite3_bind_text(q, 3, arm, -1, SQLITE_STATIC);
-    sqlite3_bind_text(q, 4, key, -1, SQLITE_STATIC);
     int got = sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0);
     if (got) snprintf(out, cap, "%s", (const char *)sqlite3_column_text(q, 0));
     sqlite3_finalize(q);
@@ -123,12 +117,10 @@ static void md_plots(sqlite3 *db, int64_t run, int set, FILE *out)
     int cap = 0, n = 0;
     double *x = NULL, *g = NULL, *b = NULL;
     int *fr = NULL;
-    if (sqlite3_prepare_v2(db,
-                           "SELECT s.ref_gap, s.band, s.fragile FROM calib_step s JOIN prompt p ON p.run_id = s.run_id"
-                           " AND p.name = s.prompt WHERE s.run_id=?1 AND s.set_no=?2 ORDER BY p.no, s.step",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, run);
-        sqlite3_bind_int(q, 2, set);
+    if ((q = common_sql_prepare(db,
+                                "SELECT s.ref_gap, s.band, s.fragile FROM calib_step s JOIN prompt p ON p.run_id = s.run_id"
+                                " AND p.name = s.prompt WHERE s.run_id=?1 AND s.set_no=?2 ORDER BY p.no, s.step",
+                                "Ii", run, set))) {
         while (sqlite3_step(q) == SQLITE_ROW) {
             if (n == cap) {
                 cap = cap ? 2 * cap : 256;
@@ -157,12 +149,10 @@ static void md_plots(sqlite3 *db, int64_t run, int set, FILE *out)
     const char *names[16];
     double *ys[16];
     int ns = 0, len = 0;
-    if (sqlite3_prepare_v2(db,
-                           "SELECT DISTINCT arm FROM calib_arm_step WHERE run_id=?1 AND set_no=?2 AND exact_n > 0"
-                           " ORDER BY arm",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, run);
-        sqlite3_bind_int(q, 2, set);
+    if ((q = common_sql_prepare(db,
+                                "SELECT DISTINCT arm FROM calib_arm_step WHERE run_id=?1 AND set_no=?2 AND exact_n > 0"
+                                " ORDER BY arm",
+                                "Ii", run, set))) {
         while (sqlite3_step(q) == SQLITE_ROW && ns < 16) {
             const char *a = (const char *)sqlite3_column_text(q, 0);
             names[ns] = strdup(a ? a : "?");
@@ -174,15 +164,12 @@ static void md_plots(sqlite3 *db, int64_t run, int set, FILE *out)
     for (int s = 0; s < ns; s++) {
         sqlite3_stmt *r = NULL;
         int k = 0, c2 = 0;
-        if (sqlite3_prepare_v2(db,
-                               "SELECT a.exact_median FROM calib_step s JOIN prompt p ON p.run_id = s.run_id AND"
-                               " p.name = s.prompt LEFT JOIN calib_arm_step a ON a.run_id = s.run_id AND"
-                               " a.set_no = s.set_no AND a.prompt = s.prompt AND a.step = s.step AND a.arm = ?3"
-                               " WHERE s.run_id=?1 AND s.set_no=?2 ORDER BY p.no, s.step",
-                               -1, &r, NULL) == SQLITE_OK) {
-            sqlite3_bind_int64(r, 1, run);
-            sqlite3_bind_int(r, 2, set);
-            sqlite3_bind_text(r, 3, names[s], -1, SQLITE_STATIC);
+        if ((r = common_sql_prepare(db,
+                                    "SELECT a.exact_median FROM calib_step s JOIN prompt p ON p.run_id = s.run_id AND"
+                                    " p.name = s.prompt LEFT JOIN calib_arm_step a ON a.run_id = s.run_id AND"
+                                    " a.set_no = s.set_no AND a.prompt = s.prompt AND a.step = s.step AND a.arm = ?3"
+                                    " WHERE s.run_id=?1 AND s.set_no=?2 ORDER BY p.no, s.step",
+                                    "Iit", run, set, names[s]))) {
             while (sqlite3_step(r) == SQLITE_ROW) {
                 if (k == c2) {
                     c2 = c2 ? 2 * c2 : 256;
@@ -209,13 +196,12 @@ static void md_plots(sqlite3 *db, int64_t run, int set, FILE *out)
 int calibrate_report(sqlite3 *db, int64_t run, int set, int markdown, FILE *out)
 {
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "SELECT exact, factor, limit_k, budget, source_run, panel FROM calib_set"
                            " WHERE run_id=?1 AND set_no=?2",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Ii", run, set);
+    if (!q)
         return 0; /* an older store: no section */
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_int(q, 2, set);
     if (sqlite3_step(q) != SQLITE_ROW) {
         sqlite3_finalize(q);
         return 0;
@@ -247,22 +233,18 @@ int calibrate_report(sqlite3 *db, int64_t run, int set, int markdown, FILE *out)
                 budget);
     /* fragile steps */
     int n_steps = 0, n_fragile = 0;
-    if (sqlite3_prepare_v2(db, "SELECT count(*), coalesce(sum(fragile), 0) FROM calib_step WHERE run_id=?1 AND set_no=?2",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, run);
-        sqlite3_bind_int(q, 2, set);
+    if ((q = common_sql_prepare(db, "SELECT count(*), coalesce(sum(fragile), 0) FROM calib_step WHERE run_id=?1 AND set_no=?2",
+                                "Ii", run, set))) {
         if (sqlite3_step(q) == SQLITE_ROW) n_steps = sqlite3_column_int(q, 0), n_fragile = sqlite3_column_int(q, 1);
     }
     sqlite3_finalize(q);
     fprintf(out, "%sfragile steps (flipped by a legitimate variant; band over every view): %d of %d\n", pre,
             n_fragile, n_steps);
-    if (sqlite3_prepare_v2(db,
-                           "SELECT s.prompt, s.step, s.ref_gap, s.band, s.flipped_by, s.exact_token FROM calib_step s"
-                           " JOIN prompt p ON p.run_id = s.run_id AND p.name = s.prompt"
-                           " WHERE s.run_id=?1 AND s.set_no=?2 AND s.fragile ORDER BY p.no, s.step",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, run);
-        sqlite3_bind_int(q, 2, set);
+    if ((q = common_sql_prepare(db,
+                                "SELECT s.prompt, s.step, s.ref_gap, s.band, s.flipped_by, s.exact_token FROM calib_step s"
+                                " JOIN prompt p ON p.run_id = s.run_id AND p.name = s.prompt"
+                                " WHERE s.run_id=?1 AND s.set_no=?2 AND s.fragile ORDER BY p.no, s.step",
+                                "Ii", run, set))) {
         while (sqlite3_step(q) == SQLITE_ROW) {
             char ex[48] = "";
             if (sqlite3_column_type(q, 5) != SQLITE_NULL)
@@ -276,13 +258,12 @@ int calibrate_report(sqlite3 *db, int64_t run, int set, int markdown, FILE *out)
     /* per arm: limits, budget, distribution of the distance from exact */
     fprintf(out, "%s%-16s %-7s %-14s %s\n", pre, "ARM", "LIMITS", "ERROR_BUDGET", "value <= limit: KL_MEAN, "
                  "DIVERGENCE_RATE, EXACT_ERR, EXACT_KL");
-    if (sqlite3_prepare_v2(db,
+    q = common_sql_prepare(db,
                            "SELECT DISTINCT c.arm FROM calib_arm_step c JOIN arm a ON a.run_id = c.run_id AND"
                            " a.name = c.arm WHERE c.run_id=?1 AND c.set_no=?2 ORDER BY a.id",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Ii", run, set);
+    if (!q)
         return 0;
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_int(q, 2, set);
     char names[64][128];
     int na = 0;
     while (sqlite3_step(q) == SQLITE_ROW && na < 64)

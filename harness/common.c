@@ -165,6 +165,28 @@ int common_sql_err(sqlite3 *db, tg_err *e, const char *what)
     return tg_errf(e, "store: %s: %s", what, db ? sqlite3_errmsg(db) : "no database");
 }
 
+struct sqlite3_stmt *common_sql_prepare(struct sqlite3 *db, const char *sql, const char *binds, ...)
+{
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(db, sql, -1, &q, NULL) != SQLITE_OK) {
+        sqlite3_finalize(q);
+        return NULL;
+    }
+    va_list ap;
+    va_start(ap, binds);
+    for (int i = 0; binds[i]; i++) {
+        switch (binds[i]) {
+        case 'I': sqlite3_bind_int64(q, i + 1, va_arg(ap, int64_t)); break;
+        case 'i': sqlite3_bind_int(q, i + 1, va_arg(ap, int)); break;
+        case 'd': sqlite3_bind_double(q, i + 1, va_arg(ap, double)); break;
+        case 't': sqlite3_bind_text(q, i + 1, va_arg(ap, const char *), -1, SQLITE_STATIC); break;
+        default: assert(!"common_sql_prepare: binds takes I, i, d and t");
+        }
+    }
+    va_end(ap);
+    return q;
+}
+
 /* ---- dump blobs ---- */
 
 int common_blob_encode(const float *x, int64_t n, void **blob, size_t *len, tg_err *e)
@@ -386,6 +408,18 @@ int64_t common_add_sat(int64_t a, int64_t b)
 }
 
 /* ---- command lines ---- */
+
+int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
+                          const char ***pos, int *n_pos)
+{
+    *pos = xcalloc((size_t)cli->max_pos + 1, sizeof **pos);
+    int rc = common_cli_parse(cli, argc, argv, on_opt, ud, *pos, n_pos);
+    if (rc != COMMON_CLI_OK) {
+        free(*pos);
+        *pos = NULL;
+    }
+    return rc;
+}
 
 int common_cli_wants_help(int argc, char **argv)
 {

@@ -61,6 +61,14 @@ int common_check_regular(const char *path, const char *what, tg_err *e);
 /* Writes "store: WHAT: <sqlite's message>" into e; returns -1. */
 int common_sql_err(struct sqlite3 *db, tg_err *e, const char *what);
 
+struct sqlite3_stmt;
+/* Prepares sql on db and binds its parameters ?1, ?2, ... in order from
+ * the arguments, one letter of binds each: 'I' an int64_t, 'i' an int,
+ * 'd' a double, 't' a const char * text (NULL binds NULL; bound without a
+ * copy, so it must outlive the statement's use). Returns the statement, or
+ * NULL when sqlite refuses sql (sqlite3_errmsg(db) says why). */
+struct sqlite3_stmt *common_sql_prepare(struct sqlite3 *db, const char *sql, const char *binds, ...);
+
 /* ---- dump blobs: zstd over byte-shuffled little-endian f32 ---- */
 
 /* The largest n a dump blob holds (2^30 values, 4 GiB of f32). */
@@ -155,6 +163,12 @@ typedef int (*common_cli_fn)(void *ud, int id, const char *value, tg_err *e);
  * positional too many. */
 int common_cli_parse(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
                      const char **pos, int *n_pos);
+
+/* common_cli_parse into a positional list it allocates (cli->max_pos + 1
+ * entries) into *pos: the caller frees it when COMMON_CLI_OK is returned;
+ * otherwise nothing is left allocated (*pos NULL). */
+int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
+                          const char ***pos, int *n_pos);
 
 /* Whether argv[1..argc-1] asks for help (--help or -h before any "--").
  * For commands whose own parser lives elsewhere. */

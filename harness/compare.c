@@ -91,14 +91,14 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
 {
     sqlite3_stmt *s = NULL;
     int rc = -1;
-    if (sqlite3_prepare_v2(db,
+    s = common_sql_prepare(db,
                            "SELECT spec.name, spec.sha256, artifact.sha256, artifact.path,"
                            " run.mode, run.reference, run.steps, run.top_k, run.legs"
                            " FROM run JOIN spec ON spec.id = run.spec_id"
                            " JOIN artifact ON artifact.id = run.artifact_id WHERE run.id = ?1",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "I", r->run_id);
+    if (!s)
         return common_sql_err(db, e, "reading the run");
-    sqlite3_bind_int64(s, 1, r->run_id);
     int st = sqlite3_step(s);
     if (st == SQLITE_ROW) {
         r->spec_name = dup_col(s, 0);
@@ -123,10 +123,9 @@ static int load_run(sqlite3 *db, cmp_run *r, tg_err *e)
 static int load_prompts(sqlite3 *db, cmp_run *r, tg_err *e)
 {
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(db, "SELECT id, name, text FROM prompt WHERE run_id=?1 ORDER BY no",
-                           -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "SELECT id, name, text FROM prompt WHERE run_id=?1 ORDER BY no", "I", r->run_id);
+    if (!s)
         return common_sql_err(db, e, "reading prompts");
-    sqlite3_bind_int64(s, 1, r->run_id);
     int cap = 0, rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (r->n_prompts == cap) {
@@ -187,10 +186,10 @@ int compare_planned(const cmp_arm *a, int p)
 static int load_arms(sqlite3 *db, cmp_run *r, tg_err *e)
 {
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(db, "SELECT id, name, kind, role, config FROM arm WHERE run_id=?1 ORDER BY id",
-                           -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "SELECT id, name, kind, role, config FROM arm WHERE run_id=?1 ORDER BY id",
+                           "I", r->run_id);
+    if (!s)
         return common_sql_err(db, e, "reading arms");
-    sqlite3_bind_int64(s, 1, r->run_id);
     int cap = 0, rc;
     r->ref = -1;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {

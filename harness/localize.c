@@ -799,12 +799,12 @@ static int run_spec(tg_store *st, int64_t run, tg_spec **out, tg_err *e)
     sqlite3 *db = store_db(st);
     sqlite3_stmt *s = NULL;
     int rc = -1;
-    if (sqlite3_prepare_v2(db,
+    s = common_sql_prepare(db,
                            "SELECT spec.path, spec.text FROM run JOIN spec ON spec.id = run.spec_id"
                            " WHERE run.id = ?1",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "I", run);
+    if (!s)
         return common_sql_err(db, e, "reading the run's spec");
-    sqlite3_bind_int64(s, 1, run);
     if (sqlite3_step(s) != SQLITE_ROW) {
         tg_errf(e, "store: no run %lld", (long long)run);
     } else {
@@ -943,8 +943,7 @@ int localize_main(int argc, char **argv)
         fprintf(stderr, "tokgate localize: --evidence %s: %s\n", evidence, e.msg);
         return 2;
     }
-    if (store_open(&st, db, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&st, db, 0)) {
         return 2;
     }
     if (spec_path) {

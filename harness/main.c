@@ -308,32 +308,6 @@ static int usage_error(const char *cmd, const char *fmt, ...)
     return EXIT_USAGE;
 }
 
-/* Opens the store db. must_exist: the command reads runs (report, step,
- * rescore, bench), so a missing file is a typo, not a new store: "no such
- * store", and nothing is created; 2: the command only reads (report,
- * step), so the store is opened read-only. Returns 0 or the exit code
- * (message printed). */
-static int open_store(const char *db, int must_exist, tg_store **st)
-{
-    tg_err e;
-    struct stat sb;
-    *st = NULL;
-    if (must_exist && stat(db, &sb) != 0) {
-        fprintf(stderr, "tokgate: no such store: %s (%s; give --db FILE of an existing store)\n", db,
-                strerror(errno));
-        return EXIT_USAGE;
-    }
-    if (must_exist && !S_ISREG(sb.st_mode)) {
-        fprintf(stderr, "tokgate: --db %s: expected a store file, got something else\n", db);
-        return EXIT_USAGE;
-    }
-    if ((must_exist == 2 ? store_open_ro(st, db, &e) : store_open(st, db, &e)) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
-        return EXIT_USAGE;
-    }
-    return 0;
-}
-
 /* A run id from a positional argument, or the latest run. Returns 0 or an exit code. */
 static int pick_run(tg_store *st, const char *cmd, const char *arg, int64_t *run)
 {
@@ -407,7 +381,7 @@ static int cmd_gate(int argc, char **argv)
         return EXIT_USAGE;
     }
     tg_store *st = NULL;
-    if ((rc = open_store(o.db, 0, &st))) {
+    if ((rc = store_open_cmd(&st, o.db, 0))) {
         spec_free(spec);
         return rc;
     }
@@ -503,7 +477,7 @@ static int cmd_report(int argc, char **argv)
         return EXIT_USAGE;
     }
     tg_store *st;
-    if ((rc = open_store(o.db, 2, &st))) return rc;
+    if ((rc = store_open_cmd(&st, o.db, 2))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "report", o.n_pos ? o.pos[0] : NULL, &run))) {
         store_close(st);
@@ -546,7 +520,7 @@ static int cmd_step(int argc, char **argv)
     int step;
     if (report_parse_step_ref(o.pos[0], prompt, &step, &e) < 0) return usage_error("step", "%s", e.msg);
     tg_store *st;
-    if ((rc = open_store(o.db, 2, &st))) return rc;
+    if ((rc = store_open_cmd(&st, o.db, 2))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "step", o.n_pos > 1 ? o.pos[1] : NULL, &run))) {
         store_close(st);
@@ -568,7 +542,7 @@ static int cmd_rescore(int argc, char **argv)
     int rc = parse_opts(&cli, argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
     tg_store *st;
-    if ((rc = open_store(o.db, 1, &st))) return rc;
+    if ((rc = store_open_cmd(&st, o.db, 1))) return rc;
     int64_t run;
     if ((rc = pick_run(st, "rescore", o.n_pos ? o.pos[0] : NULL, &run))) {
         store_close(st);
@@ -656,7 +630,7 @@ static int cmd_bench(int argc, char **argv)
         return EXIT_USAGE;
     }
     tg_store *st;
-    if ((rc = open_store(o.db, 1, &st))) {
+    if ((rc = store_open_cmd(&st, o.db, 1))) {
         spec_free(s);
         return rc;
     }

@@ -447,13 +447,10 @@ int merge_main(int argc, char **argv)
     static const struct option lo[] = {{"out", required_argument, NULL, O_OUT}, {NULL, 0, NULL, 0}};
     const common_cli cli = {"merge", "(see tokgate help merge)\n", lo, argc, "o:"};
     const char *out = NULL;
-    const char **in = xcalloc((size_t)argc + 1, sizeof *in);
+    const char **in;
     int n = 0;
-    int rc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, &out, in, &n);
-    if (rc) {
-        free(in);
-        return rc == COMMON_CLI_HELP ? 0 : rc;
-    }
+    int rc = common_cli_parse_list(&cli, argc - 1, argv + 1, on_opt, &out, &in, &n);
+    if (rc) return rc == COMMON_CLI_HELP ? 0 : rc;
     if (!out || n == 0) {
         fprintf(stderr, "tokgate: merge: expected A.db [B.db ...] -o OUT.db\n(run `tokgate help` for usage)\n");
         free(in);
@@ -463,8 +460,7 @@ int merge_main(int argc, char **argv)
     tg_store *dst;
     struct stat sb;
     int created = lstat(out, &sb) != 0 && errno == ENOENT;   /* removed again if the merge fails */
-    if (store_open(&dst, out, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&dst, out, 0)) {
         if (created) store_remove_files(out);
         free(in);
         return 2;

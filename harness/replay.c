@@ -14,26 +14,23 @@
 #include <unistd.h>
 
 #include "arm.h"
+#include "common.h"
 #include "localize.h"
+#include "replay_hook.h"
 #include <sqlite3.h>
 
-static const char *const RS_NAMES[RP_N_STAGES] = {
-    "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope",
-    "k_cache", "v_cache", "scores", "attn", "attn_out", "attn_res", "ffn_norm", "gate",
-    "up", "swiglu", "ffn_out", "residual", "out_norm", "logits",
-};
+/* The stages are the engine's (replay_hook.h): one name table. */
+_Static_assert(RP_N_STAGES == TG_RS_COUNT, "harness and engine replay stages differ");
 enum { RS_SCORES = 10, RS_ATTN = 11, RS_RESIDUAL = 19, RS_OUT_NORM = 20, RS_LOGITS = 21 };
 
 const char *replay_stage_name(int stage)
 {
-    return stage >= 0 && stage < RP_N_STAGES ? RS_NAMES[stage] : "?";
+    return tg_rstage_name(stage);
 }
 
 int replay_stage_parse(const char *s)
 {
-    for (int i = 0; i < RP_N_STAGES; i++)
-        if (s && !strcmp(s, RS_NAMES[i])) return i;
-    return -1;
+    return tg_rstage_parse(s);
 }
 
 /* ------------------------------------------------------------------ */
@@ -47,52 +44,60 @@ void rp_file_free(rp_file *f)
     free(f);
 }
 
+/* rp_file_read's file and the room of its records. */
+typedef struct rp_reading {
+    rp_file *f;
+    int cap;
+} rp_reading;
+
+/* tg_rfile_dest_fn of rp_file_read: a new record of the file. */
+static float *record_dest(void *ud, int layer, int stage, uint64_t n, tg_err *e)
+{
+    rp_reading *rd = ud;
+    rp_file *f = rd->f;
+    if (stage < 0 || stage >= RP_N_STAGES || layer < -1 || layer >= (int32_t)f->n_layer || n > ((uint64_t)1 << 34)) {
+        tg_errf(e, "record %d: bad header", f->n_rec);
+        return NULL;
+    }
+    if (f->n_rec == rd->cap) {
+        int cap = rd->cap ? 2 * rd->cap : 64;
+        rp_record *r = realloc(f->rec, sizeof *r * (size_t)cap);
+        if (!r) {
+            tg_errf(e, "out of memory");
+            return NULL;
+        }
+        f->rec = r;
+        rd->cap = cap;
+    }
+    rp_record *r = &f->rec[f->n_rec];
+    r->layer = layer, r->stage = stage, r->n = (int64_t)n;
+    r->data = malloc((size_t)n * sizeof(float) + 1);
+    if (!r->data) {
+        tg_errf(e, "out of memory");
+        return NULL;
+    }
+    f->n_rec++;
+    return r->data;
+}
+
 int rp_file_read(rp_file **out, const char *path, tg_err *e)
 {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return tg_errf(e, "replay file %s: cannot open: %s", path, strerror(errno));
-    rp_file *f = calloc(1, sizeof *f);
-    char magic[8];
     uint32_t h[8];
-    if (!f || fread(magic, 1, 8, fp) != 8 || memcmp(magic, "TGRPLAY1", 8) || fread(h, sizeof h, 1, fp) != 1) {
+    FILE *fp = tg_rfile_open(path, "replay file", h, e);
+    if (!fp) return -1;
+    rp_file *f = calloc(1, sizeof *f);
+    if (!f) {
         fclose(fp);
-        free(f);
-        return tg_errf(e, "replay file %s: not a replay file (expected TGRPLAY1 and an 8-word header)", path);
+        return tg_errf(e, "out of memory");
     }
     f->n_layer = h[0], f->n_embd = h[1], f->n_head = h[2], f->n_head_kv = h[3], f->head_dim = h[4];
     f->n_ff = h[5], f->n_vocab = h[6], f->n_tokens = h[7];
-    int cap = 0;
-    for (;;) {
-        int32_t ls[2];
-        uint64_t n;
-        size_t got = fread(ls, 1, sizeof ls, fp);
-        if (got == 0 && feof(fp)) break;
-        if (got != sizeof ls || fread(&n, sizeof n, 1, fp) != 1 || ls[1] < 0 || ls[1] >= RP_N_STAGES ||
-            ls[0] < -1 || ls[0] >= (int32_t)f->n_layer || n > ((uint64_t)1 << 34)) {
-            fclose(fp);
-            rp_file_free(f);
-            return tg_errf(e, "replay file %s: record %d: bad header", path, cap);
-        }
-        if (f->n_rec == cap) {
-            cap = cap ? 2 * cap : 64;
-            rp_record *r = realloc(f->rec, sizeof *r * (size_t)cap);
-            if (!r) { fclose(fp); rp_file_free(f); return tg_errf(e, "out of memory"); }
-            f->rec = r;
-        }
-        rp_record *r = &f->rec[f->n_rec];
-        r->layer = ls[0], r->stage = ls[1], r->n = (int64_t)n;
-        r->data = malloc((size_t)n * sizeof(float) + 1);
-        if (!r->data || fread(r->data, sizeof(float), (size_t)n, fp) != (size_t)n) {
-            free(r->data);
-            fclose(fp);
-            rp_file_free(f);
-            return tg_errf(e, "replay file %s: truncated record (layer %d %s)", path, ls[0],
-                           replay_stage_name(ls[1]));
-        }
-        f->n_rec++;
+    rp_reading rd = {f, 0};
+    if (tg_rfile_read(fp, path, "replay file", record_dest, &rd, e) < 0) {
+        rp_file_free(f);
+        return -1;
     }
-    fclose(fp);
     *out = f;
     return 0;
 }
@@ -100,18 +105,14 @@ int rp_file_read(rp_file **out, const char *path, tg_err *e)
 int rp_file_write(const rp_file *f, const char *path, int (*keep)(const rp_record *r, void *ud), void *ud,
                   tg_err *e)
 {
-    FILE *fp = fopen(path, "wb");
-    if (!fp) return tg_errf(e, "replay file %s: cannot create: %s", path, strerror(errno));
     const uint32_t h[8] = {f->n_layer, f->n_embd, f->n_head, f->n_head_kv, f->head_dim, f->n_ff, f->n_vocab,
                            f->n_tokens};
-    int ok = fwrite("TGRPLAY1", 1, 8, fp) == 8 && fwrite(h, sizeof h, 1, fp) == 1;
+    FILE *fp = tg_rfile_create(path, "replay file", h, e);
+    if (!fp) return -1;
+    int ok = 1;
     for (int i = 0; ok && i < f->n_rec; i++) {
         const rp_record *r = &f->rec[i];
-        if (keep && !keep(r, ud)) continue;
-        int32_t ls[2] = {r->layer, r->stage};
-        uint64_t n = (uint64_t)r->n;
-        ok = fwrite(ls, sizeof ls, 1, fp) == 1 && fwrite(&n, sizeof n, 1, fp) == 1 &&
-             fwrite(r->data, sizeof(float), (size_t)r->n, fp) == (size_t)r->n;
+        if (!keep || keep(r, ud)) ok = tg_rfile_put(fp, r->layer, r->stage, r->data, (uint64_t)r->n);
     }
     if (fclose(fp) != 0 || !ok) return tg_errf(e, "replay file %s: write failed", path);
     return 0;
@@ -525,14 +526,10 @@ static int last_contested(sqlite3 *db, int64_t run, int set, const char *arm, co
 {
     sqlite3_stmt *q = NULL;
     int v = -1;
-    if (sqlite3_prepare_v2(db,
-                           "SELECT max(step) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND leg=1"
-                           " AND prompt=?4 AND ref_token IS NOT NULL AND token != ref_token",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, run);
-        sqlite3_bind_int(q, 2, set);
-        sqlite3_bind_text(q, 3, arm, -1, SQLITE_STATIC);
-        sqlite3_bind_text(q, 4, prompt, -1, SQLITE_STATIC);
+    if ((q = common_sql_prepare(db,
+                                "SELECT max(step) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND leg=1"
+                                " AND prompt=?4 AND ref_token IS NOT NULL AND token != ref_token",
+                                "Iitt", run, set, arm, prompt))) {
         if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL) v = sqlite3_column_int(q, 0);
     }
     sqlite3_finalize(q);

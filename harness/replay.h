@@ -34,9 +34,9 @@
 #define RP_MARGIN 16.0        /* budget = RP_MARGIN x the noise model */
 #define RP_U32 0x1p-24        /* f32 unit roundoff */
 #define RP_U16 0x1p-11        /* f16 unit roundoff */
-#define RP_N_STAGES 22        /* engine/replay.h's enum tg_rstage */
+#define RP_N_STAGES 22        /* engine/replay_hook.h's enum (TG_RS_COUNT) */
 
-/* A replay file (engine/replay.h's format). */
+/* A replay file (engine/replay_hook.h's format, read and written through its tg_rfile_*). */
 typedef struct rp_record {
     int layer;                /* -1: after the last layer */
     int stage;                /* 0..RP_N_STAGES-1 */

@@ -101,15 +101,15 @@ static int ctx_load(rctx *c, tg_store *st, int64_t run, int set, tg_err *e)
     c->db = store_db(st);
     c->run = run;
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(c->db,
+    s = common_sql_prepare(c->db,
                            "SELECT spec.name, spec.sha256, spec.path, artifact.path, artifact.sha256,"
                            " artifact.size, run.started, run.finished, run.host, run.tokgate_version,"
                            " run.mode, run.reference, run.verdict, run.steps, run.top_k, run.legs"
                            " FROM run JOIN spec ON spec.id = run.spec_id"
                            " JOIN artifact ON artifact.id = run.artifact_id WHERE run.id=?1",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "I", run);
+    if (!s)
         return common_sql_err(c->db, e, "reading the run");
-    sqlite3_bind_int64(s, 1, run);
     if (sqlite3_step(s) != SQLITE_ROW) {
         sqlite3_finalize(s);
         return tg_errf(e, "store: no run %lld", (long long)run);
@@ -137,13 +137,12 @@ static int ctx_load(rctx *c, tg_store *st, int64_t run, int set, tg_err *e)
         return tg_errf(e, "run %lld has no verdicts: run `tokgate rescore %lld`", (long long)run,
                        (long long)run);
     c->set = set;
-    if (sqlite3_prepare_v2(c->db,
+    s = common_sql_prepare(c->db,
                            "SELECT policy, band, overall, created FROM verdict_set"
                            " WHERE run_id=?1 AND set_no=?2",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "Ii", run, set);
+    if (!s)
         return common_sql_err(c->db, e, "reading the verdict set");
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_int(s, 2, set);
     if (sqlite3_step(s) != SQLITE_ROW) {
         sqlite3_finalize(s);
         return tg_errf(e, "run %lld has no verdict set %d", (long long)run, set);
@@ -260,15 +259,10 @@ static void ap_summary(rctx *c, const rarm *a, const char *prompt, apsum *s)
     s->first_diff = kv(c, a->name, prompt, "FIRST_DIFF", v, sizeof v) ? atoi(v) : -1;
     s->ref_gap = s->own_gap = NAN;
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(c->db,
-                           "SELECT class, count(*) FROM compare WHERE run_id=?1 AND set_no=?2"
-                           " AND arm=?3 AND leg=?4 AND prompt=?5 GROUP BY class",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, c->run);
-        sqlite3_bind_int(q, 2, c->set);
-        sqlite3_bind_text(q, 3, a->name, -1, SQLITE_STATIC);
-        sqlite3_bind_int(q, 4, a->scored_leg);
-        sqlite3_bind_text(q, 5, prompt, -1, SQLITE_STATIC);
+    if ((q = common_sql_prepare(c->db,
+                                "SELECT class, count(*) FROM compare WHERE run_id=?1 AND set_no=?2"
+                                " AND arm=?3 AND leg=?4 AND prompt=?5 GROUP BY class",
+                                "Iitit", c->run, c->set, a->name, a->scored_leg, prompt))) {
         while (sqlite3_step(q) == SQLITE_ROW) {
             const char *cls = (const char *)sqlite3_column_text(q, 0);
             for (int k = 0; k < CMP_N_CLASSES; k++)
@@ -280,17 +274,11 @@ static void ap_summary(rctx *c, const rarm *a, const char *prompt, apsum *s)
     }
     sqlite3_finalize(q);
     if (s->first_diff < 0) return;
-    if (sqlite3_prepare_v2(c->db,
-                           "SELECT token, ref_token, rank, ref_gap, own_gap, class FROM compare"
-                           " WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND leg=?4 AND prompt=?5"
-                           " AND step=?6",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, c->run);
-        sqlite3_bind_int(q, 2, c->set);
-        sqlite3_bind_text(q, 3, a->name, -1, SQLITE_STATIC);
-        sqlite3_bind_int(q, 4, a->scored_leg);
-        sqlite3_bind_text(q, 5, prompt, -1, SQLITE_STATIC);
-        sqlite3_bind_int(q, 6, s->first_diff);
+    if ((q = common_sql_prepare(c->db,
+                                "SELECT token, ref_token, rank, ref_gap, own_gap, class FROM compare"
+                                " WHERE run_id=?1 AND set_no=?2 AND arm=?3 AND leg=?4 AND prompt=?5"
+                                " AND step=?6",
+                                "Iititi", c->run, c->set, a->name, a->scored_leg, prompt, s->first_diff))) {
         if (sqlite3_step(q) == SQLITE_ROW) {
             s->token = sqlite3_column_int(q, 0);
             s->ref_token = sqlite3_column_int(q, 1);
@@ -307,14 +295,13 @@ static void ap_summary(rctx *c, const rarm *a, const char *prompt, apsum *s)
 static sqlite3_stmt *contested_q(rctx *c)
 {
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(c->db,
+    q = common_sql_prepare(c->db,
                            "SELECT k.prompt, k.step, k.oracle_split, k.tokens, k.sentence"
                            " FROM contested k JOIN prompt p ON p.run_id = k.run_id AND p.name = k.prompt"
                            " WHERE k.run_id=?1 AND k.set_no=?2 ORDER BY p.no, k.step",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Ii", c->run, c->set);
+    if (!q)
         return NULL;
-    sqlite3_bind_int64(q, 1, c->run);
-    sqlite3_bind_int(q, 2, c->set);
     return q;
 }
 
@@ -324,7 +311,7 @@ static sqlite3_stmt *contested_q(rctx *c)
 static sqlite3_stmt *near_tie_q(rctx *c)
 {
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(c->db,
+    q = common_sql_prepare(c->db,
                            "SELECT c.prompt, c.step, c.ref_gap, c.arm, c.token, c.ref_token, c.class"
                            " FROM compare c JOIN prompt p ON p.run_id = c.run_id AND p.name = c.prompt"
                            " WHERE c.run_id=?1 AND c.set_no=?2 AND c.ref_gap < ?3"
@@ -333,11 +320,9 @@ static sqlite3_stmt *near_tie_q(rctx *c)
                            "   WHERE v.run_id = c.run_id AND v.set_no = c.set_no AND v.arm = c.arm"
                            "   AND v.prompt IS NULL AND v.key = 'SCORED_LEG'), 1)"
                            " ORDER BY p.no, c.step, c.arm",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Iid", c->run, c->set, c->band);
+    if (!q)
         return NULL;
-    sqlite3_bind_int64(q, 1, c->run);
-    sqlite3_bind_int(q, 2, c->set);
-    sqlite3_bind_double(q, 3, c->band);
     return q;
 }
 
@@ -346,15 +331,12 @@ static void rank_hist(rctx *c, const rarm *a, int h[66])
 {
     memset(h, 0, sizeof(int) * 66);
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(c->db,
+    q = common_sql_prepare(c->db,
                            "SELECT rank, count(*) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3"
                            " AND leg=?4 AND class <> 'UNCOMPARABLE' GROUP BY rank",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Iiti", c->run, c->set, a->name, a->scored_leg);
+    if (!q)
         return;
-    sqlite3_bind_int64(q, 1, c->run);
-    sqlite3_bind_int(q, 2, c->set);
-    sqlite3_bind_text(q, 3, a->name, -1, SQLITE_STATIC);
-    sqlite3_bind_int(q, 4, a->scored_leg);
     while (sqlite3_step(q) == SQLITE_ROW) {
         int r = sqlite3_column_int(q, 0);
         h[r < 0 ? 0 : r > 64 ? 65 : r] += sqlite3_column_int(q, 1);
@@ -387,13 +369,11 @@ static void policy_lines(rctx *c, const rarm *arm, FILE *out, const char *indent
                      " emitted its token outside the band (a search over configurations, not"
                      " counted as right): %s steps\n", indent, "", v, w);
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(c->db, "SELECT key, value FROM verdict WHERE run_id=?1 AND set_no=?2"
+    s = common_sql_prepare(c->db, "SELECT key, value FROM verdict WHERE run_id=?1 AND set_no=?2"
                                   " AND arm=?3 AND prompt IS NULL AND key LIKE 'RATE_VS.%' ORDER BY id",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "Iit", c->run, c->set, arm->name);
+    if (!s)
         return;
-    sqlite3_bind_int64(s, 1, c->run);
-    sqlite3_bind_int(s, 2, c->set);
-    sqlite3_bind_text(s, 3, arm->name, -1, SQLITE_STATIC);
     while (sqlite3_step(s) == SQLITE_ROW)
         fprintf(out, "%s%-16s rate vs %s: %s\n", indent, "", (const char *)sqlite3_column_text(s, 0) + 8,
                 sqlite3_column_text(s, 1));
@@ -566,13 +546,12 @@ static void md_report(rctx *c, FILE *out)
             c->reference, c->steps, c->top_k, c->legs);
     fprintf(out, "| arm | role | kind | binary | sha256 | version | device |\n|---|---|---|---|---|---|---|\n");
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(c->db,
-                           "SELECT DISTINCT arm.name, arm.role, arm.kind, binary.path, binary.sha256,"
-                           " binary.version, leg.device FROM leg JOIN arm ON arm.id = leg.arm_id"
-                           " LEFT JOIN binary ON binary.id = leg.binary_id WHERE leg.run_id=?1"
-                           " ORDER BY arm.id",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, c->run);
+    if ((q = common_sql_prepare(c->db,
+                                "SELECT DISTINCT arm.name, arm.role, arm.kind, binary.path, binary.sha256,"
+                                " binary.version, leg.device FROM leg JOIN arm ON arm.id = leg.arm_id"
+                                " LEFT JOIN binary ON binary.id = leg.binary_id WHERE leg.run_id=?1"
+                                " ORDER BY arm.id",
+                                "I", c->run))) {
         while (sqlite3_step(q) == SQLITE_ROW) {
             fputs("|", out);
             for (int i = 0; i < 7; i++) {
@@ -694,14 +673,12 @@ static void md_report(rctx *c, FILE *out)
     int cap = 0, m = 0;
     double *xs = NULL, *ys = NULL;
     int *mk = NULL;
-    if (sqlite3_prepare_v2(c->db,
-                           "SELECT p.no, c.step, max(c.ref_gap), max(c.class NOT IN ('EXACT','UNCOMPARABLE'))"
-                           " FROM compare c JOIN prompt p ON p.run_id = c.run_id AND p.name = c.prompt"
-                           " WHERE c.run_id=?1 AND c.set_no=?2 AND c.class <> 'UNCOMPARABLE'"
-                           " GROUP BY p.no, c.step ORDER BY p.no, c.step",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, c->run);
-        sqlite3_bind_int(q, 2, c->set);
+    if ((q = common_sql_prepare(c->db,
+                                "SELECT p.no, c.step, max(c.ref_gap), max(c.class NOT IN ('EXACT','UNCOMPARABLE'))"
+                                " FROM compare c JOIN prompt p ON p.run_id = c.run_id AND p.name = c.prompt"
+                                " WHERE c.run_id=?1 AND c.set_no=?2 AND c.class <> 'UNCOMPARABLE'"
+                                " GROUP BY p.no, c.step ORDER BY p.no, c.step",
+                                "Ii", c->run, c->set))) {
         while (sqlite3_step(q) == SQLITE_ROW) {
             if (m == cap) {
                 cap = cap ? 2 * cap : 256;
@@ -803,13 +780,12 @@ static json_t *json_keys(rctx *c, const char *arm, const char *prompt)
 {
     json_t *o = json_object();
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(c->db,
+    q = common_sql_prepare(c->db,
                            "SELECT key, value FROM verdict WHERE run_id=?1 AND set_no=?2 AND arm IS ?3"
                            " AND prompt IS ?4 ORDER BY id",
-                           -1, &q, NULL) != SQLITE_OK)
+                           "Ii", c->run, c->set);
+    if (!q)
         return o;
-    sqlite3_bind_int64(q, 1, c->run);
-    sqlite3_bind_int(q, 2, c->set);
     if (arm) sqlite3_bind_text(q, 3, arm, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 3);
     if (prompt) sqlite3_bind_text(q, 4, prompt, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 4);
     while (sqlite3_step(q) == SQLITE_ROW)
@@ -969,11 +945,10 @@ static void step_role(rctx *c, const rarm *arm, char *out, size_t cap)
 {
     snprintf(out, cap, "%s", arm->is_ref ? "reference" : arm->role);
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(c->db, "SELECT json_extract(config, '$.variant_of') FROM arm"
-                                  " WHERE run_id=?1 AND name=?2", -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(c->db, "SELECT json_extract(config, '$.variant_of') FROM arm"
+                                  " WHERE run_id=?1 AND name=?2", "It", c->run, arm->name);
+    if (!s)
         return;
-    sqlite3_bind_int64(s, 1, c->run);
-    sqlite3_bind_text(s, 2, arm->name, -1, SQLITE_STATIC);
     if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) == SQLITE_TEXT)
         snprintf(out, cap, "variant of %.40s", (const char *)sqlite3_column_text(s, 0));
     sqlite3_finalize(s);
@@ -988,7 +963,7 @@ static void step_noise(rctx *c, const char *arm, const char *prompt, int step, i
     (void)rank;
     sqlite3_stmt *s = NULL;
     out[0] = 0;
-    if (sqlite3_prepare_v2(c->db,
+    s = common_sql_prepare(c->db,
                            "SELECT o.arm FROM compare o JOIN compare m ON m.run_id = o.run_id"
                            " AND m.set_no = o.set_no AND m.prompt = o.prompt AND m.step = o.step"
                            " JOIN arm ON arm.run_id = o.run_id AND arm.name = o.arm"
@@ -998,13 +973,9 @@ static void step_noise(rctx *c, const char *arm, const char *prompt, int step, i
                            " AND o.leg = (SELECT min(leg) FROM compare x WHERE x.run_id = o.run_id"
                            " AND x.set_no = o.set_no AND x.arm = o.arm) AND m.leg = (SELECT min(leg)"
                            " FROM compare y WHERE y.run_id = m.run_id AND y.set_no = m.set_no AND y.arm = m.arm)",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "Iitti", c->run, c->set, arm, prompt, step);
+    if (!s)
         return;
-    sqlite3_bind_int64(s, 1, c->run);
-    sqlite3_bind_int(s, 2, c->set);
-    sqlite3_bind_text(s, 3, arm, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 4, prompt, -1, SQLITE_STATIC);
-    sqlite3_bind_int(s, 5, step);
     size_t k = 0;
     while (sqlite3_step(s) == SQLITE_ROW && k < cap)
         k += (size_t)snprintf(out + k, cap - k, "%s%s", k ? "," : "also ", sqlite3_column_text(s, 0));
@@ -1015,15 +986,12 @@ static void step_noise(rctx *c, const char *arm, const char *prompt, int step, i
 static void step_band(rctx *c, const char *prompt, int step, FILE *out)
 {
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(c->db,
+    s = common_sql_prepare(c->db,
                            "SELECT n_views, ref_gap, spread, tokens FROM noise_band WHERE run_id=?1"
                            " AND set_no=?2 AND prompt=?3 AND step=?4",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "Iiti", c->run, c->set, prompt, step);
+    if (!s)
         return;
-    sqlite3_bind_int64(s, 1, c->run);
-    sqlite3_bind_int(s, 2, c->set);
-    sqlite3_bind_text(s, 3, prompt, -1, SQLITE_STATIC);
-    sqlite3_bind_int(s, 4, step);
     if (sqlite3_step(s) == SQLITE_ROW) {
         char g[16], sp[16];
         fmt_gap(g, sizeof g, sqlite3_column_type(s, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(s, 1));
@@ -1138,17 +1106,11 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
         if (!arm->is_ref) {
             sqlite3_stmt *cq = NULL;
             snprintf(cls, sizeof cls, "-");
-            if (sqlite3_prepare_v2(c.db,
-                                   "SELECT class, rank, ref_gap, token <> ref_token FROM compare"
-                                   " WHERE run_id=?1 AND set_no=?2"
-                                   " AND arm=?3 AND leg=?4 AND prompt=?5 AND step=?6",
-                                   -1, &cq, NULL) == SQLITE_OK) {
-                sqlite3_bind_int64(cq, 1, run_id);
-                sqlite3_bind_int(cq, 2, c.set);
-                sqlite3_bind_text(cq, 3, arm->name, -1, SQLITE_STATIC);
-                sqlite3_bind_int(cq, 4, arm->scored_leg);
-                sqlite3_bind_text(cq, 5, prompt_id, -1, SQLITE_STATIC);
-                sqlite3_bind_int(cq, 6, step);
+            if ((cq = common_sql_prepare(c.db,
+                                         "SELECT class, rank, ref_gap, token <> ref_token FROM compare"
+                                         " WHERE run_id=?1 AND set_no=?2"
+                                         " AND arm=?3 AND leg=?4 AND prompt=?5 AND step=?6",
+                                         "Iititi", run_id, c.set, arm->name, arm->scored_leg, prompt_id, step))) {
                 if (sqlite3_step(cq) == SQLITE_ROW) {
                     cpy(cls, sizeof cls, sqlite3_column_text(cq, 0));
                     snprintf(rank, sizeof rank, "%d", sqlite3_column_int(cq, 1));
@@ -1185,14 +1147,10 @@ int report_step(tg_store *st, int64_t run_id, const char *prompt_id, int step, i
         tg_errf(e, "step %s/%d: no arm of run %lld has that step", prompt_id, step, (long long)run_id);
         goto out;
     }
-    if (sqlite3_prepare_v2(c.db,
-                           "SELECT oracle_split, tokens, sentence FROM contested WHERE run_id=?1"
-                           " AND set_no=?2 AND prompt=?3 AND step=?4",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(q, 1, run_id);
-        sqlite3_bind_int(q, 2, c.set);
-        sqlite3_bind_text(q, 3, prompt_id, -1, SQLITE_STATIC);
-        sqlite3_bind_int(q, 4, step);
+    if ((q = common_sql_prepare(c.db,
+                                "SELECT oracle_split, tokens, sentence FROM contested WHERE run_id=?1"
+                                " AND set_no=?2 AND prompt=?3 AND step=?4",
+                                "Iiti", run_id, c.set, prompt_id, step))) {
         if (sqlite3_step(q) == SQLITE_ROW)
             fprintf(out, "contested%s: %s\n  %s\n", sqlite3_column_int(q, 0) ? " (ORACLE_SPLIT)" : "",
                     sqlite3_column_text(q, 2), sqlite3_column_text(q, 1));

@@ -252,6 +252,18 @@ static int check_keys(pctx *c, struct fy_node *n, pos at, const char *field,
     return 0;
 }
 
+/* Whether n (a value at at) is a mapping whose keys are all in allowed: 0
+ * with its position in *np (NULL: not wanted), or -1 after perr (field:
+ * expect when n is no mapping, or the unknown key). */
+static int check_map(pctx *c, struct fy_node *n, pos at, const char *field, const char *expect,
+                     const char *const *allowed, pos *np)
+{
+    pos p = node_pos(n, at);
+    if (np) *np = p;
+    if (!n || !fy_node_is_mapping(n)) return perr(c, p, field, "%s", expect);
+    return check_keys(c, n, p, field, allowed);
+}
+
 /* Value of key k in mapping n, or NULL; *kp receives the key's position. */
 static struct fy_node *get(struct fy_node *n, const char *k, pos *kp)
 {
@@ -404,10 +416,8 @@ static int parse_inline_prompts(pctx *c, struct fy_node *n, pos at, tg_spec *s)
     while ((item = fy_node_sequence_iterate(n, &it))) {
         char f[64];
         snprintf(f, sizeof f, "prompts[%d]", i);
-        pos ip = node_pos(item, at);
-        if (!fy_node_is_mapping(item))
-            return perr(c, ip, f, "expected a mapping {id: ..., text: ...}");
-        if (check_keys(c, item, ip, f, keys) < 0) return -1;
+        pos ip;
+        if (check_map(c, item, at, f, "expected a mapping {id: ..., text: ...}", keys, &ip) < 0) return -1;
         char fid[80], ftx[80];
         snprintf(fid, sizeof fid, "%s.id", f);
         snprintf(ftx, sizeof ftx, "%s.text", f);
@@ -498,10 +508,8 @@ static int parse_timeout(pctx *c, struct fy_node *n, pos at, const char *field,
                          double *req, double *leg)
 {
     if (fy_node_is_scalar(n)) return get_number(c, n, at, field, 0.001, 1e6, req);
-    if (!fy_node_is_mapping(n))
-        return perr(c, node_pos(n, at), field, "expected seconds or {request: seconds, leg: seconds}");
     static const char *const keys[] = {"request", "leg", NULL};
-    if (check_keys(c, n, node_pos(n, at), field, keys) < 0) return -1;
+    if (check_map(c, n, at, field, "expected seconds or {request: seconds, leg: seconds}", keys, NULL) < 0) return -1;
     char f[300];
     pos kp = at;
     struct fy_node *v;
@@ -607,10 +615,7 @@ static int parse_http(pctx *c, struct fy_node *kv, pos kpos, const char *g, spec
                 perr(c, vp, hf, "expected %s", env ? "Header-Name: ENV_VAR_NAME" : "Header-Name: one-line value");
                 goto out;
             }
-            size_t n = strlen(hn) + strlen(hv) + 4;
-            char *line = malloc(n);
-            if (!line) abort();
-            snprintf(line, n, env ? "%s=%s" : "%s: %s", hn, hv);
+            char *line = xasprintf(env ? "%s=%s" : "%s: %s", hn, hv);
             strv_push(&v, env ? "--header-env" : "--header");
             strv_push(&v, line);
             free(line);
@@ -716,8 +721,7 @@ static int parse_arm_env(pctx *c, struct fy_node *n, pos ap, const char *f, spec
     if (!fy_node_is_mapping(v))
         return perr(c, node_pos(v, kp), g, "expected a mapping {NAME: value} (e.g. {TG_CPU_ISA: avx2})");
     int k = fy_node_mapping_item_count(v);
-    a->env = calloc((size_t)k + 1, sizeof *a->env);
-    if (!a->env) abort();
+    a->env = xcalloc((size_t)k + 1, sizeof *a->env);
     void *it = NULL;
     struct fy_node_pair *p;
     while ((p = fy_node_mapping_iterate(v, &it))) {
@@ -730,11 +734,7 @@ static int parse_arm_env(pctx *c, struct fy_node *n, pos ap, const char *f, spec
             return perr(c, node_pos(fy_node_pair_key(p), kp), h,
                         "expected a variable name (letters, digits, '_', not a digit first)");
         if (!val) return perr(c, node_pos(fy_node_pair_value(p), kp), h, "expected a scalar value");
-        size_t len = strlen(name) + strlen(val) + 2;
-        char *kv = malloc(len);
-        if (!kv) abort();
-        snprintf(kv, len, "%s=%s", name, val);
-        a->env[a->n_env++] = kv;
+        a->env[a->n_env++] = xasprintf("%s=%s", name, val);
     }
     return 0;
 }
@@ -776,11 +776,10 @@ static int parse_arm(pctx *c, struct fy_node *n, pos at, int i, tg_spec *s)
     a->line = ap.line;
     a->timeout_request = -1;
     a->timeout_leg = -1;
-    if (!fy_node_is_mapping(n))
-        return perr(c, ap, f, "expected a mapping {name: ..., engine|llama|command|exec|http: ...}");
     static const char *const keys[] = {"name", "engine", "llama", "command", "exec", "http", "options",
                                        "role", "variant_of", "timeout", "strip", "env", "prompts", NULL};
-    if (check_keys(c, n, ap, f, keys) < 0) return -1;
+    if (check_map(c, n, at, f, "expected a mapping {name: ..., engine|llama|command|exec|http: ...}", keys, NULL) < 0)
+        return -1;
     pos kp = ap;
     struct fy_node *v = get(n, "name", &kp);
     snprintf(g, sizeof g, "%s.name", f);
@@ -939,12 +938,11 @@ static int cmp_int(const void *a, const void *b)
  * required, the other two optional. Needs s->steps and the prompts. */
 static int parse_dumps(pctx *c, struct fy_node *n, pos at, tg_spec *s)
 {
-    if (!n || !fy_node_is_mapping(n))
-        return perr(c, node_pos(n, at), "dumps", "expected a mapping {steps: [N, ...], prompts: [ID, ...], "
-                    "stages: [NAME, ...]}");
     static const char *const dk[] = {"steps", "prompts", "stages", NULL};
-    pos dp = node_pos(n, at);
-    if (check_keys(c, n, dp, "dumps", dk) < 0) return -1;
+    pos dp;
+    if (check_map(c, n, at, "dumps", "expected a mapping {steps: [N, ...], prompts: [ID, ...], stages: [NAME, ...]}",
+                  dk, &dp) < 0)
+        return -1;
     pos q = dp;
     struct fy_node *x = get(n, "steps", &q);
     if (!x) return perr(c, dp, "dumps.steps", "missing (expected a list of step numbers 0..steps-1)");
@@ -1012,11 +1010,11 @@ static int parse_dumps(pctx *c, struct fy_node *n, pos at, tg_spec *s)
  * variant_of (a panel of legitimate variants). */
 static int parse_replay(pctx *c, struct fy_node *n, pos at, tg_spec *s)
 {
-    if (!n || !fy_node_is_mapping(n))
-        return perr(c, node_pos(n, at), "replay", "expected a mapping {steps: N, gate: true|false, variants: true|false}");
     static const char *const rk[] = {"steps", "gate", "variants", NULL};
-    pos rp = node_pos(n, at);
-    if (check_keys(c, n, rp, "replay", rk) < 0) return -1;
+    pos rp;
+    if (check_map(c, n, at, "replay", "expected a mapping {steps: N, gate: true|false, variants: true|false}", rk,
+                  &rp) < 0)
+        return -1;
     pos q = rp;
     struct fy_node *x = get(n, "steps", &q);
     /* not bounded by steps: a sweep may override steps after the parse (the gate clamps) */
@@ -1083,12 +1081,11 @@ static int parse_calibration(pctx *c, struct fy_node *root, pos at, tg_spec *s)
     kp = at;
     v = get(root, "calibration", &kp);
     if (v) {
-        if (!fy_node_is_mapping(v))
-            return perr(c, node_pos(v, kp), "calibration",
-                        "expected a mapping {factor: F, limit_k: K, budget: M, from: NAME}");
         static const char *const ck[] = {"factor", "limit_k", "budget", "from", NULL};
-        pos cp = node_pos(v, kp);
-        if (check_keys(c, v, cp, "calibration", ck) < 0) return -1;
+        pos cp;
+        if (check_map(c, v, kp, "calibration", "expected a mapping {factor: F, limit_k: K, budget: M, from: NAME}", ck,
+                      &cp) < 0)
+            return -1;
         pos q = cp;
         struct fy_node *x;
         if ((x = get(v, "factor", &q)) && get_number(c, x, q, "calibration.factor", 0.1, 100, &s->cal_factor) < 0)
@@ -1132,12 +1129,10 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
     if (!valid_name(s->name)) return perr(c, node_pos(v, kp), "name", "expected " NAME_RULE ", got '%s'", s->name);
 
     kp = at; v = get(root, "model", &kp);
-    if (!fy_node_is_mapping(v))
-        return perr(c, node_pos(v, kp), "model", "expected a mapping {path: FILE, sha256: HEX}");
     {
         static const char *const mk[] = {"path", "sha256", NULL};
-        pos mp = node_pos(v, kp);
-        if (check_keys(c, v, mp, "model", mk) < 0) return -1;
+        pos mp;
+        if (check_map(c, v, kp, "model", "expected a mapping {path: FILE, sha256: HEX}", mk, &mp) < 0) return -1;
         pos q = mp;
         struct fy_node *x = get(v, "path", &q);
         if (!x) return perr(c, mp, "model.path", "missing (expected the model file's path)");
@@ -1185,12 +1180,11 @@ static int parse_root(pctx *c, struct fy_node *root, tg_spec *s)
     } else s->mode = xstrdup("teacher-forced");
 
     kp = at; v = get(root, "policy", &kp);
-    if (!fy_node_is_mapping(v))
-        return perr(c, node_pos(v, kp), "policy", "expected a mapping {kind: exact|near-tie|noise, band: X}");
     {
         static const char *const pk[] = {"kind", "band", NULL};
-        pos pp = node_pos(v, kp);
-        if (check_keys(c, v, pp, "policy", pk) < 0) return -1;
+        pos pp;
+        if (check_map(c, v, kp, "policy", "expected a mapping {kind: exact|near-tie|noise, band: X}", pk, &pp) < 0)
+            return -1;
         pos q = pp;
         struct fy_node *x = get(v, "kind", &q);
         if (!x) return perr(c, pp, "policy.kind", "missing (expected exact, near-tie, noise, calibrated or error-budget)");

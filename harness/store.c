@@ -561,6 +561,27 @@ fail:
     return -1;
 }
 
+int store_open_cmd(tg_store **st, const char *db, int mode)
+{
+    tg_err e;
+    struct stat sb;
+    *st = NULL;
+    if (mode && stat(db, &sb) != 0) {
+        fprintf(stderr, "tokgate: no such store: %s (%s; give --db FILE of an existing store)\n", db,
+                strerror(errno));
+        return 2;
+    }
+    if (mode && !S_ISREG(sb.st_mode)) {
+        fprintf(stderr, "tokgate: --db %s: expected a store file, got something else\n", db);
+        return 2;
+    }
+    if ((mode == 2 ? store_open_ro(st, db, &e) : store_open(st, db, &e)) < 0) {
+        fprintf(stderr, "tokgate: %s\n", e.msg);
+        return 2;
+    }
+    return 0;
+}
+
 int store_open_ro(tg_store **out, const char *path, tg_err *e)
 {
     *out = NULL;
@@ -908,10 +929,10 @@ int store_tops_read(struct sqlite3 *db, int64_t leg_id, int64_t prompt_id, store
     sqlite3_stmt *s = NULL;
     int rc = -1;
     /* the leg whose step_top rows hold this leg's top-k */
-    if (sqlite3_prepare_v2(db, "SELECT l.same_as, b.id, b.same_as FROM leg l LEFT JOIN leg b ON b.id = l.same_as"
-                               " WHERE l.id = ?1", -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "SELECT l.same_as, b.id, b.same_as FROM leg l LEFT JOIN leg b ON b.id = l.same_as"
+                               " WHERE l.id = ?1", "I", leg_id);
+    if (!s)
         return tg_errf(e, "store: reading leg %lld: %s", (long long)leg_id, sqlite3_errmsg(db));
-    sqlite3_bind_int64(s, 1, leg_id);
     int64_t src = leg_id;
     int r = sqlite3_step(s);
     if (r == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {

@@ -24,6 +24,12 @@ int store_open(tg_store **out, const char *path, tg_err *e);
  * nothing is written, except that a store of an older schema version is
  * migrated first as store_open does. Returns 0 or -1 with e. */
 int store_open_ro(tg_store **out, const char *path, tg_err *e);
+/* Opens the store db for a command, printing "tokgate: MSG" on stderr when
+ * it cannot. mode 0: store_open (creating it); 1: an existing store only
+ * (the command scores or rewrites one, so a missing file is a typo, "no
+ * such store", and nothing is created); 2: an existing store, read-only
+ * (store_open_ro). Returns 0 with *st, or 2 (the usage exit code). */
+int store_open_cmd(tg_store **st, const char *db, int mode);
 void store_close(tg_store *st);
 /* Removes the files of the store at path: the db, its -wal, -shm and
  * -journal files and PATH-runlock (a store a failed command created, a

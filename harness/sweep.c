@@ -425,12 +425,12 @@ static void run_key(tg_store *st, int64_t run, const char *key, char *buf, size_
 {
     snprintf(buf, n, "-");
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(store_db(st),
+    s = common_sql_prepare(store_db(st),
                            "SELECT value FROM verdict WHERE run_id=?1 AND arm IS NULL AND prompt IS NULL"
-                           " AND key=?2 ORDER BY set_no DESC LIMIT 1", -1, &s, NULL) != SQLITE_OK)
+                           " AND key=?2 ORDER BY set_no DESC LIMIT 1",
+                           "It", run, key);
+    if (!s)
         return;
-    sqlite3_bind_int64(s, 1, run);
-    sqlite3_bind_text(s, 2, key, -1, SQLITE_STATIC);
     if (sqlite3_step(s) == SQLITE_ROW) snprintf(buf, n, "%s", (const char *)sqlite3_column_text(s, 0));
     sqlite3_finalize(s);
 }
@@ -681,8 +681,7 @@ int sweep_main(int argc, char **argv)
         return 2;
     }
     tg_store *st;
-    if (store_open(&st, o.db ? o.db : "tokgate.db", &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&st, o.db ? o.db : "tokgate.db", 0)) {
         sweep_free(sw);
         return 2;
     }
@@ -821,13 +820,11 @@ int sweep_run_main(int argc, char **argv)
     char dbdef[64];
     snprintf(dbdef, sizeof dbdef, "tokgate-shard-%d-of-%d.db", si, sn);
     const char *db = o.db ? o.db : dbdef;
-    tg_err e;
     tg_store *st;
     struct stat sb;
     if (stat(db, &sb) == 0) {
         /* a finished shard (the file only appears complete): report, run nothing */
-        if (store_open(&st, db, &e) < 0) {
-            fprintf(stderr, "tokgate: %s\n", e.msg);
+        if (store_open_cmd(&st, db, 0)) {
             json_decref(plan);
             return 2;
         }
@@ -851,8 +848,7 @@ int sweep_run_main(int argc, char **argv)
     char partial[PATH_MAX + 16];
     snprintf(partial, sizeof partial, "%s.partial", db);
     store_remove_files(partial);
-    if (store_open(&st, partial, &e) < 0) {
-        fprintf(stderr, "tokgate: %s\n", e.msg);
+    if (store_open_cmd(&st, partial, 0)) {
         json_decref(plan);
         return 2;
     }

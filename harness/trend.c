@@ -181,11 +181,10 @@ static int has_table(sqlite3 *db, const char *schema, const char *name)
 static int load_run(sqlite3 *db, history *h, run_pt *rp, int set_no, tg_err *e)
 {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, "SELECT arm, key, value FROM verdict WHERE run_id=?1 AND set_no=?2"
-                               " AND prompt IS NULL", -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "SELECT arm, key, value FROM verdict WHERE run_id=?1 AND set_no=?2"
+                               " AND prompt IS NULL", "Ii", rp->id, set_no);
+    if (!s)
         return common_sql_err(db, e, "reading verdicts");
-    sqlite3_bind_int64(s, 1, rp->id);
-    sqlite3_bind_int(s, 2, set_no);
     int scored[MAX_ARMS] = {0};
     while (sqlite3_step(s) == SQLITE_ROW) {
         const char *arm = (const char *)sqlite3_column_text(s, 0);
@@ -222,14 +221,11 @@ static int load_run(sqlite3 *db, history *h, run_pt *rp, int set_no, tg_err *e)
         p->data = p->div_n > 0;
         verdict_wilson(p->div_k, p->div_n, &p->lo, &p->hi);
         int leg = p->scored_leg;
-        if (sqlite3_prepare_v2(db, "SELECT max(ref_gap) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3"
+        s = common_sql_prepare(db, "SELECT max(ref_gap) FROM compare WHERE run_id=?1 AND set_no=?2 AND arm=?3"
                                    " AND leg=?4 AND class NOT IN ('EXACT', 'UNCOMPARABLE')",
-                               -1, &s, NULL) != SQLITE_OK)
+                               "Iiti", rp->id, set_no, h->arms[a], leg > 0 ? leg : 1);
+        if (!s)
             return common_sql_err(db, e, "reading compare rows");
-        sqlite3_bind_int64(s, 1, rp->id);
-        sqlite3_bind_int(s, 2, set_no);
-        sqlite3_bind_text(s, 3, h->arms[a], -1, SQLITE_STATIC);
-        sqlite3_bind_int(s, 4, leg > 0 ? leg : 1);
         if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL)
             p->max_lost_gap = sqlite3_column_double(s, 0);
         sqlite3_finalize(s);
@@ -243,13 +239,13 @@ static int load_run(sqlite3 *db, history *h, run_pt *rp, int set_no, tg_err *e)
 static int load_fp(sqlite3 *db, history *h, run_pt *rp, tg_err *e)
 {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, "SELECT a.name, a.role, a.config, b.sha256, b.path, l.hello, l.device"
+    s = common_sql_prepare(db, "SELECT a.name, a.role, a.config, b.sha256, b.path, l.hello, l.device"
                                " FROM arm a LEFT JOIN leg l ON l.id = (SELECT id FROM leg"
                                "   WHERE run_id = a.run_id AND arm_id = a.id ORDER BY leg LIMIT 1)"
                                " LEFT JOIN binary b ON b.id = l.binary_id WHERE a.run_id = ?1 ORDER BY a.id",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "I", rp->id);
+    if (!s)
         return common_sql_err(db, e, "reading the arms of a run");
-    sqlite3_bind_int64(s, 1, rp->id);
     while (sqlite3_step(s) == SQLITE_ROW) {
         int a = arm_index(h, col(s, 0));
         if (a < 0) continue;
@@ -300,12 +296,12 @@ static int load_history(sqlite3 *db, const char *spec_name, history *h, tg_err *
 {
     memset(h, 0, sizeof *h);
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, "SELECT r.id, r.uid, r.started, r.mode, r.reference, s.sha256, s.text, a.sha256,"
+    s = common_sql_prepare(db, "SELECT r.id, r.uid, r.started, r.mode, r.reference, s.sha256, s.text, a.sha256,"
                                " r.host, r.tokgate_version, (SELECT max(set_no) FROM verdict_set v WHERE v.run_id = r.id)"
                                " FROM run r JOIN spec s ON s.id = r.spec_id JOIN artifact a ON a.id = r.artifact_id"
-                               " WHERE s.name = ?1 ORDER BY r.started, r.id", -1, &s, NULL) != SQLITE_OK)
+                               " WHERE s.name = ?1 ORDER BY r.started, r.id", "t", spec_name);
+    if (!s)
         return common_sql_err(db, e, "listing runs");
-    sqlite3_bind_text(s, 1, spec_name, -1, SQLITE_STATIC);
     int cap = 0, rc = 1, any = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
         any = 1;
@@ -458,6 +454,19 @@ static void spec_keys(const char *text, sbuf *out)
     fy_document_destroy(d);
 }
 
+/* The changed top-level keys of two spec texts into out (spec_keys,
+ * flat_diff); returns the count. */
+static int spec_diff(const char *tx, const char *ty, sbuf *out)
+{
+    sbuf kx = {0}, ky = {0};
+    spec_keys(tx, &kx);
+    spec_keys(ty, &ky);
+    int n = flat_diff(sb_str(&kx), sb_str(&ky), out);
+    free(kx.p);
+    free(ky.p);
+    return n;
+}
+
 /* Whether arm a ran the same binaries in runs x and y. */
 static int same_bins(const arm_fp *x, const arm_fp *y)
 {
@@ -530,18 +539,14 @@ static void describe_cause(const history *h, const run_pt *x, const run_pt *y, i
         free(d.p);
     }
     if (strcmp(x->spec_sha, y->spec_sha)) {
-        sbuf kx = {0}, ky = {0}, d = {0};
-        spec_keys(x->spec_text, &kx);
-        spec_keys(y->spec_text, &ky);
-        if (flat_diff(sb_str(&kx), sb_str(&ky), &d)) {
+        sbuf d = {0};
+        if (spec_diff(x->spec_text, y->spec_text, &d)) {
             sb_printf(out, "%sspec %s", n ? "; " : "", sb_str(&d));
             n++;
         } else if (!n) {
             sb_printf(out, "spec text (sha256 %.8s -> %.8s)", x->spec_sha, y->spec_sha);
             n++;
         }
-        free(kx.p);
-        free(ky.p);
         free(d.p);
     }
     if (!n) sb_printf(out, "binaries, model and spec unchanged");
@@ -569,18 +574,16 @@ static int compare_steps(sqlite3 *db, const history *h, int64_t x, int64_t y, to
 {
     memset(td, 0, sizeof *td * MAX_ARMS);
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, "SELECT a.name, l.leg, p.name, s.step, s.token, s.digest, s2.token, s2.digest"
+    s = common_sql_prepare(db, "SELECT a.name, l.leg, p.name, s.step, s.token, s.digest, s2.token, s2.digest"
                                " FROM leg l JOIN arm a ON a.id = l.arm_id"
                                " JOIN step s ON s.leg_id = l.id JOIN prompt p ON p.id = s.prompt_id"
                                " JOIN arm a2 ON a2.run_id = ?2 AND a2.name = a.name"
                                " JOIN leg l2 ON l2.run_id = ?2 AND l2.arm_id = a2.id AND l2.leg = l.leg"
                                " JOIN prompt p2 ON p2.run_id = ?2 AND p2.name = p.name"
                                " JOIN step s2 ON s2.leg_id = l2.id AND s2.prompt_id = p2.id AND s2.step = s.step"
-                               " WHERE l.run_id = ?1 ORDER BY a.name, l.leg, p.no, s.step",
-                           -1, &s, NULL) != SQLITE_OK)
+                               " WHERE l.run_id = ?1 ORDER BY a.name, l.leg, p.no, s.step", "II", x, y);
+    if (!s)
         return common_sql_err(db, e, "comparing steps");
-    sqlite3_bind_int64(s, 1, x);
-    sqlite3_bind_int64(s, 2, y);
     int rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         int a = arm_find(h, col(s, 0));
@@ -865,15 +868,11 @@ static int print_changes(const history *h, const run_pt *P, const run_pt *L, con
         free(d.p);
     }
     if (strcmp(P->spec_sha, L->spec_sha)) {
-        sbuf kx = {0}, ky = {0}, d = {0};
-        spec_keys(P->spec_text, &kx);
-        spec_keys(L->spec_text, &ky);
-        if (flat_diff(sb_str(&kx), sb_str(&ky), &d)) {
+        sbuf d = {0};
+        if (spec_diff(P->spec_text, L->spec_text, &d)) {
             fprintf(out, "%sCHANGE spec %s (run %lld -> %lld)\n", li, sb_str(&d), (long long)P->id, (long long)L->id);
             n++;
         }
-        free(kx.p);
-        free(ky.p);
         free(d.p);
     }
     return n;
@@ -1193,11 +1192,9 @@ static int baseline_mark(tg_store *st, const char *action, int64_t run, const ch
                             "be a baseline\n", (long long)run, spec, verdict);
             return 2;
         }
-        if (sqlite3_prepare_v2(db, "SELECT arm, value FROM verdict WHERE run_id = ?1 AND set_no = ?2 AND prompt IS NULL"
-                                   " AND arm IS NOT NULL AND key = 'GENERATION_DIVERGENCES' AND value LIKE '%/0'",
-                               -1, &s, NULL) == SQLITE_OK) {
-            sqlite3_bind_int64(s, 1, run);
-            sqlite3_bind_int(s, 2, set);
+        if ((s = common_sql_prepare(db, "SELECT arm, value FROM verdict WHERE run_id = ?1 AND set_no = ?2 AND prompt IS NULL"
+                                        " AND arm IS NOT NULL AND key = 'GENERATION_DIVERGENCES' AND value LIKE '%/0'",
+                                    "Ii", run, set))) {
             int bad = sqlite3_step(s) == SQLITE_ROW;
             if (bad)
                 fprintf(stderr, "tokgate: baseline accept: run %lld (%s): arm %s has no data (GENERATION_DIVERGENCES "
@@ -1347,13 +1344,10 @@ int trend_main(int argc, char **argv)
         {NULL, 0, NULL, 0}};
     const common_cli cli = {"trend", "(see tokgate help trend)\n", lo, argc};
     topts o = {.db = "tokgate.db", .format = "text", .window = TREND_WINDOW};
-    const char **pos = xcalloc((size_t)argc + 1, sizeof *pos);
+    const char **pos;
     int np = 0;
-    int prc = common_cli_parse(&cli, argc - 1, argv + 1, on_opt, &o, pos, &np);
-    if (prc) {
-        free(pos);
-        return prc == COMMON_CLI_HELP ? 0 : prc;
-    }
+    int prc = common_cli_parse_list(&cli, argc - 1, argv + 1, on_opt, &o, &pos, &np);
+    if (prc) return prc == COMMON_CLI_HELP ? 0 : prc;
     const char *db = o.db, *format = o.format, *outp = o.out, *svgdir = o.svg, *plan = o.plan;
     int window = o.window;
     if (strcmp(format, "text") && strcmp(format, "md")) {

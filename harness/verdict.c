@@ -638,9 +638,9 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     char policy[16] = "";
     double band = 0;
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(db, "SELECT policy, band FROM run WHERE id=?1", -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "SELECT policy, band FROM run WHERE id=?1", "I", run_id);
+    if (!s)
         return common_sql_err(db, e, "reading the run");
-    sqlite3_bind_int64(s, 1, run_id);
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
         snprintf(policy, sizeof policy, "%s", (const char *)sqlite3_column_text(s, 0));
@@ -674,10 +674,9 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
         common_sql_err(db, e, "starting the verdict transaction");
         goto out;
     }
-    if (sqlite3_prepare_v2(db, "SELECT coalesce(max(set_no), 0) + 1 FROM verdict_set WHERE run_id=?1",
-                           -1, &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "SELECT coalesce(max(set_no), 0) + 1 FROM verdict_set WHERE run_id=?1", "I", run_id);
+    if (!s)
         goto sqlfail;
-    sqlite3_bind_int64(s, 1, run_id);
     if (sqlite3_step(s) != SQLITE_ROW) {
         sqlite3_finalize(s);
         goto sqlfail;
@@ -705,13 +704,12 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     struct tm tm;
     gmtime_r(&t, &tm);
     strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    if (sqlite3_prepare_v2(db,
+    s = common_sql_prepare(db,
                            "INSERT INTO verdict_set(run_id, set_no, created, policy, band, overall)"
                            " VALUES(?1,?2,?3,?4,?5,'')",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "Ii", run_id, w.set);
+    if (!s)
         goto sqlfail;
-    sqlite3_bind_int64(s, 1, run_id);
-    sqlite3_bind_int(s, 2, w.set);
     sqlite3_bind_text(s, 3, now, -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(s, 4, policy, -1, SQLITE_TRANSIENT);
     sqlite3_bind_double(s, 5, band);

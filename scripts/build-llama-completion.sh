@@ -49,6 +49,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TOKGATE_CACHE:-$top/.cache}
+. "$top/scripts/llama-prebuilt.sh"
 jobs=2 variant=auto from_source=0
 while [ $# -gt 0 ]; do
   case $1 in
@@ -71,13 +72,8 @@ commit=unknown
 if [ $from_source = 0 ]; then
   [ "$(uname -m)" = x86_64 ] || { echo "build-llama-completion: the relink uses the x86-64 prebuilt; on $(uname -m) use --from-source" >&2; exit 1; }
   pre=$cache/npm/linux-x64/bins/linux-x64
-  for f in libllama-common.so libllama.v0.4.0.so libggml.v0.4.0.so libggml-base.so; do
-    [ -f "$pre/$f" ] || { echo "build-llama-completion: $pre/$f missing: run scripts/fetch-npm.sh" >&2; exit 1; }
-  done
-  ls "$pre"/libggml-cpu-*.so >/dev/null 2>&1 \
-    || { echo "build-llama-completion: no $pre/libggml-cpu-*.so (CPU backends) found" >&2; exit 1; }
-  command -v g++ >/dev/null || { echo "build-llama-completion: g++ not found (apt-get install g++)" >&2; exit 1; }
-  libsum=$(cd "$pre" && sha256sum ./*.so | sha256sum | cut -c1-16)
+  prebuilt_check build-llama-completion "$pre"
+  libsum=$(prebuilt_sum "$pre")
   dest=${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-completion-$sum-$libsum
   bin=$dest/bin/llama-completion
   cxx=(g++ -std=c++17 -O2 -pthread
@@ -86,28 +82,13 @@ if [ $from_source = 0 ]; then
        -L"$pre" -Wl,--as-needed -lllama-common -lllama -l:libggml.v0.4.0.so -lggml-base
        -Wl,-rpath,"$pre")
   stamp="relink bundle=$sum commit=$commit libs=$libsum prebuilt=$pre cxx=$(g++ -dumpfullversion)"
-  link() { ln -sfn "$bin" "$top/build/bin/llama-completion.tmp" && mv -T "$top/build/bin/llama-completion.tmp" "$top/build/bin/llama-completion"; }
-  mkdir -p "$top/build/bin"
-  if [ -x "$bin" ] && [ -f "$dest/STAMP" ] && [ "$(cat "$dest/STAMP")" = "$stamp" ]; then
-    link
-    echo "$bin"
-    exit 0
-  fi
+  prebuilt_cached "$bin" "$dest" "$stamp" "$top"
   mkdir -p "$dest/bin"
-  # the CPU backends next to the executable, where ggml_backend_load_all() looks
-  rm -f "$dest"/bin/libggml-cpu-*.so
-  for f in "$pre"/libggml-cpu-*.so; do ln -sfn "$f" "$dest/bin/$(basename "$f")"; done
+  prebuilt_backends "$pre" "$dest/bin"
   echo "build-llama-completion: compiling tools/completion against the prebuilt libraries in $pre" >&2
   "${cxx[@]}" -o "$bin.tmp" >"$dest/build.log" 2>&1 \
     || { echo "build-llama-completion: g++ failed, see $dest/build.log" >&2; exit 1; }
-  # the bundled common headers must match the prebuilt libllama-common's ABI:
-  # a mismatch shows as a crash or an error on --version
-  "$bin.tmp" --version >"$dest/version.log" 2>&1 \
-    || { echo "build-llama-completion: $bin.tmp --version failed (libllama-common.so ABI mismatch?), see $dest/version.log" >&2; exit 1; }
-  mv "$bin.tmp" "$bin"
-  printf '%s\n' "$stamp" >"$dest/STAMP"
-  link
-  echo "$bin"
+  prebuilt_install build-llama-completion "$bin" "$dest" "$stamp" "$top"
   exit 0
 fi
 

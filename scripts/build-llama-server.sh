@@ -37,6 +37,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TOKGATE_CACHE:-$top/.cache}
+. "$top/scripts/llama-prebuilt.sh"
 jobs=2
 while [ $# -gt 0 ]; do
   case $1 in
@@ -52,27 +53,17 @@ pre=$cache/npm/linux-x64/bins/linux-x64
 [ -f "$bundle" ] || { echo "build-llama-server: $bundle missing: run scripts/fetch-npm.sh" >&2; exit 1; }
 [ -f "$src/tools/server/server.cpp" ] || { echo "build-llama-server: $src/tools/server missing: run scripts/fetch-npm.sh" >&2; exit 1; }
 [ "$(uname -m)" = x86_64 ] || { echo "build-llama-server: links the x86-64 prebuilt libllama; not on $(uname -m)" >&2; exit 1; }
-for f in libllama-common.so libllama.v0.4.0.so libggml.v0.4.0.so libggml-base.so; do
-  [ -f "$pre/$f" ] || { echo "build-llama-server: $pre/$f missing: run scripts/fetch-npm.sh" >&2; exit 1; }
-done
-ls "$pre"/libggml-cpu-*.so >/dev/null 2>&1 \
-  || { echo "build-llama-server: no $pre/libggml-cpu-*.so (CPU backends) found" >&2; exit 1; }
-command -v g++ >/dev/null || { echo "build-llama-server: g++ not found (apt-get install g++)" >&2; exit 1; }
+prebuilt_check build-llama-server "$pre"
 
 sum=$(sha256sum "$bundle" | cut -c1-16)
-libsum=$(cd "$pre" && sha256sum ./*.so | sha256sum | cut -c1-16)
+libsum=$(prebuilt_sum "$pre")
 commit=unknown
 [ -e "$src/.git" ] && commit=$(git -C "$src" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
 dest=${XDG_CACHE_HOME:-$HOME/.cache}/tokgate/llama-server-$sum-$libsum
 bin=$dest/bin/llama-server
 cxxflags=(-std=c++17 -O2 -pthread -w)
 stamp="relink bundle=$sum commit=$commit libs=$libsum prebuilt=$pre cxx=$(g++ -dumpfullversion) flags=${cxxflags[*]}"
-link() { mkdir -p "$top/build/bin"; ln -sfn "$bin" "$top/build/bin/llama-server.tmp" && mv -T "$top/build/bin/llama-server.tmp" "$top/build/bin/llama-server"; }
-if [ -x "$bin" ] && [ -f "$dest/STAMP" ] && [ "$(cat "$dest/STAMP")" = "$stamp" ]; then
-  link
-  echo "$bin"
-  exit 0
-fi
+prebuilt_cached "$bin" "$dest" "$stamp" "$top"
 # objects of another stamp (compiler, flags) are not reused
 if [ -f "$dest/obj/STAMP" ] && [ "$(cat "$dest/obj/STAMP")" != "$stamp" ]; then rm -rf "$dest/obj"; fi
 mkdir -p "$dest/bin" "$dest/obj" "$dest/ui"
@@ -141,12 +132,5 @@ echo "build-llama-server: linking against the prebuilt libraries in $pre" >&2
 g++ -pthread -o "$bin.tmp" "${objs[@]}" -L"$pre" -Wl,--as-needed -lllama-common -lllama \
     -l:libggml.v0.4.0.so -lggml-base -Wl,-rpath,"$pre" >>"$log" 2>&1 \
   || { echo "build-llama-server: link failed, see $log" >&2; exit 1; }
-# the CPU backends next to the executable, where ggml_backend_load_all() looks
-rm -f "$dest"/bin/libggml-cpu-*.so
-for f in "$pre"/libggml-cpu-*.so; do ln -sfn "$f" "$dest/bin/$(basename "$f")"; done
-"$bin.tmp" --version >"$dest/version.log" 2>&1 \
-  || { echo "build-llama-server: $bin.tmp --version failed (libllama-common.so ABI mismatch?), see $dest/version.log" >&2; exit 1; }
-mv "$bin.tmp" "$bin"
-printf '%s\n' "$stamp" >"$dest/STAMP"
-link
-echo "$bin"
+prebuilt_backends "$pre" "$dest/bin"
+prebuilt_install build-llama-server "$bin" "$dest" "$stamp" "$top"

@@ -216,8 +216,13 @@ for mode in 1 0; do   # the shipped trained model against the ref tier, 6 x 48 t
   say "test_gpu_model (tiny, TG_GPU_FUSED=${TG_GPU_FUSED:-$mode}) rc=$?"; tail -4 "$OUT/test_gpu_model-tiny-fused$mode.txt"
   [ "${TG_GPU_FUSED:-1}" = 0 ] && break
 done
+# the 0.6b file against the cpu tier: two approximate tiers whose top-16
+# logits differ by up to 0.69 on this file (runs 5-7), so a 0.5 gap is
+# inside their joint error (run 7 flipped one step at gap 0.664 with f16 KV
+# after the RoPE angles changed); the gap bound is 1.0 here. The exact check
+# of the same file is the replay below.
 if [ -f $M06 ]; then
-  TG_GPU_YARDSTICK=cpu TG_GPU_STEPS=24 timeout 100 $W/bin/test_gpu_model $M06 > "$OUT/test_gpu_model-0.6b.txt" 2>&1
+  TG_GPU_GAP=1.0 TG_GPU_YARDSTICK=cpu TG_GPU_STEPS=24 timeout 100 $W/bin/test_gpu_model $M06 > "$OUT/test_gpu_model-0.6b.txt" 2>&1
   say "test_gpu_model (0.6b against the cpu tier, 6 x 24) rc=$?"; tail -4 "$OUT/test_gpu_model-0.6b.txt"
 fi
 

@@ -11,14 +11,13 @@
  *    error budget, the control limits, a calibration taken from an earlier
  *    run (calibration.from) and an arm that runs a subset of the prompts;
  *  - every mutation of tests/mutants/ still applies to the sources (a moved
- *    anchor fails here, naming the file);
+ *    anchor fails here, naming the file; format: tests/mutants/README.md);
  *  - the mutation suite on the shipped model: the unmodified build passes
  *    specs/mutants.yaml, and each mutant of a representative subset is
  *    caught as its file says (TG_MUTANTS=all runs every mutant: `make
  *    mutants`; TG_MUTANT_SPEC picks another spec, e.g. specs/default.yaml).
  *    Skipped when the model, the llama.cpp library or tg-mutate is missing.
  */
-#include <dirent.h>
 #include <limits.h>
 #include <math.h>
 #include <setjmp.h>
@@ -34,10 +33,10 @@
 #include <cmocka.h>
 
 #include "arm.h"
+#include "mutation.h"
 #include "store.h"
+#include "testenv.h"
 #include "verdict.h"
-
-static char g_dir[PATH_MAX];
 
 static const char *env_or(const char *k, const char *d)
 {
@@ -192,45 +191,65 @@ static verdict_result score(tg_store *st, int64_t run, const char *policy)
 
 #define ALL_ARMS ((1u << NA) - 1)
 
+/* One expectation on a scored verdict set: SELECT what FROM table WHERE
+ * run_id = RUN AND set_no = SET AND cond gives want (the first row). */
+typedef struct row_want {
+    const char *what, *table, *cond, *want;
+} row_want;
+
+/* Checks the n rows w[] against set `set` of run; fails naming the first
+ * that differs. */
+static void want_rows_n(tg_store *st, int64_t run, int set, const row_want *w, size_t n)
+{
+    for (const row_want *end = w + n; w < end; w++) {
+        const char *got = q(st, "SELECT %s FROM %s WHERE run_id=%lld AND set_no=%d AND %s", w->what, w->table,
+                            (long long)run, set, w->cond);
+        if (strcmp(got, w->want))
+            fail_msg("SELECT %s FROM %s WHERE %s (run %lld, set %d): got '%s', expected '%s'", w->what, w->table,
+                     w->cond, (long long)run, set, got, w->want);
+    }
+}
+
+#define want_rows(st, run, set, w) want_rows_n(st, run, set, w, sizeof w / sizeof w[0])
+
+/* A fresh store `name` with one crafted run (all arms, exact arm ref,
+ * control limits k), scored under `policy` (NULL: the run's own). */
+static tg_store *scored_run(const char *name, const char *run_policy, double k, int64_t *run, verdict_result *vr)
+{
+    tg_store *st = open_store(name);
+    *run = craft_run(st, "craft", run_policy, ALL_ARMS, "ref", k, NULL);
+    *vr = score(st, *run, NULL);
+    return st;
+}
+
 /* The band of a step spans every panel view; an arm is judged with the
  * views outside its own family, times the factor. */
 static void test_bands(void **unused)
 {
     (void)unused;
-    tg_store *st = open_store("bands.db");
-    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
-    verdict_result vr = score(st, run, NULL);
-    /* panel: llama, llama-v, cpu, cpu-v; views: those and the exact arm
-     * (ref). p1/0 margins 0.30 0.10 -0.05 0.28 0.25: spread 0.35 */
-    assert_string_equal(q(st, "SELECT printf('%%d %%.3f %%.3f %%.3f %%d %%s', n_views, ref_gap, spread, band, fragile,"
-                              " flipped_by) FROM calib_step WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND step=0",
-                          (long long)run, vr.set),
-                        "5 0.300 0.350 0.700 1 cpu");
-    /* cpu (family cpu: cpu, cpu-v) sees llama 0.30, llama-v 0.10, ref 0.25 */
-    assert_string_equal(q(st, "SELECT printf('%%.3f', band) FROM calib_arm_step WHERE run_id=%lld AND set_no=%d"
-                              " AND arm='cpu' AND prompt='p1' AND step=0",
-                          (long long)run, vr.set),
-                        "0.400");
-    /* llama-v (family llama) sees the reference, cpu, cpu-v, ref */
-    assert_string_equal(q(st, "SELECT printf('%%.3f', band) FROM calib_arm_step WHERE run_id=%lld AND set_no=%d"
-                              " AND arm='llama-v' AND prompt='p1' AND step=0",
-                          (long long)run, vr.set),
-                        "0.700");
-    /* the flips at p1/0 (gap 0.30 < band 0.40) and p1/3 are near ties */
-    assert_string_equal(q(st, "SELECT group_concat(step || ':' || class, ' ') FROM compare WHERE run_id=%lld AND"
-                              " set_no=%d AND arm='cpu' AND leg=1 AND prompt='p1'",
-                          (long long)run, vr.set),
-                        "0:NEAR_TIE 1:EXACT 2:EXACT 3:NEAR_TIE");
+    int64_t run;
+    verdict_result vr;
+    tg_store *st = scored_run("bands.db", "calibrated", 100, &run, &vr);
     assert_string_equal(vr.verdict, "PASS");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm IS NULL AND"
-                              " key='FRAGILE_STEPS'", (long long)run, vr.set),
-                        "2/8");
+    static const row_want calibrated[] = {
+        /* panel: llama, llama-v, cpu, cpu-v; views: those and the exact arm
+         * (ref). p1/0 margins 0.30 0.10 -0.05 0.28 0.25: spread 0.35 */
+        {"printf('%d %.3f %.3f %.3f %d %s', n_views, ref_gap, spread, band, fragile, flipped_by)", "calib_step",
+         "prompt='p1' AND step=0", "5 0.300 0.350 0.700 1 cpu"},
+        /* cpu (family cpu: cpu, cpu-v) sees llama 0.30, llama-v 0.10, ref 0.25 */
+        {"printf('%.3f', band)", "calib_arm_step", "arm='cpu' AND prompt='p1' AND step=0", "0.400"},
+        /* llama-v (family llama) sees the reference, cpu, cpu-v, ref */
+        {"printf('%.3f', band)", "calib_arm_step", "arm='llama-v' AND prompt='p1' AND step=0", "0.700"},
+        /* the flips at p1/0 (gap 0.30 < band 0.40) and p1/3 are near ties */
+        {"group_concat(step || ':' || class, ' ')", "compare", "arm='cpu' AND leg=1 AND prompt='p1'",
+         "0:NEAR_TIE 1:EXACT 2:EXACT 3:NEAR_TIE"},
+        {"value", "verdict", "arm IS NULL AND key='FRAGILE_STEPS'", "2/8"}};
+    want_rows(st, run, vr.set, calibrated);
     /* the same run at the fixed band 0.2: the flip at gap 0.30 fails */
     verdict_result nt = score(st, run, "near-tie");
     assert_string_equal(nt.verdict, "FAIL");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
-                              " prompt='p1' AND key='FIRST_FAIL'", (long long)run, nt.set),
-                        "0");
+    static const row_want near_tie[] = {{"value", "verdict", "arm='cpu' AND prompt='p1' AND key='FIRST_FAIL'", "0"}};
+    want_rows(st, run, nt.set, near_tie);
     store_close(st);
 }
 
@@ -239,28 +258,26 @@ static void test_bands(void **unused)
 static void test_sentences(void **unused)
 {
     (void)unused;
-    tg_store *st = open_store("sentences.db");
+    int64_t run;
+    verdict_result vr;
     g_arms[2].d[1] = -0.10; /* cpu flips p1/1: gap 0.80, cpu's band 2 x 0.02 */
-    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
+    tg_store *st = scored_run("sentences.db", "calibrated", 100, &run, &vr);
     g_arms[2].d[1] = 0.80;
-    verdict_result vr = score(st, run, NULL);
     assert_string_equal(vr.verdict, "FAIL");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
-                              " prompt='p1' AND key='REASON'", (long long)run, vr.set),
-                        "step 1: RANK2 (token 101, reference 100, rank 2)");
-    assert_string_equal(q(st, "SELECT sentence FROM contested WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND"
-                              " step=0", (long long)run, vr.set),
-                        "near tie (gap 0.300, band 0.400); exact arithmetic (ref) says 100 (with llama, llama-v, "
-                        "cpu-v, gpu); closest to exact arithmetic: gpu (median |dlogit| 0.030)");
-    assert_string_equal(q(st, "SELECT sentence FROM contested WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND"
-                              " step=1", (long long)run, vr.set),
-                        "engine arms DIFFER; cpu is wrong; exact arithmetic (ref) says 100 (with llama, llama-v, "
-                        "cpu-v, gpu); closest to exact arithmetic: gpu (median |dlogit| 0.030)");
-    /* p1/3: exact arithmetic sides with cpu (and itself emits 101) */
-    assert_string_equal(q(st, "SELECT sentence FROM contested WHERE run_id=%lld AND set_no=%d AND prompt='p1' AND"
-                              " step=3", (long long)run, vr.set),
-                        "near tie (gap 0.120, band 0.280); exact arithmetic (ref) says 101 (with cpu); closest to "
-                        "exact arithmetic: gpu (median |dlogit| 0.030)");
+    static const row_want w[] = {
+        {"value", "verdict", "arm='cpu' AND prompt='p1' AND key='REASON'",
+         "step 1: RANK2 (token 101, reference 100, rank 2)"},
+        {"sentence", "contested", "prompt='p1' AND step=0",
+         "near tie (gap 0.300, band 0.400); exact arithmetic (ref) says 100 (with llama, llama-v, cpu-v, gpu); "
+         "closest to exact arithmetic: gpu (median |dlogit| 0.030)"},
+        {"sentence", "contested", "prompt='p1' AND step=1",
+         "engine arms DIFFER; cpu is wrong; exact arithmetic (ref) says 100 (with llama, llama-v, cpu-v, gpu); "
+         "closest to exact arithmetic: gpu (median |dlogit| 0.030)"},
+        /* p1/3: exact arithmetic sides with cpu (and itself emits 101) */
+        {"sentence", "contested", "prompt='p1' AND step=3",
+         "near tie (gap 0.120, band 0.280); exact arithmetic (ref) says 101 (with cpu); closest to exact "
+         "arithmetic: gpu (median |dlogit| 0.030)"}};
+    want_rows(st, run, vr.set, w);
     store_close(st);
 }
 
@@ -268,63 +285,47 @@ static void test_sentences(void **unused)
 static void test_exact_budget(void **unused)
 {
     (void)unused;
-    tg_store *st = open_store("budget.db");
-    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
-    verdict_result vr = score(st, run, NULL);
-    /* cpu at p1/0: |dlogit| 0.04 0.04 0.04 0.34 over the shared ids */
-    assert_string_equal(q(st, "SELECT printf('%%d %%.3f %%.3f', exact_n, exact_median, exact_max) FROM calib_arm_step"
-                              " WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND prompt='p1' AND step=0",
-                          (long long)run, vr.set),
-                        "4 0.040 0.340");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
-                              " key='ERROR_BUDGET'", (long long)run, vr.set),
-                        "PASS");
-    assert_string_equal(q(st, "SELECT substr(value, 1, 5) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
-                              " arm='cpu' AND key='ERROR_BUDGET_RATIO'", (long long)run, vr.set),
-                        "0.800");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm IS NULL AND"
-                              " key='ERROR_BUDGET'", (long long)run, vr.set),
-                        "PASS");
+    int64_t run;
+    verdict_result vr;
+    tg_store *st = scored_run("budget.db", "calibrated", 100, &run, &vr);
+    static const row_want within[] = {
+        /* cpu at p1/0: |dlogit| 0.04 0.04 0.04 0.34 over the shared ids */
+        {"printf('%d %.3f %.3f', exact_n, exact_median, exact_max)", "calib_arm_step",
+         "arm='cpu' AND prompt='p1' AND step=0", "4 0.040 0.340"},
+        {"value", "verdict", "arm='cpu' AND key='ERROR_BUDGET'", "PASS"},
+        {"substr(value, 1, 5)", "verdict", "arm='cpu' AND key='ERROR_BUDGET_RATIO'", "0.800"},
+        {"value", "verdict", "arm IS NULL AND key='ERROR_BUDGET'", "PASS"}};
+    want_rows(st, run, vr.set, within);
     /* under error-budget, p1/0 is no tie: exact arithmetic's margin 0.25
      * exceeds 2 x the reference's error there (0.05); p1/3 is, exact
      * arithmetic prefers the arm's token */
     verdict_result eb = score(st, run, "error-budget");
-    assert_string_equal(q(st, "SELECT group_concat(step || ':' || class, ' ') FROM compare WHERE run_id=%lld AND"
-                              " set_no=%d AND arm='cpu' AND leg=1 AND prompt='p1'",
-                          (long long)run, eb.set),
-                        "0:RANK2 1:EXACT 2:EXACT 3:NEAR_TIE");
+    static const row_want budget_policy[] = {{"group_concat(step || ':' || class, ' ')", "compare",
+                                              "arm='cpu' AND leg=1 AND prompt='p1'",
+                                              "0:RANK2 1:EXACT 2:EXACT 3:NEAR_TIE"}};
+    want_rows(st, run, eb.set, budget_policy);
     store_close(st);
     /* an arm 5x the reference's distance: over budget, and over the
      * EXACT_ERR control limit of the other families */
-    st = open_store("budget2.db");
     g_arms[2].offset = 0.25;
     g_arms[2].d[0] = 0.28; /* no flip at p1/0: the budget alone decides */
-    run = craft_run(st, "craft", "error-budget", ALL_ARMS, "ref", 3, NULL);
+    st = scored_run("budget2.db", "error-budget", 3, &run, &vr);
     g_arms[2].offset = 0.04;
     g_arms[2].d[0] = -0.05;
-    vr = score(st, run, NULL);
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
-                              " key='ERROR_BUDGET'", (long long)run, vr.set),
-                        "FAIL");
-    assert_string_equal(q(st, "SELECT substr(value, 1, 14) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
-                              " arm='cpu' AND prompt IS NULL AND key='REASON'", (long long)run, vr.set),
-                        "error budget: ");
     assert_string_equal(vr.verdict, "FAIL");
+    static const row_want over[] = {
+        {"value", "verdict", "arm='cpu' AND key='ERROR_BUDGET'", "FAIL"},
+        {"substr(value, 1, 14)", "verdict", "arm='cpu' AND prompt IS NULL AND key='REASON'", "error budget: "}};
+    want_rows(st, run, vr.set, over);
     verdict_result cl = score(st, run, "calibrated");
-    assert_string_equal(q(st, "SELECT ok FROM calib_limit WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
-                              " metric='EXACT_ERR'", (long long)run, cl.set),
-                        "0");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
-                              " key='CONTROL_LIMITS'", (long long)run, cl.set),
-                        "FAIL");
-    assert_string_equal(q(st, "SELECT substr(value, 1, 14) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
-                              " arm='cpu' AND prompt IS NULL AND key='REASON'", (long long)run, cl.set),
-                        "control limit:");
-    /* the limit comes from the other families only: llama, llama-v (the
-     * byte-identical gpu duplicates nothing here) */
-    assert_string_equal(q(st, "SELECT basis FROM calib_limit WHERE run_id=%lld AND set_no=%d AND arm='cpu' AND"
-                              " metric='EXACT_ERR'", (long long)run, cl.set),
-                        "llama, llama-v");
+    static const row_want limit[] = {
+        {"ok", "calib_limit", "arm='cpu' AND metric='EXACT_ERR'", "0"},
+        {"value", "verdict", "arm='cpu' AND key='CONTROL_LIMITS'", "FAIL"},
+        {"substr(value, 1, 14)", "verdict", "arm='cpu' AND prompt IS NULL AND key='REASON'", "control limit:"},
+        /* the limit comes from the other families only: llama, llama-v (the
+         * byte-identical gpu duplicates nothing here) */
+        {"basis", "calib_limit", "arm='cpu' AND metric='EXACT_ERR'", "llama, llama-v"}};
+    want_rows(st, run, cl.set, limit);
     store_close(st);
 }
 
@@ -333,24 +334,20 @@ static void test_exact_budget(void **unused)
 static void test_stored(void **unused)
 {
     (void)unused;
-    tg_store *st = open_store("stored.db");
-    int64_t cal = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
-    score(st, cal, NULL);
+    int64_t cal;
+    verdict_result vr;
+    tg_store *st = scored_run("stored.db", "calibrated", 100, &cal, &vr);
+    assert_int_equal(cal, 1);
     unsigned small = 1u << 0 | 1u << 2 | 1u << 4; /* llama, cpu, ref */
     int64_t run = craft_run(st, "craft-gate", "calibrated", small, "ref", 100, "craft");
-    verdict_result vr = score(st, run, NULL);
-    assert_string_equal(q(st, "SELECT source_run || ' ' || panel FROM calib_set WHERE run_id=%lld AND set_no=%d",
-                          (long long)run, vr.set),
-                        cal == 1 ? "1 " : "?");
-    /* every arm judged with factor x the stored spread of every view */
-    assert_string_equal(q(st, "SELECT printf('%%.3f', band) FROM calib_arm_step WHERE run_id=%lld AND set_no=%d"
-                              " AND arm='cpu' AND prompt='p1' AND step=0",
-                          (long long)run, vr.set),
-                        "0.700");
-    assert_string_equal(q(st, "SELECT substr(value, 1, 25) FROM verdict WHERE run_id=%lld AND set_no=%d AND"
-                              " arm IS NULL AND key='CALIBRATION'", (long long)run, vr.set),
-                        "stored: run 1 of spec cra");
+    vr = score(st, run, NULL);
     assert_string_equal(vr.verdict, "PASS");
+    static const row_want w[] = {
+        {"source_run || ' ' || panel", "calib_set", "1", "1 "},
+        /* every arm judged with factor x the stored spread of every view */
+        {"printf('%.3f', band)", "calib_arm_step", "arm='cpu' AND prompt='p1' AND step=0", "0.700"},
+        {"substr(value, 1, 25)", "verdict", "arm IS NULL AND key='CALIBRATION'", "stored: run 1 of spec cra"}};
+    want_rows(st, run, vr.set, w);
     store_close(st);
 }
 
@@ -358,29 +355,19 @@ static void test_stored(void **unused)
 static void test_prompt_subset(void **unused)
 {
     (void)unused;
-    tg_store *st = open_store("subset.db");
-    int64_t run = craft_run(st, "craft", "calibrated", ALL_ARMS, "ref", 100, NULL);
-    verdict_result vr = score(st, run, NULL);
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='gpu' AND"
-                              " prompt='p2' AND key='TOKEN_GATE'", (long long)run, vr.set),
-                        "NOT_RUN");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='gpu' AND"
-                              " prompt IS NULL AND key='TOKEN_GATE'", (long long)run, vr.set),
-                        "PASS");
-    assert_string_equal(q(st, "SELECT value FROM verdict WHERE run_id=%lld AND set_no=%d AND arm='gpu' AND"
-                              " prompt IS NULL AND key='LEGS_CLEAN'", (long long)run, vr.set),
-                        "2/2");
+    int64_t run;
+    verdict_result vr;
+    tg_store *st = scored_run("subset.db", "calibrated", 100, &run, &vr);
+    static const row_want w[] = {
+        {"value", "verdict", "arm='gpu' AND prompt='p2' AND key='TOKEN_GATE'", "NOT_RUN"},
+        {"value", "verdict", "arm='gpu' AND prompt IS NULL AND key='TOKEN_GATE'", "PASS"},
+        {"value", "verdict", "arm='gpu' AND prompt IS NULL AND key='LEGS_CLEAN'", "2/2"}};
+    want_rows(st, run, vr.set, w);
     store_close(st);
 }
 
 /* ------------------------------------------------------------------ */
 /* The mutation suite                                                  */
-
-static int exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
 
 /* Runs argv; returns its exit status (-1 when it could not run), stdout
  * into out (may be NULL). */
@@ -399,60 +386,10 @@ static int run_argv(char *const *argv, char **out)
     return status;
 }
 
-/* The mutation files, sorted. */
-static int list_mutants(const char *root, char names[][64], int cap)
-{
-    char dir[PATH_MAX + 32];
-    snprintf(dir, sizeof dir, "%s/tests/mutants", root);
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d)) && n < cap) {
-        size_t l = strlen(de->d_name);
-        if (l > 4 && !strcmp(de->d_name + l - 4, ".mut")) snprintf(names[n++], 64, "%.*s", (int)(l - 4), de->d_name);
-    }
-    if (d) closedir(d);
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
-            char t[64];
-            memcpy(t, names[j], 64), memcpy(names[j], names[j - 1], 64), memcpy(names[j - 1], t, 64);
-        }
-    return n;
-}
-
 static void test_mutants_apply(void **unused)
 {
     (void)unused;
-    const char *root = env_or("TG_ROOT", "."), *build = env_or("TG_BUILD", "build");
-    char tool[PATH_MAX + 32], names[64][64], path[PATH_MAX + 128];
-    snprintf(tool, sizeof tool, "%s/bin/tg-mutate", build);
-    if (!exists(tool)) skip();
-    int n = list_mutants(root, names, 64);
-    assert_true(n >= 10);
-    for (int i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/tests/mutants/%s.mut", root, names[i]);
-        char *argv[] = {tool, "--check", path, "--root", (char *)root, NULL};
-        if (run_argv(argv, NULL) != 0) fail_msg("mutation %s no longer applies (see the message above)", names[i]);
-    }
-}
-
-/* A value of the mutation file (name: value lines). */
-static void mut_field(const char *root, const char *name, const char *key, char *out, size_t cap)
-{
-    char path[PATH_MAX + 128], line[1024];
-    snprintf(path, sizeof path, "%s/tests/mutants/%s.mut", root, name);
-    out[0] = 0;
-    FILE *f = fopen(path, "r");
-    size_t kl = strlen(key);
-    while (f && fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "<<<<", 4)) break;
-        if (!strncmp(line, key, kl) && line[kl] == ':') {
-            const char *v = line + kl + 1;
-            while (*v == ' ') v++;
-            snprintf(out, cap, "%.*s", (int)strcspn(v, "\n"), v);
-        }
-    }
-    if (f) fclose(f);
+    mutation_assert_dir(g_root, "tests/mutants", 0);
 }
 
 static int cpu_has(const char *needs)
@@ -488,9 +425,8 @@ static const char *const SUBSET[] = {"mask-off-by-one", "rope-63", "avx2-q4k-min
 static void test_mutation_suite(void **unused)
 {
     (void)unused;
-    const char *root = env_or("TG_ROOT", "."), *build = env_or("TG_BUILD", "build");
-    const char *cache = env_or("TG_CACHE", ".cache");
-    char spec[PATH_MAX + 64], model[PATH_MAX + 64], lib[PATH_MAX + 96], tool[PATH_MAX + 32], flags[PATH_MAX + 32];
+    const char *root = g_root, *build = g_build, *cache = g_cache;
+    char spec[PATH_MAX + 64], model[PATH_MAX + 64], lib[PATH_MAX + 128], tool[PATH_MAX + 32], flags[PATH_MAX + 32];
     /* (sizes: a path plus the fixed tails written below) */
     /* TG_MUTANT_SPEC: every mutant runs that spec (in-run calibration);
      * else the unmodified build calibrates specs/mutants.yaml and every
@@ -524,24 +460,24 @@ static void test_mutation_suite(void **unused)
         if (rc != 0) fail_msg("the unmodified build does not pass %s (exit %d, store %s)", spec, rc, cal_db);
     }
     const int all = !strcmp(env_or("TG_MUTANTS", ""), "all");
-    char names[64][64];
-    int n = list_mutants(".", names, 64), failures = 0;
+    char names[64][64], err[8192];
+    int n = mutation_list("tests/mutants", names, 64), failures = 0;
     for (int i = 0; i < n; i++) {
         int in_subset = 0;
         for (int k = 0; SUBSET[k]; k++) in_subset |= !strcmp(SUBSET[k], names[i]);
         if (!all && !in_subset) continue;
-        char expect[32], needs[32], what[256], mut[2 * PATH_MAX + 64];
-        mut_field(".", names[i], "expect", expect, sizeof expect);
-        mut_field(".", names[i], "needs", needs, sizeof needs);
-        mut_field(".", names[i], "what", what, sizeof what);
-        if (!cpu_has(needs)) {
-            printf("# %-16s skipped: this CPU lacks %s\n", names[i], needs);
+        char mut[2 * PATH_MAX + 64];
+        snprintf(mut, sizeof mut, "tests/mutants/%s.mut", names[i]);
+        mutation m;
+        if (mutation_parse(mut, &m, err, sizeof err) < 0) fail_msg("%s", err);
+        const char *expect = m.expect;
+        if (!cpu_has(m.needs)) {
+            printf("# %-16s skipped: this CPU lacks %s\n", names[i], m.needs);
+            mutation_free(&m);
             continue;
         }
-        snprintf(mut, sizeof mut, "tests/mutants/%s.mut", names[i]);
         snprintf(out, sizeof out, "%s/mut-%s", g_dir, names[i]);
-        char *argv[] = {tool, mut, "--flags", flags, "--out", out, NULL};
-        if (run_argv(argv, NULL) != 0) fail_msg("building mutant %s failed", names[i]);
+        if (mutation_build(build, mut, out, err, sizeof err) < 0) fail_msg("%s", err);
         /* with a stored calibration the mutant's runs go into the
          * calibration's store (the lookup is per store) */
         snprintf(db, sizeof db, "%s/mut-%s.db", g_dir, names[i]);
@@ -568,8 +504,9 @@ static void test_mutation_suite(void **unused)
         int ok = !strcmp(expect, "subtle") || (!strcmp(expect, "caught") && caught) ||
                  (!strcmp(expect, "limit") && by_limit);
         printf("# %-16s %-6s %s (expect %s): %s\n", names[i], ok ? "ok" : "WRONG", caught ? "CAUGHT" : "passed",
-               expect, caught ? why : what);
+               expect, caught ? why : m.what);
         failures += !ok;
+        mutation_free(&m);
     }
     fflush(stdout);
     if (chdir(cwd) != 0) fail();
@@ -578,23 +515,6 @@ static void test_mutation_suite(void **unused)
 
 /* ------------------------------------------------------------------ */
 
-static void rm_rf(const char *path)
-{
-    char *argv[] = {"rm", "-rf", (char *)path, NULL};
-    run_argv(argv, NULL);
-}
-
-int main(void)
-{
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-calibrate-XXXXXX");
-    if (!mkdtemp(g_dir)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bands),        cmocka_unit_test(test_sentences),
-        cmocka_unit_test(test_exact_budget), cmocka_unit_test(test_stored),
-        cmocka_unit_test(test_prompt_subset), cmocka_unit_test(test_mutants_apply),
-        cmocka_unit_test(test_mutation_suite),
-    };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (!getenv("TG_KEEP")) rm_rf(g_dir);
-    return rc;
-}
+TG_TEST_MAIN(
+    test_bands, test_sentences, test_exact_budget, test_stored, test_prompt_subset, test_mutants_apply,
+    test_mutation_suite)

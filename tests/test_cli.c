@@ -29,41 +29,11 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
+#include "testenv.h"
 #include "util.h"
 
 extern char **environ;
 
-static char g_bin[PATH_MAX], g_tokgate[PATH_MAX + 16], g_dir[PATH_MAX];
-
-static int exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT");
-    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
-    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", r ? r : ".");
-    snprintf(g_tokgate, sizeof g_tokgate, "%s/tokgate", g_bin);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-cli-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-    return 0;
-}
 
 /* A file's whole contents (malloc'ed, NUL-terminated). */
 static char *slurp(FILE *f)
@@ -184,34 +154,29 @@ static void unknown_option_is_one_line(void **st)
 static const char *write_spec(void)
 {
     static char sp[2 * PATH_MAX];
-    char fa[PATH_MAX + 32], m[2 * PATH_MAX];
+    char fa[PATH_MAX + 96], m[2 * PATH_MAX];
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     if (!exists(fa)) {
         print_message("missing %s (the test double)\n", fa);
         fail();
     }
-    snprintf(m, sizeof m, "%s/m.bin", g_dir);
-    snprintf(sp, sizeof sp, "%s/s.yaml", g_dir);
-    FILE *f = fopen(m, "w");
-    assert_non_null(f);
-    fputs("a stand-in artifact for the test double\n", f);
-    fclose(f);
     char sha[65];
-    tg_err e;
-    assert_int_equal(tg_sha256_file(m, sha, &e), 0);
-    f = fopen(sp, "w");
-    assert_non_null(f);
-    fprintf(f, "name: cli\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
-               "steps: 3\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
-               "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
-            m, sha, fa, fa);
-    fclose(f);
+    make_model(sha, m, sizeof m);
+    write_in(sp, sizeof sp, "s.yaml",
+             "name: cli\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: xy}]\n"
+             "steps: 3\ntop_k: 3\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
+             "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: good, exec: [%s, ok]}\n",
+             m, sha, fa, fa);
     return sp;
 }
 
-/* Runs `tokgate gate SPEC --db db` n times; each must pass. */
-static void gate_runs(const char *sp, const char *db, int n)
+/* Writes the spec (write_spec) and runs `tokgate gate SPEC --db DB` n times
+ * into DB = g_dir/t.db (its path into db, n_db bytes); each must pass.
+ * Returns the spec's path. */
+static const char *gate_runs(char *db, size_t n_db, int n)
 {
+    path_in(db, n_db, "t.db");
+    const char *sp = write_spec();
     char err[8192], *out;
     const char *g[] = {"gate", sp, "--db", db, NULL};
     for (int i = 0; i < n; i++) {
@@ -220,6 +185,7 @@ static void gate_runs(const char *sp, const char *db, int n)
         assert_int_equal(rc, 0);
         free(out);
     }
+    return sp;
 }
 
 /* Two runs of a spec over the test double; `rescore` without RUN takes the
@@ -228,9 +194,7 @@ static void rescore_defaults_to_latest_run(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 2);
+    gate_runs(db, sizeof db, 2);
     char err[8192], *out;
     const char *r[] = {"rescore", "--db", db, "--band", "0.5", NULL};
     assert_int_equal(tokgate(r, &out, err, sizeof err), 0);
@@ -250,23 +214,30 @@ static void rescore_defaults_to_latest_run(void **st)
     free(out);
 }
 
+/* The first column of sql's first row in the store db (opened read-only),
+ * as text into out (n bytes). */
+static void db_value(const char *db, const char *sql, char *out, size_t n)
+{
+    sqlite3 *h;
+    assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(h, sql, -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    snprintf(out, n, "%s", (const char *)sqlite3_column_text(q, 0));
+    sqlite3_finalize(q);
+    sqlite3_close(h);
+}
+
 /* The store's bytes as a sha256, its run count and its integrity check. */
 static void store_state(const char *db, char sha[65], long long *runs)
 {
     tg_err e;
     assert_int_equal(tg_sha256_file(db, sha, &e), 0);
-    sqlite3 *h;
-    assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    sqlite3_stmt *q;
-    assert_int_equal(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &q, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_string_equal((const char *)sqlite3_column_text(q, 0), "ok");
-    sqlite3_finalize(q);
-    assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*) FROM run", -1, &q, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    *runs = sqlite3_column_int64(q, 0);
-    sqlite3_finalize(q);
-    sqlite3_close(h);
+    char v[64];
+    db_value(db, "PRAGMA integrity_check", v, sizeof v);
+    assert_string_equal(v, "ok");
+    db_value(db, "SELECT count(*) FROM run", v, sizeof v);
+    *runs = atoll(v);
 }
 
 /* --out naming the store (or its -wal / -shm) is refused before anything is
@@ -276,10 +247,8 @@ static void out_naming_the_store_is_refused(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX], wal[2 * PATH_MAX + 8], sha0[65], sha1[65];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
+    const char *sp = gate_runs(db, sizeof db, 1);
     snprintf(wal, sizeof wal, "%s-wal", db);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 1);
     long long runs0, runs1;
     store_state(db, sha0, &runs0);
     char err[8192], *out;
@@ -314,11 +283,9 @@ static void outputs_checked_before_the_run(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX], deep[2 * PATH_MAX + 32], ev[2 * PATH_MAX + 32], sha[65];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
     snprintf(deep, sizeof deep, "%s/a/b/r.xml", g_dir);
     snprintf(ev, sizeof ev, "%s/ev/dence", g_dir);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 1);
+    const char *sp = gate_runs(db, sizeof db, 1);
     long long runs0, runs1;
     store_state(db, sha, &runs0);
     char err[8192], *out;
@@ -381,9 +348,7 @@ static void interrupted_run_is_not_measurable(void **st)
 {
     (void)st;
     char db[2 * PATH_MAX];
-    snprintf(db, sizeof db, "%s/t.db", g_dir);
-    const char *sp = write_spec();
-    gate_runs(sp, db, 1);
+    const char *sp = gate_runs(db, sizeof db, 1);
     char err[8192], *out;
     const char *b[] = {"bench", sp, "--db", db, NULL};
     assert_int_equal(tokgate(b, &out, err, sizeof err), 0);   /* a complete PASS unlocks bench */
@@ -432,7 +397,7 @@ static void signal_ends_workers(void **st)
     (void)st;
     static const int sigs[] = {SIGTERM, SIGINT};
     for (int k = 0; k < 2; k++) {
-        char fa[PATH_MAX + 32], m[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX], pf[2 * PATH_MAX];
+        char fa[PATH_MAX + 96], m[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX], pf[2 * PATH_MAX];
         snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
         snprintf(m, sizeof m, "%s/m.bin", g_dir);
         snprintf(sp, sizeof sp, "%s/sig.yaml", g_dir);
@@ -500,33 +465,15 @@ static void signal_ends_workers(void **st)
             }
         }
         /* the run is marked, the cut legs are not stored */
-        sqlite3 *h;
-        assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-        sqlite3_stmt *q;
-        assert_int_equal(sqlite3_prepare_v2(h, "SELECT verdict FROM run WHERE id = 1", -1, &q, NULL), SQLITE_OK);
-        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-        assert_string_equal((const char *)sqlite3_column_text(q, 0), "INTERRUPTED");
-        sqlite3_finalize(q);
-        assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id"
-                                               " WHERE a.name = 'stuck'", -1, &q, NULL), SQLITE_OK);
-        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-        assert_int_equal(sqlite3_column_int(q, 0), 0);
-        sqlite3_finalize(q);
-        sqlite3_close(h);
+        char v[64];
+        db_value(db, "SELECT verdict FROM run WHERE id = 1", v, sizeof v);
+        assert_string_equal(v, "INTERRUPTED");
+        db_value(db, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE a.name = 'stuck'", v, sizeof v);
+        assert_string_equal(v, "0");
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(help_of_every_command, setup, teardown),
-        cmocka_unit_test_setup_teardown(unknown_option_is_one_line, setup, teardown),
-        cmocka_unit_test_setup_teardown(rescore_defaults_to_latest_run, setup, teardown),
-        cmocka_unit_test_setup_teardown(out_naming_the_store_is_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(outputs_checked_before_the_run, setup, teardown),
-        cmocka_unit_test_setup_teardown(db_typo_is_no_such_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(interrupted_run_is_not_measurable, setup, teardown),
-        cmocka_unit_test_setup_teardown(signal_ends_workers, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    help_of_every_command, unknown_option_is_one_line, rescore_defaults_to_latest_run,
+    out_naming_the_store_is_refused, outputs_checked_before_the_run, db_typo_is_no_such_store,
+    interrupted_run_is_not_measurable, signal_ends_workers)

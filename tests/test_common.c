@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "testenv.h"
 
 #ifdef __SANITIZE_ADDRESS__
 /* Under ASan an impossible malloc must return NULL (as glibc's does) for
@@ -38,40 +39,6 @@ const char *__asan_default_options(void)
     return "allocator_may_return_null=1";
 }
 #endif
-
-static char g_dir[PATH_MAX];
-
-static int setup(void **st)
-{
-    (void)st;
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-common-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-/* Removes g_dir and everything below it (two levels are enough here). */
-static void rm_tree(const char *dir)
-{
-    char cmd[2 * PATH_MAX];
-    static const char *const names[] = {"f.txt", "fifo", "s.db", "s.db-wal", "s.db-shm", "out.txt",
-                                        "sub/deeper/r.md", "sub/deeper", "sub", "big", "link.txt", NULL};
-    for (int i = 0; names[i]; i++) {
-        snprintf(cmd, sizeof cmd, "%s/%s", dir, names[i]);
-        if (unlink(cmd) != 0) rmdir(cmd);
-    }
-    rmdir(dir);
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    rm_tree(g_dir);
-    return 0;
-}
-
-static void path_in(char *buf, size_t n, const char *name)
-{
-    snprintf(buf, n, "%s/%s", g_dir, name);
-}
 
 static void write_text(const char *path, const char *text)
 {
@@ -373,23 +340,30 @@ static const struct option T_OPTS[] = {{"db", required_argument, NULL, T_DB},
                                        {0}};
 static const common_cli T_CLI = {"demo", "usage: tokgate demo [X] [--db FILE]\n", T_OPTS, 2};
 
-/* Runs common_cli_parse over a NULL-terminated word list with stderr
- * captured into err (stdout into out). */
-static int t_parse(const char *const *words, tctx *c, const char **pos, int *n_pos, char *err, size_t errn,
-                   char *out, size_t outn)
+/* What one parse gave: the options, the positionals, stderr and stdout. */
+typedef struct tparse {
+    tctx c;
+    const char *pos[2];
+    int n;
+    char err[512], out[512];
+} tparse;
+
+/* Runs common_cli_parse over a NULL-terminated word list into r (stderr
+ * and stdout captured); returns its result. */
+static int t_parse(const char *const *words, tparse *r)
 {
     char *argv[16];
     int argc = 0;
     for (; words[argc]; argc++) argv[argc] = (char *)words[argc];
     argv[argc] = NULL;
-    memset(c, 0, sizeof *c);
+    memset(r, 0, sizeof *r);
     fflush(stdout);
     fflush(stderr);
     FILE *fe = tmpfile(), *fo = tmpfile();
     int se = dup(2), so = dup(1);
     dup2(fileno(fe), 2);
     dup2(fileno(fo), 1);
-    int rc = common_cli_parse(&T_CLI, argc, argv, t_opt, c, pos, n_pos);
+    int rc = common_cli_parse(&T_CLI, argc, argv, t_opt, &r->c, r->pos, &r->n);
     fflush(stdout);
     fflush(stderr);
     dup2(se, 2);
@@ -398,10 +372,10 @@ static int t_parse(const char *const *words, tctx *c, const char **pos, int *n_p
     close(so);
     rewind(fe);
     rewind(fo);
-    size_t k = fread(err, 1, errn - 1, fe);
-    err[k] = 0;
-    k = fread(out, 1, outn - 1, fo);
-    out[k] = 0;
+    size_t k = fread(r->err, 1, sizeof r->err - 1, fe);
+    r->err[k] = 0;
+    k = fread(r->out, 1, sizeof r->out - 1, fo);
+    r->out[k] = 0;
     fclose(fe);
     fclose(fo);
     return rc;
@@ -410,78 +384,58 @@ static int t_parse(const char *const *words, tctx *c, const char **pos, int *n_p
 static void cli_parses_getopt_long(void **st)
 {
     (void)st;
-    tctx c;
-    const char *pos[2];
-    int n;
-    char err[512], out[512];
+    tparse r;
     /* options and positionals in any order, --opt=value, a lone "-" positional */
     const char *w1[] = {"demo", "A", "--db", "x.db", "--jobs=2", "-", NULL};
-    int rc = t_parse(w1, &c, pos, &n, err, sizeof err, out, sizeof out);
-    if (rc) print_message("%s", err);
+    int rc = t_parse(w1, &r);
+    if (rc) print_message("%s", r.err);
     assert_int_equal(rc, COMMON_CLI_OK);
-    assert_string_equal(c.db, "x.db");
-    assert_int_equal(c.jobs, 2);
-    assert_int_equal(n, 2);
-    assert_string_equal(pos[0], "A");
-    assert_string_equal(pos[1], "-");
-    assert_string_equal(err, "");
+    assert_string_equal(r.c.db, "x.db");
+    assert_int_equal(r.c.jobs, 2);
+    assert_int_equal(r.n, 2);
+    assert_string_equal(r.pos[0], "A");
+    assert_string_equal(r.pos[1], "-");
+    assert_string_equal(r.err, "");
     /* "--" ends the options: what follows is positional */
     const char *w2[] = {"demo", "--flag", "--", "--db", NULL};
-    assert_int_equal(t_parse(w2, &c, pos, &n, err, sizeof err, out, sizeof out), COMMON_CLI_OK);
-    assert_int_equal(c.flag, 1);
-    assert_int_equal(n, 1);
-    assert_string_equal(pos[0], "--db");
+    assert_int_equal(t_parse(w2, &r), COMMON_CLI_OK);
+    assert_int_equal(r.c.flag, 1);
+    assert_int_equal(r.n, 1);
+    assert_string_equal(r.pos[0], "--db");
     /* --help and -h: the usage on stdout */
     const char *w3[] = {"demo", "A", "--help", "--bogus", NULL};
-    assert_int_equal(t_parse(w3, &c, pos, &n, err, sizeof err, out, sizeof out), COMMON_CLI_HELP);
-    assert_string_equal(out, "usage: tokgate demo [X] [--db FILE]\n");
+    assert_int_equal(t_parse(w3, &r), COMMON_CLI_HELP);
+    assert_string_equal(r.out, "usage: tokgate demo [X] [--db FILE]\n");
     const char *w3b[] = {"demo", "-h", NULL};
-    assert_int_equal(t_parse(w3b, &c, pos, &n, err, sizeof err, out, sizeof out), COMMON_CLI_HELP);
+    assert_int_equal(t_parse(w3b, &r), COMMON_CLI_HELP);
 }
 
 static void cli_errors_are_one_line(void **st)
 {
     (void)st;
-    tctx c;
-    const char *pos[2];
-    int n;
-    char err[512], out[512];
+    tparse r;
     const char *w1[] = {"demo", "--bogus", "v", NULL};
-    assert_int_equal(t_parse(w1, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: unknown option '--bogus' (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w1, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: unknown option '--bogus' (see tokgate demo --help)\n");
     const char *w2[] = {"demo", "-x", NULL};
-    assert_int_equal(t_parse(w2, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: unknown option '-x' (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w2, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: unknown option '-x' (see tokgate demo --help)\n");
     const char *w3[] = {"demo", "--db", NULL};
-    assert_int_equal(t_parse(w3, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: option '--db' needs a value (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w3, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: option '--db' needs a value (see tokgate demo --help)\n");
     const char *w4[] = {"demo", "--jobs", "9", NULL};
-    assert_int_equal(t_parse(w4, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: --jobs: expected 1 or 2, got '9'\n");
+    assert_int_equal(t_parse(w4, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: --jobs: expected 1 or 2, got '9'\n");
     const char *w5[] = {"demo", "a", "b", "c", NULL};
-    assert_int_equal(t_parse(w5, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_string_equal(err, "tokgate demo: unexpected argument 'c' (see tokgate demo --help)\n");
+    assert_int_equal(t_parse(w5, &r), 2);
+    assert_string_equal(r.err, "tokgate demo: unexpected argument 'c' (see tokgate demo --help)\n");
     const char *w6[] = {"demo", "--flag=1", NULL};
-    assert_int_equal(t_parse(w6, &c, pos, &n, err, sizeof err, out, sizeof out), 2);
-    assert_non_null(strstr(err, "'--flag'"));
-    assert_string_equal(out, "");
+    assert_int_equal(t_parse(w6, &r), 2);
+    assert_non_null(strstr(r.err, "'--flag'"));
+    assert_string_equal(r.out, "");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(x_functions_allocate),
-        cmocka_unit_test(out_of_memory_exits_70),
-        cmocka_unit_test_setup_teardown(read_file_regular, setup, teardown),
-        cmocka_unit_test_setup_teardown(read_file_refuses_fifo_and_devices, setup, teardown),
-        cmocka_unit_test(sql_error_sentence),
-        cmocka_unit_test(blob_round_trip),
-        cmocka_unit_test_setup_teardown(out_refuses_the_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(out_renames_into_place, setup, teardown),
-        cmocka_unit_test(text_safe_escapes_controls),
-        cmocka_unit_test(add_saturates),
-        cmocka_unit_test(cli_parses_getopt_long),
-        cmocka_unit_test(cli_errors_are_one_line),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    x_functions_allocate, out_of_memory_exits_70, read_file_regular, read_file_refuses_fifo_and_devices,
+    sql_error_sentence, blob_round_trip, out_refuses_the_store, out_renames_into_place, text_safe_escapes_controls,
+    add_saturates, cli_parses_getopt_long, cli_errors_are_one_line)

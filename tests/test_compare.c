@@ -19,6 +19,7 @@
 
 #include "compare.h"
 #include "craft.h"
+#include "testenv.h"
 #include "verdict.h"
 
 typedef struct ctx {
@@ -580,25 +581,9 @@ static void test_wilson(void **state)
     assert_true(fabs(lo - 0.0552) < 1e-3 && fabs(hi - 0.1744) < 1e-3);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_multiway_near_tie, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_every_class, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_policy_switch_and_rescore, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_exact_run_passes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_not_measurable_one_clean_leg, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_not_measurable_legs_differ, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_faulted_and_fallback_legs, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_reference_not_clean, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_tokenizer_divergence, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_oracle_repro, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_chain_of_custody, setup, teardown),
-        cmocka_unit_test(test_sentences),
-        cmocka_unit_test_setup_teardown(test_four_way_run, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_free_mode, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_gate_passed_for_bench, setup, teardown),
-        cmocka_unit_test(test_wilson),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, teardown, test_multiway_near_tie, test_every_class, test_policy_switch_and_rescore,
+    test_exact_run_passes, test_not_measurable_one_clean_leg, test_not_measurable_legs_differ,
+    test_faulted_and_fallback_legs, test_reference_not_clean, test_tokenizer_divergence, test_oracle_repro,
+    test_chain_of_custody, test_sentences, test_four_way_run, test_free_mode, test_gate_passed_for_bench,
+    test_wilson)

@@ -48,7 +48,7 @@ extern char **environ;
 #define MAX_SEEN 4096
 
 #include "testenv.h"
-static char g_spec[PATH_MAX + 16], g_db[PATH_MAX + 16], g_tokgate[PATH_MAX + 80];
+static char g_spec[PATH_MAX + 16], g_db[PATH_MAX + 16];
 
 
 static int setup(void **st)
@@ -57,7 +57,6 @@ static int setup(void **st)
     if (testenv_init("crash") < 0) return -1;
     snprintf(g_spec, sizeof g_spec, "%s/s.yaml", g_dir);
     snprintf(g_db, sizeof g_db, "%s/t.db", g_dir);
-    snprintf(g_tokgate, sizeof g_tokgate, "%s/tokgate", g_bin);
     return 0;
 }
 
@@ -320,10 +319,4 @@ static void test_sigkill_trials(void **unused)
     assert_true(killed >= trials / 4);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_sigkill_trials, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(setup, teardown, test_sigkill_trials)

@@ -40,18 +40,6 @@
 #include "testenv.h"
 
 
-static int setup(void **st)
-{
-    (void)st;
-    return testenv_init("faults");
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    return testenv_clean();
-}
-
 /* One fault mode and what its legs must end with. */
 typedef struct mode {
     const char *mode;
@@ -165,12 +153,8 @@ static void test_faults_through_gate(void **unused)
                                 MODES[i].mode, fa, MODES[i].mode, MODES[i].timeout);
     assert_true(len < cap);
     char sp[2 * PATH_MAX], dbp[2 * PATH_MAX];
-    snprintf(sp, sizeof sp, "%s/s.yaml", g_dir);
+    write_in(sp, sizeof sp, "s.yaml", "%s", t);
     snprintf(dbp, sizeof dbp, "%s/t.db", g_dir);
-    FILE *f = fopen(sp, "w");
-    assert_non_null(f);
-    fputs(t, f);
-    fclose(f);
     free(t);
 
     /* the gate, through the binary (argv, no shell) */
@@ -342,11 +326,4 @@ static void test_child_holding_pipes_is_killed(void **unused)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_child_holding_pipes_is_killed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_faults_through_gate, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(test_child_holding_pipes_is_killed, test_faults_through_gate)

@@ -36,28 +36,14 @@
 #include "testenv.h"
 
 
-static int setup(void **st)
-{
-    (void)st;
-    return testenv_init("gate");
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    return testenv_clean();
-}
 
 
-
-static tg_spec *write_spec(const char *text)
+/* Writes text (malloc'ed: freed here) as g_dir/s.yaml and loads it. */
+static tg_spec *write_spec(char *text)
 {
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "s.yaml");
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    write_in(p, sizeof p, "s.yaml", "%s", text);
+    free(text);
     tg_spec *s;
     tg_err e;
     if (spec_load(&s, p, &e) < 0) {
@@ -101,9 +87,7 @@ static tg_spec *fault_spec(const char *sha, int legs)
                      "fault_patterns: [\"Memory access fault\"]\n",
                      m, sha, legs, fa, fa, fa, fa, fa);
     assert_true(n > 0);
-    tg_spec *s = write_spec(t);
-    free(t);
-    return s;
+    return write_spec(t);
 }
 
 static tg_store *open_db(void)
@@ -119,7 +103,9 @@ static tg_store *open_db(void)
     return st;
 }
 
-static long long q_int(tg_store *st, const char *sql, int64_t run, const char *arm)
+/* sql on st, prepared with ?1 run and ?2 arm (those it has), stepped once;
+ * the test fails when sqlite refuses sql. */
+static sqlite3_stmt *q_row(tg_store *st, const char *sql, int64_t run, const char *arm, int *row)
 {
     sqlite3 *db = store_db(st);
     sqlite3_stmt *q;
@@ -129,23 +115,35 @@ static long long q_int(tg_store *st, const char *sql, int64_t run, const char *a
     }
     if (sqlite3_bind_parameter_count(q) >= 1) sqlite3_bind_int64(q, 1, run);
     if (sqlite3_bind_parameter_count(q) >= 2) sqlite3_bind_text(q, 2, arm, -1, SQLITE_STATIC);
-    long long v = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+    *row = sqlite3_step(q) == SQLITE_ROW;
+    return q;
+}
+
+/* The integer of q_row's first column (-1: no row). */
+static long long q_int(tg_store *st, const char *sql, int64_t run, const char *arm)
+{
+    int row;
+    sqlite3_stmt *q = q_row(st, sql, run, arm, &row);
+    long long v = row ? sqlite3_column_int64(q, 0) : -1;
     sqlite3_finalize(q);
     return v;
+}
+
+/* The text of q_row's first column into out ("(none)": no row). */
+static void q_text(tg_store *st, const char *sql, int64_t run, const char *arm, char *out, size_t n)
+{
+    int row;
+    sqlite3_stmt *q = q_row(st, sql, run, arm, &row);
+    const unsigned char *t = row ? sqlite3_column_text(q, 0) : NULL;
+    snprintf(out, n, "%s", t ? (const char *)t : "(none)");
+    sqlite3_finalize(q);
 }
 
 /* The arm's overall TOKEN_GATE in the latest verdict set, into word. */
 static void arm_verdict(tg_store *st, int64_t run, const char *arm, char word[32])
 {
-    sqlite3 *db = store_db(st);
-    sqlite3_stmt *q;
-    const char *sql = "SELECT value FROM verdict WHERE run_id = ?1 AND arm = ?2 AND prompt IS NULL "
-                      "AND key = 'TOKEN_GATE' ORDER BY set_no DESC LIMIT 1";
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK);
-    sqlite3_bind_int64(q, 1, run);
-    sqlite3_bind_text(q, 2, arm, -1, SQLITE_STATIC);
-    snprintf(word, 32, "%s", sqlite3_step(q) == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : "(none)");
-    sqlite3_finalize(q);
+    q_text(st, "SELECT value FROM verdict WHERE run_id = ?1 AND arm = ?2 AND prompt IS NULL "
+               "AND key = 'TOKEN_GATE' ORDER BY set_no DESC LIMIT 1", run, arm, word, 32);
 }
 
 static void assert_integrity(tg_store *st)
@@ -168,21 +166,35 @@ static gate_options opts(void)
     return o;
 }
 
+/* Scores run with the default options; an error fails the test. */
+static verdict_result score(tg_store *st, int64_t run)
+{
+    verdict_options vo = verdict_options_default();
+    verdict_result vr;
+    tg_err e;
+    if (verdict_score_run(st, run, &vo, &vr, &e) < 0) fail_msg("verdict_score_run: %s", e.msg);
+    return vr;
+}
+
+/* Runs the gate of s into st with opts(); an error fails the test. */
+static gate_result run_gate(tg_store *st, const tg_spec *s)
+{
+    gate_options o = opts();
+    gate_result r;
+    tg_err e;
+    if (gate_run(st, s, &o, &r, &e) < 0) fail_msg("gate_run: %s", e.msg);
+    return r;
+}
+
 static void test_faulted_arms(void **unused)
 {
     (void)unused;
     char sha[65];
-    make_model(sha);
+    make_model(sha, NULL, 0);
     tg_spec *s = fault_spec(sha, 2);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
     double t0 = tg_now();
-    if (gate_run(st, s, &o, &r, &e) < 0) {
-        print_message("gate_run: %s\n", e.msg);
-        fail();
-    }
+    gate_result r = run_gate(st, s);
     double took = tg_now() - t0;
     if (took > 30) {
         print_message("the faulted gate took %.1f s, expected the timeouts to end it well within 30 s\n", took);
@@ -211,12 +223,7 @@ static void test_faulted_arms(void **unused)
                            "WHERE lg.run_id = ?1 AND ag.name = ?2 AND af.name = 'ref' AND lf.leg = 1 "
                            "AND g.forced = f.token", r.run_id, "good"), 2 * 2 * 5);
 
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    if (verdict_score_run(st, r.run_id, &vo, &vr, &e) < 0) {
-        print_message("verdict_score_run: %s\n", e.msg);
-        fail();
-    }
+    verdict_result vr = score(st, r.run_id);
     assert_string_not_equal(vr.verdict, "PASS");
     char w[32];
     for (int i = 0; i < 3; i++) {
@@ -259,8 +266,7 @@ static void test_degenerate_logits(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     const char *fa = fault_arm();
     static const char *const cases[][4] = {
         /* reference mode, test arm mode, the arm's verdict, reason fragment */
@@ -276,15 +282,8 @@ static void test_degenerate_logits(void **unused)
                              "arms:\n  - {name: ref, exec: [%s, %s], role: oracle}\n  - {name: arm, exec: [%s, %s]}\n",
                              m, sha, fa, cases[c][0], fa, cases[c][1]) > 0);
         tg_spec *s = write_spec(t);
-        free(t);
         tg_store *st = open_db();
-        gate_options o = opts();
-        gate_result r;
-        tg_err e;
-        if (gate_run(st, s, &o, &r, &e) < 0) {
-            print_message("gate_run: %s\n", e.msg);
-            fail();
-        }
+        gate_result r = run_gate(st, s);
         /* accepted: no leg has a cause, every step is stored */
         long long causes = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND cause IS NOT NULL", r.run_id, NULL);
         if (causes) {
@@ -297,31 +296,25 @@ static void test_degenerate_logits(void **unused)
         assert_int_equal(causes, 0);
         assert_int_equal(q_int(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id WHERE l.run_id = ?1",
                                r.run_id, NULL), 4 * 3);
-        verdict_options vo = verdict_options_default();
-        verdict_result vr;
-        assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+        verdict_result vr = score(st, r.run_id);
         assert_string_equal(vr.verdict, cases[c][2]);
         char w[32];
         arm_verdict(st, r.run_id, "arm", w);
         assert_string_equal(w, cases[c][2]);
         assert_int_equal(q_int(st, "SELECT count(*) FROM compare WHERE run_id = ?1 AND class = 'DEGENERATE'",
                                r.run_id, NULL), 2 * 3);
-        sqlite3_stmt *q;
-        assert_int_equal(sqlite3_prepare_v2(store_db(st),
-                                            "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'arm' AND"
-                                            " prompt = 'p1' AND key = 'REASON'", -1, &q, NULL), SQLITE_OK);
-        sqlite3_bind_int64(q, 1, r.run_id);
-        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-        const char *why = (const char *)sqlite3_column_text(q, 0);
+        char why[1024];
+        q_text(st, "SELECT value FROM verdict WHERE run_id = ?1 AND arm = 'arm' AND prompt = 'p1' AND key = 'REASON'",
+               r.run_id, NULL, why, sizeof why);
         if (!strstr(why, cases[c][3])) print_message("%s/%s: REASON %s\n", cases[c][0], cases[c][1], why);
         assert_non_null(strstr(why, cases[c][3]));
-        sqlite3_finalize(q);
         if (c < 2)
             assert_int_equal(q_int(st, "SELECT CAST(value AS INTEGER) FROM verdict WHERE run_id = ?1 AND arm IS NULL"
                                        " AND key = 'DEGENERATE_STEPS'", r.run_id, NULL), 3);
         /* the NaNs came back from the store as NaNs */
         if (c == 1) {
             store_tops tt;
+            tg_err e;
             int64_t leg = q_int(st, "SELECT l.id FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
                                     " AND a.name = 'ref' AND l.leg = 1", r.run_id, NULL);
             int64_t pid = q_int(st, "SELECT id FROM prompt WHERE run_id = ?1", r.run_id, NULL);
@@ -357,8 +350,7 @@ static void test_cpu_budget(void **unused)
     assert_int_equal(gate_cpus(), 2);
     setenv("TG_FAULT_DELAY_MS", "200", 1);
     char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     const char *fa = fault_arm();
     static const int threads[] = {2, 1, 8};
     static const int peak[] = {2, 2, 2};
@@ -372,7 +364,6 @@ static void test_cpu_budget(void **unused)
                              "  - {name: b, exec: [%s, ok], options: {threads: %d}}\n",
                              m, sha, fa, threads[c], fa, threads[c], fa, threads[c]) > 0);
         tg_spec *s = write_spec(t);
-        free(t);
         for (int i = 0; i < 3; i++) assert_int_equal(gate_arm_threads(s, i, 2), threads[c]);
         tg_store *st = open_db();
         gate_options o = opts();
@@ -403,8 +394,7 @@ static void test_cpu_budget(void **unused)
 static tg_spec *double_spec(const char *head, const char *const *arms)
 {
     char sha[65], m[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     const char *fa = fault_arm();
     char *t;
     assert_true(asprintf(&t, "%smodel: {path: %s, sha256: %s}\nlegs: 2\npolicy: {kind: exact}\narms:\n", head, m,
@@ -422,9 +412,7 @@ static tg_spec *double_spec(const char *head, const char *const *arms)
     const char *ref = arms[0], *colon = strchr(ref, ':');
     assert_true(asprintf(&u, "%sreference: %.*s\n", t, (int)(colon - ref), ref) > 0);
     free(t);
-    tg_spec *s = write_spec(u);
-    free(u);
-    return s;
+    return write_spec(u);
 }
 
 /* Counters near INT64_MAX (a worker's word): two decodes a leg and two
@@ -437,15 +425,10 @@ static void test_counters_saturate(void **unused)
     tg_spec *s = double_spec("name: counters\nprompts: [{id: p1, text: ab}, {id: p2, text: cd}]\nsteps: 2\ntop_k: 2\n",
                             arms);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
+    gate_result r = run_gate(st, s);
     assert_true(q_int(st, "SELECT min(device_ops) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1"
                           " AND a.name = 'big'", r.run_id, NULL) == INT64_MAX);
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    score(st, r.run_id);
     static const char *const keys[] = {"DEVICE_OPS", "REFERENCE_TIER_HITS"};
     for (int i = 0; i < 2; i++) {
         sqlite3_stmt *q;
@@ -476,25 +459,17 @@ static void test_worker_error_text(void **unused)
     static const char *const arms[] = {"ref:ok", "x:error-load", NULL};
     tg_spec *s = double_spec("name: errtext\nprompts: [{id: p1, text: ab}]\nsteps: 2\ntop_k: 2\n", arms);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    assert_int_equal(gate_run(st, s, &o, &r, &e), 0);
-    sqlite3_stmt *q;
-    assert_int_equal(sqlite3_prepare_v2(store_db(st),
-                                        "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE"
-                                        " l.run_id = ?1 AND a.name = 'x'", -1, &q, NULL), SQLITE_OK);
-    sqlite3_bind_int64(q, 1, r.run_id);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_string_equal((const char *)sqlite3_column_text(q, 0), "load: \\x1b[31mno such model\\x1b[0m");
-    sqlite3_finalize(q);
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    gate_result r = run_gate(st, s);
+    char cause[256];
+    q_text(st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = 'x'",
+           r.run_id, NULL, cause, sizeof cause);
+    assert_string_equal(cause, "load: \\x1b[31mno such model\\x1b[0m");
+    score(st, r.run_id);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     report_options ro = {REPORT_TEXT, 0};
+    tg_err e;
     assert_int_equal(report_write(st, r.run_id, &ro, f, &e), 0);
     fclose(f);
     assert_null(strchr(buf, 0x1b));
@@ -502,6 +477,30 @@ static void test_worker_error_text(void **unused)
     free(buf);
     store_close(st);
     spec_free(s);
+}
+
+/* `tokgate gate` of g_dir/s.yaml into g_dir/t.db refuses the spec: exit
+ * status 2, with want (NULL: anything) on stderr. Returns 1, or 0 when
+ * tokgate is not built (said, not checked). */
+static int cli_gate_refused(const char *want)
+{
+    if (!exists(g_tokgate)) {
+        print_message("(tokgate not built: CLI exit status not checked)\n");
+        return 0;
+    }
+    char sp[2 * PATH_MAX], db[2 * PATH_MAX];
+    path_in(sp, sizeof sp, "s.yaml");
+    path_in(db, sizeof db, "t.db");
+    char *argv[] = {g_tokgate, "gate", sp, "--db", db, NULL};
+    char *out;
+    size_t n;
+    arm_exit x;
+    tg_err e;
+    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &out, &n, &x, &e), -1);
+    assert_int_equal(x.exit_status, 2);
+    if (want) assert_non_null(strstr(x.stderr_text, want));
+    arm_exit_free(&x);
+    return 1;
 }
 
 /* Input errors found before anything runs (exit 2, nothing stored): a
@@ -512,8 +511,7 @@ static void test_inputs_checked_first(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], cut[2 * PATH_MAX], shipped[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     path_in(cut, sizeof cut, "cut.gguf");
     snprintf(shipped, sizeof shipped, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
     const char *fa = fault_arm();
@@ -540,7 +538,6 @@ static void test_inputs_checked_first(void **unused)
                              "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: eng, engine: ref}\n",
                              paths[i], shas[i], fa) > 0);
         tg_spec *s = write_spec(t);
-        free(t);
         gate_options o = opts();
         gate_result r;
         assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
@@ -556,7 +553,6 @@ static void test_inputs_checked_first(void **unused)
                          "arms:\n  - {name: ref, exec: [%s, ok]}\n  - {name: a, exec: [%s, ok]}\n"
                          "  - {name: b, exec: [%s, ok]}\n", m, sha, fa, fa, fa) > 0);
     tg_spec *s = write_spec(t);
-    free(t);
     gate_options o = opts();
     gate_result r;
     assert_int_equal(gate_run(st, s, &o, &r, &e), -1);
@@ -567,18 +563,7 @@ static void test_inputs_checked_first(void **unused)
     assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
     store_close(st);
     /* the CLI: exit status 2, an input error */
-    char tg[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
-    snprintf(tg, sizeof tg, "%s/tokgate", g_bin);
-    if (!exists(tg)) return;
-    path_in(sp, sizeof sp, "s.yaml");
-    path_in(db, sizeof db, "t.db");
-    char *argv[] = {tg, "gate", sp, "--db", db, NULL};
-    char *outp;
-    size_t n;
-    arm_exit x;
-    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &outp, &n, &x, &e), -1);
-    assert_int_equal(x.exit_status, 2);
-    arm_exit_free(&x);
+    cli_gate_refused(NULL);
 }
 
 /* A pinned hash that does not match: nothing new is stored. */
@@ -586,7 +571,7 @@ static void test_artifact_mismatch_stores_nothing(void **unused)
 {
     (void)unused;
     char sha[65];
-    make_model(sha);
+    make_model(sha, NULL, 0);
     tg_store *st = open_db();
     long long runs = q_int(st, "SELECT count(*) FROM run", 0, NULL);
     long long legs = q_int(st, "SELECT count(*) FROM leg", 0, NULL);
@@ -603,22 +588,7 @@ static void test_artifact_mismatch_stores_nothing(void **unused)
     spec_free(s);
 
     /* the CLI: exit status 2 */
-    char tg[2 * PATH_MAX], sp[2 * PATH_MAX], db[2 * PATH_MAX];
-    snprintf(tg, sizeof tg, "%s/tokgate", g_bin);
-    if (!exists(tg)) {
-        print_message("(tokgate not built: CLI exit status not checked)\n");
-        return;
-    }
-    path_in(sp, sizeof sp, "s.yaml");
-    path_in(db, sizeof db, "t.db");
-    char *argv[] = {tg, "gate", sp, "--db", db, NULL};
-    char *out;
-    size_t n;
-    arm_exit x;
-    assert_int_equal(arm_run_command(argv, 30, 0, 0, NULL, &out, &n, &x, &e), -1);
-    assert_int_equal(x.exit_status, 2);
-    assert_non_null(strstr(x.stderr_text, "sha256 mismatch"));
-    arm_exit_free(&x);
+    if (!cli_gate_refused("sha256 mismatch")) return;
     st = open_db();
     assert_int_equal(q_int(st, "SELECT count(*) FROM run", 0, NULL), runs);
     store_close(st);
@@ -636,14 +606,22 @@ static tg_spec *resume_spec(int steps)
 
 /* The first run of the resume tests: *s the spec (resume_spec(4)), *r its
  * result; returns the store it went into. */
-static tg_store *resume_first_run(tg_spec **s, gate_result *r)
+/* A first run of the --resume tests (resume_spec(4) into a fresh store)
+ * and the options that resume it. */
+typedef struct resumable {
+    tg_spec *s;
+    tg_store *st;
+    gate_result r;   /* the first run */
+    gate_options o;  /* opts() resuming it */
+} resumable;
+
+static void resume_first_run(resumable *x)
 {
-    *s = resume_spec(4);
-    tg_store *st = open_db();
-    gate_options o = opts();
-    tg_err e;
-    if (gate_run(st, *s, &o, r, &e) < 0) fail_msg("the first run: %s", e.msg);
-    return st;
+    x->s = resume_spec(4);
+    x->st = open_db();
+    x->r = run_gate(x->st, x->s);
+    x->o = opts();
+    x->o.resume_run = x->r.run_id;
 }
 
 /* --resume: stored legs are skipped; a missing one is run again, forced
@@ -651,16 +629,13 @@ static tg_store *resume_first_run(tg_spec **s, gate_result *r)
 static void test_resume(void **unused)
 {
     (void)unused;
-    tg_spec *s;
-    gate_result r;
-    tg_store *st = resume_first_run(&s, &r);
-    gate_options o = opts();
+    resumable x;
+    resume_first_run(&x);
     tg_err e;
-    assert_int_equal(r.legs_run, 4);
-    o.resume_run = r.run_id;
+    assert_int_equal(x.r.legs_run, 4);
     gate_result r2;
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
-    assert_int_equal(r2.run_id, r.run_id);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), 0);
+    assert_int_equal(r2.run_id, x.r.run_id);
     assert_int_equal(r2.legs_skipped, 4);
     assert_int_equal(r2.legs_run, 0);
     /* drop the good arm's leg 2 and resume (leg 2: the leg whose rows may be
@@ -674,31 +649,31 @@ static void test_resume(void **unused)
              "FROM leg o JOIN step_top t ON t.leg_id = o.same_as WHERE o.run_id = %lld AND o.same_as IN "
              "(SELECT id FROM leg WHERE run_id = %lld AND leg = 2); "
              "UPDATE leg SET same_as = NULL WHERE same_as IN (SELECT id FROM leg WHERE run_id = %lld AND leg = 2)",
-             (long long)r.run_id, (long long)r.run_id, (long long)r.run_id);
-    assert_int_equal(sqlite3_exec(store_db(st), sql0, NULL, NULL, &err0), SQLITE_OK);
+             (long long)x.r.run_id, (long long)x.r.run_id, (long long)x.r.run_id);
+    assert_int_equal(sqlite3_exec(store_db(x.st), sql0, NULL, NULL, &err0), SQLITE_OK);
     char *err = NULL;
     char sql[256];
     snprintf(sql, sizeof sql, "DELETE FROM leg WHERE run_id = %lld AND leg = 2 AND arm_id = "
-             "(SELECT id FROM arm WHERE run_id = %lld AND name = 'good')", (long long)r.run_id, (long long)r.run_id);
-    assert_int_equal(sqlite3_exec(store_db(st), sql, NULL, NULL, &err), SQLITE_OK);
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+             "(SELECT id FROM arm WHERE run_id = %lld AND name = 'good')", (long long)x.r.run_id, (long long)x.r.run_id);
+    assert_int_equal(sqlite3_exec(store_db(x.st), sql, NULL, NULL, &err), SQLITE_OK);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), 0);
     assert_int_equal(r2.legs_run, 1);
     assert_int_equal(r2.legs_skipped, 3);
     assert_int_equal(r2.legs_faulted, 0);
-    assert_int_equal(q_int(st,
+    assert_int_equal(q_int(x.st,
                            "SELECT count(*) FROM step g JOIN leg lg ON lg.id = g.leg_id JOIN arm ag ON ag.id = lg.arm_id "
                            "JOIN step f ON f.prompt_id = g.prompt_id AND f.step = g.step "
                            "JOIN leg lf ON lf.id = f.leg_id JOIN arm af ON af.id = lf.arm_id "
                            "WHERE lg.run_id = ?1 AND ag.name = ?2 AND lg.leg = 2 AND af.name = 'ref' AND lf.leg = 1 "
-                           "AND g.forced = f.token", r.run_id, "good"), 4);
+                           "AND g.forced = f.token", x.r.run_id, "good"), 4);
     /* a run of another spec text cannot be resumed */
-    spec_free(s);
-    s = resume_spec(5);
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
+    spec_free(x.s);
+    x.s = resume_spec(5);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), -1);
     assert_non_null(strstr(e.msg, "another spec text"));
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(x.st);
+    store_close(x.st);
+    spec_free(x.s);
 }
 
 /* Two gates on one run: while another process holds run N's lock (as a
@@ -709,19 +684,17 @@ static void test_resume(void **unused)
 static void test_resume_locked(void **unused)
 {
     (void)unused;
-    tg_spec *s;
-    gate_result r;
-    tg_store *st = resume_first_run(&s, &r);
-    gate_options o = opts();
+    resumable x;
+    resume_first_run(&x);
     tg_err e;
-    int64_t run = r.run_id;
+    int64_t run = x.r.run_id;
     char *err = NULL;
     char sql[256];
     snprintf(sql, sizeof sql, "DELETE FROM leg WHERE run_id = %lld AND leg = 2", (long long)run);
-    assert_int_equal(sqlite3_exec(store_db(st), sql, NULL, NULL, &err), SQLITE_OK);
-    long long legs0 = q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x");
-    store_close(st);                          /* this process's gate held the lock until here */
-    st = open_db();
+    assert_int_equal(sqlite3_exec(store_db(x.st), sql, NULL, NULL, &err), SQLITE_OK);
+    long long legs0 = q_int(x.st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x");
+    store_close(x.st);                          /* this process's gate held the lock until here */
+    x.st = open_db();
 
     /* the other process: takes the run's lock, says so, holds it until told */
     int up[2], down[2];
@@ -744,15 +717,14 @@ static void test_resume_locked(void **unused)
     assert_int_equal(read(up[0], &c, 1), 1);
     assert_int_equal(c, 'L');
 
-    o.resume_run = run;
     gate_result r2;
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), -1);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), -1);
     char want[96];
     snprintf(want, sizeof want, "run %lld is being resumed by process %ld", (long long)run, (long)pid);
     if (!strstr(e.msg, want)) fail_msg("expected \"%s\" in: %s", want, e.msg);
     assert_int_equal(r2.run_id, 0);           /* main marks nothing */
     assert_int_equal(r2.legs_run, 0);
-    assert_int_equal(q_int(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x"), legs0);
+    assert_int_equal(q_int(x.st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND ?2 IS NOT NULL", run, "x"), legs0);
 
     /* the holder ends: the lock goes with it, and the resume runs the two legs */
     assert_int_equal(write(down[1], "x", 1), 1);
@@ -763,12 +735,12 @@ static void test_resume_locked(void **unused)
     close(up[1]);
     close(down[0]);
     close(down[1]);
-    assert_int_equal(gate_run(st, s, &o, &r2, &e), 0);
+    assert_int_equal(gate_run(x.st, x.s, &x.o, &r2, &e), 0);
     assert_int_equal(r2.legs_run, 2);
     assert_int_equal(r2.legs_skipped, 2);
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(x.st);
+    store_close(x.st);
+    spec_free(x.s);
 }
 
 /* The real thing: llama.cpp's CPU build as reference, a second llama arm
@@ -799,15 +771,8 @@ static void test_real_gate(void **unused)
                          "%s",
                          model, lib, lib, with_engine ? "  - {name: cpu, engine: cpu, options: {threads: 1}}\n" : "") > 0);
     tg_spec *s = write_spec(t);
-    free(t);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    if (gate_run(st, s, &o, &r, &e) < 0) {
-        print_message("gate_run: %s\n", e.msg);
-        fail();
-    }
+    gate_result r = run_gate(st, s);
     if (r.legs_faulted) {
         sqlite3_stmt *q;
         sqlite3_prepare_v2(store_db(st), "SELECT a.name, l.leg, l.cause FROM leg l JOIN arm a ON a.id = l.arm_id "
@@ -818,9 +783,7 @@ static void test_real_gate(void **unused)
         sqlite3_finalize(q);
         fail();
     }
-    verdict_options vo = verdict_options_default();
-    verdict_result vr;
-    assert_int_equal(verdict_score_run(st, r.run_id, &vo, &vr, &e), 0);
+    score(st, r.run_id);
     char w[32];
     arm_verdict(st, r.run_id, "llama-twin", w);
     assert_string_equal(w, "PASS");
@@ -839,6 +802,7 @@ static void test_real_gate(void **unused)
         size_t len = 0;
         FILE *m = open_memstream(&buf, &len);
         assert_non_null(m);
+        tg_err e;
         assert_int_equal(report_step(st, r.run_id, "p1", 0, 0, m, &e), 0);
         fclose(m);
         if (!strstr(buf, "\ntokens: ") || !strstr(buf, "=\""))
@@ -896,15 +860,8 @@ static void test_real_gate_dumps(void **unused)
                          "  - {name: cpu, engine: cpu, options: {threads: 1}}\n",
                          model) > 0);
     tg_spec *s = write_spec(t);
-    free(t);
     tg_store *st = open_db();
-    gate_options o = opts();
-    gate_result r;
-    tg_err e;
-    if (gate_run(st, s, &o, &r, &e) < 0) {
-        print_message("gate_run: %s\n", e.msg);
-        fail();
-    }
+    gate_result r = run_gate(st, s);
     assert_int_equal(r.legs_faulted, 0);
     const char *arms[] = {"ref", "cpu"};
     for (int a = 0; a < 2; a++) {
@@ -945,20 +902,7 @@ static void test_real_gate_dumps(void **unused)
     spec_free(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_degenerate_logits, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cpu_budget, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_counters_saturate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_worker_error_text, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_inputs_checked_first, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_faulted_arms, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_artifact_mismatch_stores_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_resume, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_resume_locked, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_real_gate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_real_gate_dumps, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    test_degenerate_logits, test_cpu_budget, test_counters_saturate, test_worker_error_text,
+    test_inputs_checked_first, test_faulted_arms, test_artifact_mismatch_stores_nothing, test_resume,
+    test_resume_locked, test_real_gate, test_real_gate_dumps)

@@ -38,47 +38,9 @@
 #include "localize.h"
 #include "spec.h"
 #include "store.h"
+#include "testenv.h"
 
 extern char **environ;
-
-#define skip_msg(...)            \
-    do {                         \
-        printf(__VA_ARGS__);     \
-        printf(": skipped\n");   \
-        skip();                  \
-    } while (0)
-
-static char g_root[PATH_MAX], g_build[PATH_MAX], g_dir[PATH_MAX];
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *r = getenv("TG_ROOT"), *b = getenv("TG_BUILD");
-    snprintf(g_root, sizeof g_root, "%s", r && *r ? r : ".");
-    snprintf(g_build, sizeof g_build, "%s", b && *b ? b : "build");
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-localize-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "t.db-runlock", "m.db", "m.db-wal", "m.db-shm",
-                           "tiny.gguf", "tiny.yaml", "trained.yaml", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    /* the evidence folder: rm by argv, no shell */
-    char ev[PATH_MAX + 8];
-    snprintf(ev, sizeof ev, "%s/ev", g_dir);
-    char *argv[] = {"rm", "-rf", "--", ev, NULL};
-    pid_t pid;
-    if (posix_spawnp(&pid, "rm", NULL, NULL, argv, environ) == 0) waitpid(pid, NULL, 0);
-    rmdir(g_dir);
-    return 0;
-}
 
 /* ------------------------------------------------------------------ */
 /* The comparison                                                      */
@@ -221,12 +183,6 @@ static void test_migration(void **st_)
 /* ------------------------------------------------------------------ */
 /* Real runs                                                           */
 
-static int exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
-
 static int spawn_wait(char *const *argv)
 {
     pid_t pid;
@@ -241,21 +197,17 @@ static tg_spec *write_spec(const char *name, const char *model, int layer)
     char sha[65], path[PATH_MAX + 32];
     tg_err e;
     if (tg_sha256_file(model, sha, &e) < 0) fail_msg("%s", e.msg);
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: localize-%s\nmodel: {path: %s, sha256: %s}\n"
-            "prompts:\n  - {id: p1, text: \"The following options are supported:\"}\n"
-            "steps: 6\ntop_k: 16\nlegs: 1\nmode: teacher-forced\nreference: ref\npolicy: {kind: exact}\n"
-            "arms:\n"
-            "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
-            "  - {name: cpu-t2, engine: cpu, options: {threads: 2}}\n"
-            "  - {name: ref, engine: ref}\n"
-            "  - {name: cpu-bf16, engine: cpu, options: {threads: 1, perturb: \"bf16:ffn_out:%d\"}}\n"
-            "  - {name: ref-bf16, engine: ref, options: {perturb: \"bf16:ffn_out:%d\"}}\n",
-            name, model, sha, layer, layer);
-    fclose(f);
+    write_in(path, sizeof path, name,
+             "name: localize-%s\nmodel: {path: %s, sha256: %s}\n"
+             "prompts:\n  - {id: p1, text: \"The following options are supported:\"}\n"
+             "steps: 6\ntop_k: 16\nlegs: 1\nmode: teacher-forced\nreference: ref\npolicy: {kind: exact}\n"
+             "arms:\n"
+             "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
+             "  - {name: cpu-t2, engine: cpu, options: {threads: 2}}\n"
+             "  - {name: ref, engine: ref}\n"
+             "  - {name: cpu-bf16, engine: cpu, options: {threads: 1, perturb: \"bf16:ffn_out:%d\"}}\n"
+             "  - {name: ref-bf16, engine: ref, options: {perturb: \"bf16:ffn_out:%d\"}}\n",
+             name, model, sha, layer, layer);
     tg_spec *s;
     if (spec_load(&s, path, &e) < 0) fail_msg("spec: %s", e.msg);
     return s;
@@ -399,5 +351,5 @@ int main(void)
         cmocka_unit_test(test_real_mkmodel),
         cmocka_unit_test(test_real_trained),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, testenv_setup, testenv_teardown);
 }

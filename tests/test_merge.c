@@ -17,40 +17,12 @@
 
 #include <cmocka.h>
 
+#include "testenv.h"
 #include "v3fixture.h"
 
 #include "merge.h"
 #include "store.h"
 #include "verdict.h"
-
-static char g_dir[PATH_MAX];
-
-static void path_in(char *buf, size_t n, const char *name)
-{
-    snprintf(buf, n, "%s/%s", g_dir, name);
-}
-
-static int setup(void **st)
-{
-    (void)st;
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-merge-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    const char *names[] = {"a.db", "b.db", "c.db", "d.db", "a2.db", "v1.db", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++)
-        for (int k = 0; k < 3; k++) {
-            path_in(p, sizeof p - 8, names[i]);
-            strcat(p, k == 0 ? "" : k == 1 ? "-wal" : "-shm");
-            unlink(p);
-        }
-    rmdir(g_dir);
-    return 0;
-}
 
 /* Writes a scored run of spec `spec` into the store at name: a reference arm
  * and a test arm, 2 legs, 2 prompts, 4 steps; the test arm differs from the
@@ -103,12 +75,21 @@ static void make_run(const char *name, const char *spec, int diff)
     store_close(st);
 }
 
-static int64_t count(const char *name, const char *sql)
+/* The sqlite database g_dir/name, opened (its path into p, n bytes; NULL:
+ * not wanted). */
+static sqlite3 *open_in(const char *name, char *p, size_t n)
 {
-    char p[2 * PATH_MAX];
-    path_in(p, sizeof p, name);
+    char own[2 * PATH_MAX];
+    if (!p) p = own, n = sizeof own;
+    path_in(p, n, name);
     sqlite3 *db;
     assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    return db;
+}
+
+static int64_t count(const char *name, const char *sql)
+{
+    sqlite3 *db = open_in(name, NULL, 0);
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
     int64_t v = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
@@ -161,9 +142,7 @@ static void test_migrate_v1(void **state)
     (void)state;
     make_run("v1.db", "s1", -1);
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "v1.db");
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    sqlite3 *db = open_in("v1.db", p, sizeof p);
     /* back to version 1: the tables of SCHEMA_V1 only, run without uid */
     static const char *const V1[] = {"spec", "artifact", "binary", "run", "arm", "prompt", "leg", "leg_prompt",
                                      "step", "dump", "verdict_set", "verdict", "compare", "contested", NULL};
@@ -214,10 +193,7 @@ static void test_migrate_v1(void **state)
  * prompt, step, rank), so stores with other ids compare. */
 static uint64_t tops_hash(const char *name, const char *spec)
 {
-    char p[2 * PATH_MAX];
-    path_in(p, sizeof p, name);
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(p, &db), SQLITE_OK);
+    sqlite3 *db = open_in(name, NULL, 0);
     sqlite3_stmt *q;
     assert_int_equal(sqlite3_prepare_v2(db, "SELECT lp.leg_id, lp.prompt_id, a.name, l.leg, pr.name FROM leg_prompt lp"
                                             " JOIN leg l ON l.id = lp.leg_id JOIN arm a ON a.id = l.arm_id"
@@ -324,12 +300,7 @@ static void test_merge_conflict(void **state)
     merge_stats ms;
     if (merge_into("c.db", "a.db", &ms, &e) < 0) fail_msg("%s", e.msg);
     /* a2.db: a copy of a.db whose run has one other token, plus another run */
-    char pa[2 * PATH_MAX], pa2[2 * PATH_MAX];
-    path_in(pa, sizeof pa, "a.db");
-    path_in(pa2, sizeof pa2, "a2.db");
-    sqlite3 *src, *dst;
-    assert_int_equal(sqlite3_open(pa, &src), SQLITE_OK);
-    assert_int_equal(sqlite3_open(pa2, &dst), SQLITE_OK);
+    sqlite3 *src = open_in("a.db", NULL, 0), *dst = open_in("a2.db", NULL, 0);
     sqlite3_backup *bk = sqlite3_backup_init(dst, "main", src, "main");
     assert_non_null(bk);
     sqlite3_backup_step(bk, -1);
@@ -360,10 +331,7 @@ static void test_merge_bad_input(void **state)
     assert_int_equal(merge_into("c.db", "c.db", &ms, &e), -1);
     if (!strstr(e.msg, "output store itself")) fail_msg("merging a store into itself: %s", e.msg);
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "d.db");
-    FILE *f = fopen(p, "w");
-    fputs("not a database", f);
-    fclose(f);
+    write_in(p, sizeof p, "d.db", "not a database");
     assert_int_equal(merge_into("c.db", "d.db", &ms, &e), -1);
     if (!strstr(e.msg, "d.db")) fail_msg("should name the bad file: %s", e.msg);
 }
@@ -398,16 +366,6 @@ static void test_merge_failed_leaves_no_output(void **state)
     assert_int_equal(merge_main(6, argv4), 2);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_run_uid, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_migrate_v1, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_two_shards, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_idempotent, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_conflict, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_bad_input, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_merge_failed_leaves_no_output, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN(
+    test_run_uid, test_migrate_v1, test_merge_two_shards, test_merge_idempotent, test_merge_conflict,
+    test_merge_bad_input, test_merge_failed_leaves_no_output)

@@ -433,6 +433,17 @@ static void shipped_model(char *path, size_t n)
     }
 }
 
+/* The shipped model, loaded (the test skips when it is missing). */
+static tg_model *load_shipped(void)
+{
+    char path[4200];
+    shipped_model(path, sizeof path);
+    tg_err e = {{0}};
+    tg_model *m;
+    if (tg_model_load(&m, path, &e) != 0) fail_msg("load %s: %s", path, e.msg);
+    return m;
+}
+
 static void test_trained(void **state)
 {
     (void)state;
@@ -687,11 +698,8 @@ static int task_count(void)
 static void test_tier_table(void **state)
 {
     (void)state;
-    char path[4200];
-    shipped_model(path, sizeof path);
+    tg_model *m = load_shipped();
     tg_err e = {{0}};
-    tg_model *m;
-    assert_int_equal(tg_model_load(&m, path, &e), 0);
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
     int n_registered = 0;
     for (int id = 0; id < TG_TIER_COUNT; id++) {
@@ -802,11 +810,8 @@ static int dump_index(const dumplog *d, int layer, int stage)
 static void test_dumps_perturb_counters(void **state)
 {
     (void)state;
-    char path[4200];
-    shipped_model(path, sizeof path);
+    tg_model *m = load_shipped();
     tg_err e = {{0}};
-    tg_model *m;
-    assert_int_equal(tg_model_load(&m, path, &e), 0);
     const int32_t toks[] = {10, 200, 3000, 42, 7};
     for (int tier = TG_TIER_REF; tier <= TG_TIER_CPU; tier++) {
         tg_opts o = tg_opts_default();
@@ -1050,12 +1055,8 @@ static void check_matmul(tg_session *s, const tg_weight *w, int n, int f64, cons
 static void test_ref_matmul(void **state)
 {
     (void)state;
-    char path[4200];
-    shipped_model(path, sizeof path);
+    tg_model *m = load_shipped();
     tg_err e = {{0}};
-    tg_model *m;
-    if (tg_model_load(&m, path, &e) != 0)
-        fail_msg("load: %s", e.msg);
     rng_seed("ref matmul");
     // F32 weights of 37 rows: 1003 columns (a tail of 3), 2051 (blocks of 512, a tail of 3)
     enum { FR = 37 };
@@ -1204,12 +1205,8 @@ static void assert_logits_equal(const float *a, const float *b, int n_vocab, con
 static void test_eval_all(void **state)
 {
     (void)state;
-    char path[4200];
-    shipped_model(path, sizeof path);
+    tg_model *m = load_shipped();
     tg_err e = {{0}};
-    tg_model *m;
-    if (tg_model_load(&m, path, &e) != 0)
-        fail_msg("load: %s", e.msg);
     const int V = m->hp.n_vocab;
     rng_seed("eval_all");
     int32_t toks[BATCH_NP + BATCH_NF];

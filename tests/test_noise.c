@@ -32,43 +32,8 @@
 #include "noise.h"
 #include "spec.h"
 #include "store.h"
+#include "testenv.h"
 #include "verdict.h"
-
-/* skip() with a reason printed first. */
-#define skip_msg(...)            \
-    do {                         \
-        printf(__VA_ARGS__);     \
-        printf(": skipped\n");  \
-        skip();                  \
-    } while (0)
-
-static char g_root[PATH_MAX], g_build[PATH_MAX], g_cache[PATH_MAX + 16], g_dir[PATH_MAX];
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *r = getenv("TG_ROOT"), *b = getenv("TG_BUILD"), *c = getenv("TG_CACHE");
-    snprintf(g_root, sizeof g_root, "%s", r && *r ? r : ".");
-    snprintf(g_build, sizeof g_build, "%s", b && *b ? b : "build");
-    if (c && *c) snprintf(g_cache, sizeof g_cache, "%s", c);
-    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-noise-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    const char *names[] = {"t.db", "t.db-wal", "t.db-shm", "t.db-runlock", "r.db", "r.db-wal", "r.db-shm",
-                           "s.yaml", "prompts.txt", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
-    return 0;
-}
 
 /* ------------------------------------------------------------------ */
 /* The pure rules                                                      */
@@ -319,12 +284,6 @@ static void test_crafted_noise_policy(void **st_)
 /* ------------------------------------------------------------------ */
 /* A real run                                                          */
 
-static int exists(const char *p)
-{
-    struct stat s;
-    return stat(p, &s) == 0;
-}
-
 /* The stored top-k of (arm, leg 1, prompt, step) of run into top; count. */
 static int stored_top(tg_store *st, int64_t run, const char *arm, const char *prompt, int step,
                       tg_top *top, int cap)
@@ -382,21 +341,17 @@ static void test_real_variants(void **st_)
         if (i == 3) fputs(line, out);
     fclose(in);
     fclose(out);
-    snprintf(sp, sizeof sp, "%s/s.yaml", g_dir);
-    FILE *f = fopen(sp, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: noise-real\nmodel: {path: %s, sha256: %s}\nprompts: %s\nsteps: 16\ntop_k: 32\n"
-            "legs: 1\nmode: teacher-forced\nreference: llama-cpu\npolicy: {kind: noise}\njobs: 2\n"
-            "arms:\n"
-            "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
-            "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 2}}}\n"
-            "  - {name: llama-f32kv, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 1,"
-            " flash_attn: \"off\", n_ubatch: 1, type_k: f32, type_v: f32}}}\n"
-            "  - {name: llama-fa-ub1, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 2,"
-            " flash_attn: \"on\", n_ubatch: 1}}}\n",
-            model, sha, pp, lib, lib, lib);
-    fclose(f);
+    write_in(sp, sizeof sp, "s.yaml",
+             "name: noise-real\nmodel: {path: %s, sha256: %s}\nprompts: %s\nsteps: 16\ntop_k: 32\n"
+             "legs: 1\nmode: teacher-forced\nreference: llama-cpu\npolicy: {kind: noise}\njobs: 2\n"
+             "arms:\n"
+             "  - {name: cpu, engine: cpu, options: {threads: 1}}\n"
+             "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 2}}}\n"
+             "  - {name: llama-f32kv, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 1,"
+             " flash_attn: \"off\", n_ubatch: 1, type_k: f32, type_v: f32}}}\n"
+             "  - {name: llama-fa-ub1, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 2,"
+             " flash_attn: \"on\", n_ubatch: 1}}}\n",
+             model, sha, pp, lib, lib, lib);
     tg_spec *spec;
     if (spec_load(&spec, sp, &e) < 0) fail_msg("spec: %s", e.msg);
     char db[PATH_MAX + 16];
@@ -477,5 +432,5 @@ int main(void)
         cmocka_unit_test(test_crafted_noise_policy),
         cmocka_unit_test(test_real_variants),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, testenv_setup, testenv_teardown);
 }

@@ -10,10 +10,11 @@
  *    legitimate variant of the panel (threads 1 and 2, every kernel ISA
  *    this machine has and scalar via TG_CPU_ISA, KV f16 and f32) has no
  *    stage over budget;
- *  - the mutation suite tests/mutants/replay/ (*.mut files): each bug is applied
- *    to a copy of its source file (a missing anchor fails the test),
- *    compiled into a mutant tg-engine, and the replay must name its layer
- *    and stage as the first stage over budget;
+ *  - the mutation suite tests/mutants/replay/ (*.mut files, format:
+ *    tests/mutants/README.md): every file applies to the current sources
+ *    (a missing anchor fails the test, naming it); tg-mutate builds each
+ *    into a mutant tg-engine, and the replay must name the layer and stage
+ *    of its `stage:` line as the first stage over budget;
  *  - an arm that cannot replay (a worker without the op) is reported so.
  * The real runs skip when tg-engine is not built; the mutants also under
  * the sanitizer build (they test numerics, not memory).
@@ -37,20 +38,15 @@
 #include <unistd.h>
 
 #include "model.h"
+#include "mutation.h"
 #include "replay.h"
 #include "spec.h"
+#include "testenv.h"
 #include "tokenizer.h"
 
 extern char **environ;
 
-#define skip_msg(...)            \
-    do {                         \
-        printf(__VA_ARGS__);     \
-        printf(": skipped\n");   \
-        skip();                  \
-    } while (0)
-
-static char g_root[PATH_MAX], g_build[PATH_MAX], g_dir[PATH_MAX], g_model[PATH_MAX + 64];
+static char g_model[PATH_MAX + 64];
 static int32_t *g_tok;
 static int g_n_tok;
 
@@ -59,37 +55,16 @@ static int g_n_tok;
 static int setup(void **st)
 {
     (void)st;
-    const char *r = getenv("TG_ROOT"), *b = getenv("TG_BUILD");
-    snprintf(g_root, sizeof g_root, "%s", r && *r ? r : ".");
-    snprintf(g_build, sizeof g_build, "%s", b && *b ? b : "build");
+    int rc = testenv_init("replay");
     snprintf(g_model, sizeof g_model, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-replay-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static void rm_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char p[PATH_MAX * 2];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
+    return rc;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    rm_tree(g_dir);
     free(g_tok);
-    return 0;
+    return testenv_clean();
 }
 
 /* ------------------------------------------------------------------ */
@@ -293,15 +268,11 @@ static int run(const char *argv_yaml, const char *options, rp_table **t, char *w
     char sha[65], path[PATH_MAX + 32];
     tg_err e;
     if (tg_sha256_file(g_model, sha, &e) < 0) fail_msg("%s", e.msg);
-    snprintf(path, sizeof path, "%s/spec.yaml", g_dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "name: replay\nmodel: {path: %s, sha256: %s}\n"
-            "prompts:\n  - {id: p1, text: \"x\"}\nsteps: 1\ntop_k: 4\nlegs: 1\nreference: arm\npolicy: {kind: exact}\n"
-            "arms:\n  - {name: arm, exec: %s, options: %s}\n",
-            g_model, sha, argv_yaml, options);
-    fclose(f);
+    write_in(path, sizeof path, "spec.yaml",
+             "name: replay\nmodel: {path: %s, sha256: %s}\n"
+             "prompts:\n  - {id: p1, text: \"x\"}\nsteps: 1\ntop_k: 4\nlegs: 1\nreference: arm\npolicy: {kind: exact}\n"
+             "arms:\n  - {name: arm, exec: %s, options: %s}\n",
+             g_model, sha, argv_yaml, options);
     tg_spec *s;
     if (spec_load(&s, path, &e) < 0) fail_msg("spec: %s", e.msg);
     char bin[PATH_MAX + 8];
@@ -397,9 +368,8 @@ static void test_cannot_replay(void **st)
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/bin/tg-llama", g_build);
     if (access(p, X_OK) != 0) skip_msg("tg-llama not built");
-    char lib[PATH_MAX + 64], argv_yaml[PATH_MAX * 3 + 64], why[256];
-    const char *cache = getenv("TG_CACHE");
-    snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", cache && *cache ? cache : ".cache");
+    char lib[PATH_MAX + 128], argv_yaml[PATH_MAX * 3 + 128], why[256];
+    snprintf(lib, sizeof lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", g_cache);
     if (access(lib, R_OK) != 0) skip_msg("no llama.cpp library at %s", lib);
     snprintf(argv_yaml, sizeof argv_yaml, "[%s/bin/tg-llama, --lib, %s]", g_build, lib);
     rp_table *t = NULL;
@@ -411,130 +381,21 @@ static void test_cannot_replay(void **st)
 /* ------------------------------------------------------------------ */
 /* The mutation suite                                                  */
 
-static char *slurp(const char *path, size_t *len)
+/* The whole file at path (NUL-terminated, malloc'ed), or NULL. */
+static char *slurp(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-    b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
+    char *b;
+    size_t n;
+    tg_err e;
+    return common_read_file(path, 64 << 20, &b, &n, &e) == 0 ? b : NULL;
 }
 
-/* Runs argv (no shell); returns its exit status (-1 when it could not start). */
-static int spawn_wait(char *const *argv)
+/* Every mutation of the suite still applies to the current sources (a
+ * moved anchor fails here, naming the file and the anchor). */
+static void test_mutants_apply(void **st)
 {
-    pid_t pid;
-    if (posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ) != 0) return -1;
-    int ws;
-    if (waitpid(pid, &ws, 0) < 0) return -1;
-    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128;
-}
-
-typedef struct mutant {
-    char file[256];
-    int layer;
-    char stage[32];
-    char env_key[64], env_val[64];
-} mutant;
-
-/* Applies the .mut file to a copy of its source in dir; fills m. Fails the
- * test on a malformed file or an anchor that is not there exactly once. */
-static void apply_mutant(const char *mut_path, const char *dir, mutant *m, char *src_out, size_t src_n)
-{
-    char *txt = slurp(mut_path, NULL);
-    if (!txt) fail_msg("cannot read %s", mut_path);
-    memset(m, 0, sizeof *m);
-    m->layer = -2;
-    char *p = txt;
-    /* header */
-    while (*p && strncmp(p, "--- anchor\n", 11)) {
-        char *nl = strchr(p, '\n');
-        if (!nl) break;
-        *nl = 0;
-        if (!strncmp(p, "file: ", 6)) snprintf(m->file, sizeof m->file, "%s", p + 6);
-        else if (!strncmp(p, "expect: ", 8)) {
-            if (sscanf(p + 8, "%d %31s", &m->layer, m->stage) != 2) fail_msg("%s: bad expect line", mut_path);
-        } else if (!strncmp(p, "env: ", 5)) {
-            char *eq = strchr(p + 5, '=');
-            if (!eq) fail_msg("%s: bad env line", mut_path);
-            snprintf(m->env_key, sizeof m->env_key, "%.*s", (int)(eq - p - 5), p + 5);
-            snprintf(m->env_val, sizeof m->env_val, "%s", eq + 1);
-        } else if (p[0] != '#' && p[0]) fail_msg("%s: unknown header line '%s'", mut_path, p);
-        p = nl + 1;
-    }
-    if (!m->file[0] || m->layer == -2 || replay_stage_parse(m->stage) < 0)
-        fail_msg("%s: needs 'file:' and 'expect: LAYER STAGE' (a replay stage)", mut_path);
-    char src[PATH_MAX * 2 + 300];
-    snprintf(src, sizeof src, "%s/%s", g_root, m->file);
-    size_t len;
-    char *code = slurp(src, &len);
-    if (!code) fail_msg("%s: cannot read %s", mut_path, src);
-    int n_edits = 0;
-    while (!strncmp(p, "--- anchor\n", 11)) {
-        char *a = p + 11, *r = strstr(a, "+++ replace\n");
-        if (!r) fail_msg("%s: edit %d has no '+++ replace'", mut_path, n_edits + 1);
-        char *end = strstr(r + 12, "===\n");
-        if (!end) fail_msg("%s: edit %d has no '==='", mut_path, n_edits + 1);
-        *r = 0;
-        *end = 0;
-        const char *anchor = a, *repl = r + 12;
-        char *hit = strstr(code, anchor);
-        if (!hit || strstr(hit + 1, anchor))
-            fail_msg("%s: edit %d: the anchor occurs %s in %s (expected exactly once):\n%s", mut_path, n_edits + 1,
-                     hit ? "more than once" : "nowhere", m->file, anchor);
-        size_t al = strlen(anchor), rl = strlen(repl), off = (size_t)(hit - code);
-        char *nc = malloc(len - al + rl + 1);
-        memcpy(nc, code, off);
-        memcpy(nc + off, repl, rl);
-        memcpy(nc + off + rl, hit + al, len - off - al + 1);
-        free(code);
-        code = nc;
-        len = len - al + rl;
-        n_edits++;
-        p = end + 4;
-    }
-    if (n_edits == 0) fail_msg("%s: no edits", mut_path);
-    const char *base = strrchr(m->file, '/');
-    snprintf(src_out, src_n, "%s/%s", dir, base ? base + 1 : m->file);
-    FILE *f = fopen(src_out, "w");
-    assert_non_null(f);
-    fwrite(code, 1, len, f);
-    fclose(f);
-    free(code);
-    free(txt);
-}
-
-/* Compiles src (a mutated engine file) and links a mutant tg-engine at exe. */
-static void build_mutant(const char *src, const char *exe)
-{
-    char obj[PATH_MAX * 3 + 8], inc[PATH_MAX + 16], inc2[PATH_MAX + 16], mainobj[PATH_MAX + 48],
-        lib[PATH_MAX + 48];
-    snprintf(obj, sizeof obj, "%s.o", src);
-    snprintf(inc, sizeof inc, "-I%s/engine", g_root);
-    snprintf(inc2, sizeof inc2, "-I%s/engine/cpu", g_root);
-    snprintf(mainobj, sizeof mainobj, "%s/obj/engine/worker/main.o", g_build);
-    snprintf(lib, sizeof lib, "%s/lib/libtg_engine.a", g_build);
-    const char *isa = strstr(src, "_avx512.c") ? "avx512" : strstr(src, "_avx2.c") ? "avx2" : "";
-    char *cc[32] = {"cc", "-std=gnu11", "-O2", "-D_GNU_SOURCE", inc, inc2, "-pthread", "-c", (char *)src, "-o", obj};
-    int n = 11;
-    if (strstr(src, "forward_ref.c")) cc[n++] = "-ffp-contract=off";
-    if (*isa) {
-        cc[n++] = "-mavx2", cc[n++] = "-mfma", cc[n++] = "-mf16c";
-        if (!strcmp(isa, "avx512"))
-            cc[n++] = "-mavx512f", cc[n++] = "-mavx512bw", cc[n++] = "-mavx512vl", cc[n++] = "-mavx512dq",
-            cc[n++] = "-mavx512vnni";
-    }
-    cc[n] = NULL;
-    if (spawn_wait(cc) != 0) fail_msg("compiling the mutant %s failed", src);
-    char *ld[] = {"cc", "-pthread", "-o", (char *)exe, mainobj, obj, lib, "-ljansson", "-lxxhash", "-lcrypto",
-                  "-lpcre2-8", "-lzstd", "-lsqlite3", "-lfyaml", "-ldl", "-lm", NULL};
-    if (spawn_wait(ld) != 0) fail_msg("linking the mutant tg-engine %s failed", exe);
+    (void)st;
+    mutation_assert_dir(g_root, "tests/mutants/replay", 1);
 }
 
 static void test_mutants(void **st)
@@ -542,30 +403,21 @@ static void test_mutants(void **st)
     (void)st;
     if (!have_engine()) skip_msg("tg-engine or the shipped model missing");
     if (strstr(g_build, "asan")) skip_msg("mutants in a sanitizer build");
-    char dirp[PATH_MAX + 32];
+    char dirp[PATH_MAX + 32], names[64][64], err[8192];
     snprintf(dirp, sizeof dirp, "%s/tests/mutants/replay", g_root);
-    DIR *d = opendir(dirp);
-    assert_non_null(d);
-    struct dirent *de;
-    char *names[64];
-    int n = 0;
-    while ((de = readdir(d)) && n < 64) {
-        size_t l = strlen(de->d_name);
-        if (l > 4 && !strcmp(de->d_name + l - 4, ".mut")) names[n++] = strdup(de->d_name);
-    }
-    closedir(d);
+    int n = mutation_list(dirp, names, 64);
     const char *only = getenv("TG_MUTANT");   /* one mutant by name, for debugging */
     int tested = 0, named = 0;
     for (int i = 0; i < n; i++) {
-        if (only && *only && !strstr(names[i], only)) { free(names[i]); continue; }
-        char mp[PATH_MAX * 2], wd[PATH_MAX * 2], src[PATH_MAX * 3], exe[PATH_MAX * 3];
-        snprintf(mp, sizeof mp, "%s/%s", dirp, names[i]);
+        if (only && *only && !strstr(names[i], only)) continue;
+        char mp[PATH_MAX * 2], wd[PATH_MAX * 2], exe[PATH_MAX * 3];
+        snprintf(mp, sizeof mp, "%s/%.63s.mut", dirp, names[i]);
         snprintf(wd, sizeof wd, "%s/m%d", g_dir, i);
-        mkdir(wd, 0700);
-        mutant m;
-        apply_mutant(mp, wd, &m, src, sizeof src);
+        mutation m;
+        if (mutation_parse(mp, &m, err, sizeof err) < 0) fail_msg("%s", err);
+        if (m.layer == -2) fail_msg("%s: expected stage: LAYER STAGE", mp);
+        if (mutation_build(g_build, mp, wd, err, sizeof err) < 0) fail_msg("%s", err);
         snprintf(exe, sizeof exe, "%s/tg-engine", wd);
-        build_mutant(src, exe);
         if (m.env_key[0]) setenv(m.env_key, m.env_val, 1);
         char argv_yaml[PATH_MAX * 3 + 32], why[256];
         snprintf(argv_yaml, sizeof argv_yaml, "[%s, --tier, cpu]", exe);
@@ -581,8 +433,8 @@ static void test_mutants(void **st)
         named += ok;
         tested++;
         replay_table_free(t);
-        rm_tree(wd);
-        free(names[i]);
+        testenv_rm_tree(wd);
+        mutation_free(&m);
     }
     printf("replay named %d of %d mutants\n", named, tested);
     assert_true(tested > 0);
@@ -595,22 +447,19 @@ static void test_power(void **st)
     (void)st;
     if (!have_engine()) skip_msg("tg-engine or the shipped model missing");
     char spec[PATH_MAX + 32], outp[PATH_MAX + 32], tg[PATH_MAX + 32];
-    snprintf(spec, sizeof spec, "%s/power.yaml", g_dir);
 
     snprintf(outp, sizeof outp, "%s/power.out", g_dir);
     snprintf(tg, sizeof tg, "%s/bin/tokgate", g_build);
     char sha[65];
     tg_err e;
     if (tg_sha256_file(g_model, sha, &e) < 0) fail_msg("%s", e.msg);
-    FILE *f = fopen(spec, "w");
-    assert_non_null(f);
-    fprintf(f, "name: power\nmodel: {path: %s, sha256: %s}\nprompts:\n"
-               "  - {id: p1, text: \"The following options are supported:\"}\n"
-               "  - {id: p2, text: \"def main(argv):\"}\n"
-               "steps: 16\ntop_k: 4\nlegs: 1\nreference: ref\npolicy: {kind: near-tie, band: 0.2}\n"
-               "arms:\n  - {name: cpu, engine: cpu, options: {threads: 2}}\n  - {name: ref, engine: ref}\n",
-            g_model, sha);
-    fclose(f);
+    write_in(spec, sizeof spec, "power.yaml",
+             "name: power\nmodel: {path: %s, sha256: %s}\nprompts:\n"
+             "  - {id: p1, text: \"The following options are supported:\"}\n"
+             "  - {id: p2, text: \"def main(argv):\"}\n"
+             "steps: 16\ntop_k: 4\nlegs: 1\nreference: ref\npolicy: {kind: near-tie, band: 0.2}\n"
+             "arms:\n  - {name: cpu, engine: cpu, options: {threads: 2}}\n  - {name: ref, engine: ref}\n",
+             g_model, sha);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -620,7 +469,7 @@ static void test_power(void **st)
     posix_spawn_file_actions_destroy(&fa);
     int ws;
     assert_true(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
-    char *out = slurp(outp, NULL);
+    char *out = slurp(outp);
     assert_non_null(out);
     printf("%s", out);
     const char *stages[] = {"q_rope", "ffn_out"};
@@ -691,7 +540,7 @@ static void test_gate_replay(void **st)
         fclose(f);
         char *args[] = {"gate", spec, "--db", db, NULL};
         int rc = run_tokgate(args, outp);
-        char *out = slurp(outp, NULL);
+        char *out = slurp(outp);
         assert_non_null(out);
         printf("gate: %s, exit %d: %s", gate ? "true" : "false", rc, strstr(out, "REPLAY=") ? strstr(out, "REPLAY=") : "(no key)\n");
         assert_non_null(strstr(out, "\nREPLAY=FAIL\n"));
@@ -710,7 +559,8 @@ int main(void)
         cmocka_unit_test(test_noise_model),    cmocka_unit_test(test_spec_field),
         cmocka_unit_test(test_ref_exact),
         cmocka_unit_test(test_panel),          cmocka_unit_test(test_cannot_replay),
-        cmocka_unit_test(test_mutants),        cmocka_unit_test(test_power),
+        cmocka_unit_test(test_mutants_apply),  cmocka_unit_test(test_mutants),
+        cmocka_unit_test(test_power),
         cmocka_unit_test(test_gate_replay),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

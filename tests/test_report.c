@@ -17,6 +17,7 @@
 #include <sqlite3.h>
 
 #include "craft.h"
+#include "testenv.h"
 #include "report.h"
 #include "verdict.h"
 
@@ -404,19 +405,6 @@ static void test_control_bytes_escaped(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_text, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_keys_block, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_recomputable, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_json, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_junit, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_md, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_step_view, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_rescore_keeps_history, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_unscored_run, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_control_bytes_escaped, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, teardown, test_text, test_keys_block, test_recomputable, test_json, test_junit, test_md, test_step_view,
+    test_rescore_keeps_history, test_unscored_run, test_control_bytes_escaped)

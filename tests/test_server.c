@@ -72,11 +72,7 @@ static int teardown(void **st)
 static int parse_text(const char *text, tg_spec **out, tg_err *e)
 {
     char p[2 * PATH_MAX];
-    path_in(p, sizeof p, "s.yaml");
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    write_in(p, sizeof p, "s.yaml", "%s", text);
     return spec_load(out, p, e);
 }
 
@@ -109,6 +105,18 @@ static void q_text(tg_store *st, const char *sql, int64_t run, const char *arm, 
     const unsigned char *t = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_text(q, 0) : NULL;
     snprintf(out, n, "%s", t ? (const char *)t : "(none)");
     sqlite3_finalize(q);
+}
+
+/* expr over the legs l of arm a in run (with steps: over their step rows
+ * s) that meet cond (SQL over l, a, s; "1": all), as text into out. */
+static void arm_rows(tg_store *st, int64_t run, const char *arm, int steps, const char *expr, const char *cond,
+                     char *out, size_t n)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT %s FROM %s JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 AND (%s)", expr,
+             steps ? "step s JOIN leg l ON l.id = s.leg_id" : "leg l", cond);
+    q_text(st, sql, run, arm, out, n);
 }
 
 /* A per-arm verdict key of the latest set, into out. */
@@ -153,14 +161,45 @@ static int64_t run_gate(tg_store *st, const tg_spec *s, int *faulted, verdict_re
     return r.run_id;
 }
 
-/* Writes the spec text t (freed) as s.yaml, loads it into *s, runs the gate
- * into a fresh store *st and scores it (run_gate). Returns the run id. */
-static int64_t run_text(char *t, tg_spec **s, tg_store **st, int *faulted, verdict_result *vr)
+/* A gated run: its spec, its (fresh) store, whether a leg faulted, the
+ * verdict and the run id. */
+typedef struct gated {
+    tg_spec *s;
+    tg_store *st;
+    int faulted;
+    verdict_result vr;
+    int64_t run;
+} gated;
+
+/* Runs the gate over spec s (owned by g from here) into a fresh store and
+ * scores it (run_gate). */
+static void gate_spec(tg_spec *s, gated *g)
 {
-    *s = write_spec(t);
+    g->s = s;
+    g->st = open_db();
+    g->run = run_gate(g->st, s, &g->faulted, &g->vr);
+}
+
+/* gate_spec over the spec text t (freed), written as s.yaml. */
+static void gate_text(char *t, gated *g)
+{
+    tg_spec *s = write_spec(t);
     free(t);
-    *st = open_db();
-    return run_gate(*st, *s, faulted, vr);
+    gate_spec(s, g);
+}
+
+/* gate_text that no leg faulted in (the faulted legs' causes printed). */
+static void gate_clean(char *t, gated *g)
+{
+    gate_text(t, g);
+    if (g->faulted) print_causes(g->st, g->run);
+    assert_int_equal(g->faulted, 0);
+}
+
+static void gated_free(gated *g)
+{
+    store_close(g->st);
+    spec_free(g->s);
 }
 
 /* A spec (the caller frees it) over the shipped model and prompts: head's
@@ -203,9 +242,8 @@ static void test_spec_http_arm(void **unused)
 {
     (void)unused;
     char sha[65];
-    make_model(sha);
     char m[2 * PATH_MAX], *t;
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     assert_true(asprintf(&t,
                          "name: h\nmodel: {path: %s, sha256: %s}\nprompts: [{id: p1, text: ab}]\n"
                          "steps: 2\ntop_k: 4\nlegs: 1\nreference: srv\npolicy: {kind: exact}\n"
@@ -291,32 +329,40 @@ static void test_llama_server_gate(void **unused)
     tg_spec *s;
     tg_err e;
     if (spec_load(&s, "specs/server.yaml", &e) < 0) fail_msg("%s", e.msg);
-    tg_store *st = open_db();
-    int faulted;
-    verdict_result vr;
+    gated g;
     double t0 = tg_now();
-    int64_t run = run_gate(st, s, &faulted, &vr);
-    print_message("specs/server.yaml: %s in %.1f s\n", vr.verdict, tg_now() - t0);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
-    assert_string_equal(vr.verdict, "PASS");
+    gate_spec(s, &g);
+    print_message("specs/server.yaml: %s in %.1f s\n", g.vr.verdict, tg_now() - t0);
+    if (g.faulted) print_causes(g.st, g.run);
+    assert_int_equal(g.faulted, 0);
+    assert_string_equal(g.vr.verdict, "PASS");
     char v[128];
-    arm_key(st, run, "llama-server", "TOKEN_GATE", v, sizeof v);
+    arm_key(g.st, g.run, "llama-server", "TOKEN_GATE", v, sizeof v);
     assert_string_equal(v, "PASS");
-    arm_key(st, run, "llama-server", "GENERATION_DIVERGENCES", v, sizeof v);
+    arm_key(g.st, g.run, "llama-server", "GENERATION_DIVERGENCES", v, sizeof v);
     assert_string_equal(v, "0/288");
-    arm_key(st, run, "llama-server", "LEGS_CLEAN", v, sizeof v);
+    arm_key(g.st, g.run, "llama-server", "LEGS_CLEAN", v, sizeof v);
     assert_string_equal(v, "2/2");
     /* every compared step of both legs EXACT, over the reference's 32 ids */
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND s.token = s.forced", run, "llama-server", v, sizeof v);
+    arm_rows(g.st, g.run, "llama-server", 1, "count(*)", "s.token = s.forced", v, sizeof v);
     assert_string_equal(v, "576");
-    q_text(st, "SELECT json_extract(hello, '$.arm.logits') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2", run, "llama-server", v, sizeof v);
+    arm_rows(g.st, g.run, "llama-server", 0, "json_extract(hello, '$.arm.logits')", "1", v, sizeof v);
     assert_string_equal(v, "logprob");
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(g.st);
+    gated_free(&g);
+}
+
+/* server_spec's gate over build/bin/llama-server (need_server): no leg
+ * faulted, PASS, and the arm's GENERATION_DIVERGENCES are divergences. */
+static void server_pass(const char *head, const char *arm, const char *extra, const char *divergences, gated *g)
+{
+    char srv[PATH_MAX * 2];
+    need_server(srv, sizeof srv);
+    gate_clean(server_spec(srv, head, arm, extra), g);
+    assert_string_equal(g->vr.verdict, "PASS");
+    char v[128];
+    arm_key(g->st, g->run, arm, "GENERATION_DIVERGENCES", v, sizeof v);
+    assert_string_equal(v, divergences);
 }
 
 /* Free mode over llama-server: each arm decodes alone, the server a whole
@@ -324,25 +370,12 @@ static void test_llama_server_gate(void **unused)
 static void test_llama_server_free(void **unused)
 {
     (void)unused;
-    char srv[PATH_MAX * 2];
-    need_server(srv, sizeof srv);
-    char *t = server_spec(srv, "name: server-free\nsteps: 24\ntop_k: 8\nmode: free\n", "srv", "");
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
-    assert_string_equal(vr.verdict, "PASS");
+    gated g;
+    server_pass("name: server-free\nsteps: 24\ntop_k: 8\nmode: free\n", "srv", "", "0/144", &g);
     char v[128];
-    arm_key(st, run, "srv", "GENERATION_DIVERGENCES", v, sizeof v);
-    assert_string_equal(v, "0/144");
-    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "srv", v, sizeof v);
+    arm_rows(g.st, g.run, "srv", 0, "json_extract(counters, '$.requests')", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "6");
-    store_close(st);
-    spec_free(s);
+    gated_free(&g);
 }
 
 /* The same server's OpenAI-compatible endpoint: 20 log-probabilities a
@@ -350,34 +383,21 @@ static void test_llama_server_free(void **unused)
 static void test_openai_gate(void **unused)
 {
     (void)unused;
-    char srv[PATH_MAX * 2];
-    need_server(srv, sizeof srv);
-    char *t = server_spec(srv, "name: server-openai\nsteps: 16\ntop_k: 32\n", "openai",
-                          "      api: openai\n      tokens_per_request: 4\n");
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
-    assert_string_equal(vr.verdict, "PASS");
+    gated g;
+    server_pass("name: server-openai\nsteps: 16\ntop_k: 32\n", "openai",
+                "      api: openai\n      tokens_per_request: 4\n", "0/96", &g);
     char v[128];
-    arm_key(st, run, "openai", "GENERATION_DIVERGENCES", v, sizeof v);
-    assert_string_equal(v, "0/96");
     /* the shorter lists are compared over the reference's first 20 ids:
      * log-probabilities of the same logits give a KL of rounding size */
-    arm_key(st, run, "openai", "KL_MEAN", v, sizeof v);
+    arm_key(g.st, g.run, "openai", "KL_MEAN", v, sizeof v);
     double kl = strtod(v, NULL);
     print_message("openai arm: KL_MEAN %s over 20 of the reference's 32 ids\n", v);
     if (!(kl >= 0 && kl < 1e-9)) fail_msg("KL_MEAN %s, expected below 1e-9 for the same logits", v);
     /* 16 steps in at most 4 tokens a request: 4 requests a prompt */
-    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "openai", v, sizeof v);
+    arm_rows(g.st, g.run, "openai", 0, "json_extract(counters, '$.requests')", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "24");
-    assert_integrity(st);
-    store_close(st);
-    spec_free(s);
+    assert_integrity(g.st);
+    gated_free(&g);
 }
 
 /* ---- faults, with the test double ---- */
@@ -420,8 +440,7 @@ static void test_faults(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     need_file(fa, "the test double arm: build tests/helpers");
     int rfd, rport = refused_port(&rfd);
@@ -469,36 +488,30 @@ static void test_faults(void **unused)
     /* the other arms: every leg clean */
     const char *clean[] = {"ref", "twin", "good", "legacy"};
     for (int i = 0; i < 4; i++) {
-        q_text(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                   "AND l.cause IS NULL AND l.exit_status = 0", run, clean[i], v, sizeof v);
+        arm_rows(st, run, clean[i], 0, "count(*)", "l.cause IS NULL AND l.exit_status = 0", v, sizeof v);
         if (strcmp(v, "2")) {
             print_causes(st, run);
             fail_msg("arm %s: %s clean legs, expected 2", clean[i], v);
         }
     }
     /* the double's steps arrived through both flavours, ordered, 4 ids a step */
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2", run, "legacy", v, sizeof v);
+    arm_rows(st, run, "legacy", 1, "count(*)", "1", v, sizeof v);
     assert_string_equal(v, "16");
     /* each faulted leg: not clean, with the server's own message */
-    q_text(st, "SELECT group_concat(l.cause, ' | ') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2", run, "refused", v, sizeof v);
+    arm_rows(st, run, "refused", 0, "group_concat(l.cause, ' | ')", "1", v, sizeof v);
     if (!strstr(v, "onnect")) fail_msg("refused: cause '%s', expected the connection failure", v);
     for (size_t i = 0; i < sizeof arms / sizeof arms[0]; i++) {
         if (!arms[i].cause) continue;
-        q_text(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                   "AND l.cause IS NOT NULL", run, arms[i].name, v, sizeof v);
+        arm_rows(st, run, arms[i].name, 0, "count(*)", "l.cause IS NOT NULL", v, sizeof v);
         if (strcmp(v, "2")) fail_msg("arm %s: %s legs with a cause, expected 2", arms[i].name, v);
-        q_text(st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-                   "AND l.leg = 1", run, arms[i].name, v, sizeof v);
+        arm_rows(st, run, arms[i].name, 0, "l.cause", "l.leg = 1", v, sizeof v);
         if (!strstr(v, arms[i].cause)) fail_msg("arm %s: cause '%s', expected '%s'", arms[i].name, v, arms[i].cause);
         char w[32];
         arm_key(st, run, arms[i].name, "TOKEN_GATE", w, sizeof w);
         if (!strcmp(w, "PASS")) fail_msg("faulted arm %s got TOKEN_GATE=PASS", arms[i].name);
     }
     /* a server that died after two answers: the steps it gave are kept */
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "die", v, sizeof v);
+    arm_rows(st, run, "die", 1, "count(*)", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "2");
     assert_string_not_equal(vr.verdict, "PASS");
     store_close(st);
@@ -512,8 +525,7 @@ static void test_free_continuation(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX], a[3 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     need_file(fa, "the test double arm: build tests/helpers");
     double_arm(a, sizeof a, "short", "short", NULL);
@@ -524,22 +536,14 @@ static void test_free_continuation(void **unused)
                          "steps: 5\ntop_k: 4\nlegs: 2\nmode: free\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok], role: oracle}\n%s",
                          m, sha, fa, a) > 0);
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
-    if (faulted) print_causes(st, run);
-    assert_int_equal(faulted, 0);
+    gated g;
+    gate_clean(t, &g);
     char v[256];
-    q_text(st, "SELECT json_extract(counters, '$.requests') FROM leg l JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND l.leg = 1", run, "short", v, sizeof v);
+    arm_rows(g.st, g.run, "short", 0, "json_extract(counters, '$.requests')", "l.leg = 1", v, sizeof v);
     assert_string_equal(v, "6");
-    q_text(st, "SELECT count(*) FROM step s JOIN leg l ON l.id = s.leg_id JOIN arm a ON a.id = l.arm_id "
-               "WHERE l.run_id = ?1 AND a.name = ?2 AND s.forced IS NULL", run, "short", v, sizeof v);
+    arm_rows(g.st, g.run, "short", 1, "count(*)", "s.forced IS NULL", v, sizeof v);
     assert_string_equal(v, "20");
-    store_close(st);
-    spec_free(s);
+    gated_free(&g);
 }
 
 /* ---- secrets ---- */
@@ -567,8 +571,7 @@ static void test_api_key_not_stored(void **unused)
 {
     (void)unused;
     char sha[65], m[2 * PATH_MAX], fa[2 * PATH_MAX], a[3 * PATH_MAX], b[3 * PATH_MAX];
-    make_model(sha);
-    path_in(m, sizeof m, "m.bin");
+    make_model(sha, m, sizeof m);
     snprintf(fa, sizeof fa, "%s/tg-fault-arm", g_bin);
     need_file(fa, "the test double arm: build tests/helpers");
     static const char secret[] = "s3cr3t-tokgate-test-key-5b1e";
@@ -582,52 +585,36 @@ static void test_api_key_not_stored(void **unused)
                          "steps: 3\ntop_k: 4\nlegs: 2\nreference: ref\npolicy: {kind: exact}\n"
                          "arms:\n  - {name: ref, exec: [%s, ok], role: oracle}\n%s%s",
                          m, sha, fa, a, b) > 0);
-    tg_spec *s;
-    tg_store *st;
-    int faulted;
-    verdict_result vr;
-    int64_t run = run_text(t, &s, &st, &faulted, &vr);
+    gated g;
+    gate_text(t, &g);
     unsetenv("TG_DOUBLE_KEY");
     unsetenv("TG_TEST_API_KEY");
     char v[2048];
-    q_text(st, "SELECT count(*) FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-               "AND l.cause IS NULL", run, "keyed", v, sizeof v);
+    arm_rows(g.st, g.run, "keyed", 0, "count(*)", "l.cause IS NULL", v, sizeof v);
     if (strcmp(v, "2")) {
-        print_causes(st, run);
+        print_causes(g.st, g.run);
         fail_msg("the arm with the key: %s clean legs, expected 2", v);
     }
-    q_text(st, "SELECT l.cause FROM leg l JOIN arm a ON a.id = l.arm_id WHERE l.run_id = ?1 AND a.name = ?2 "
-               "AND l.leg = 1", run, "keyless", v, sizeof v);
+    arm_rows(g.st, g.run, "keyless", 0, "l.cause", "l.leg = 1", v, sizeof v);
     if (!strstr(v, "HTTP 401: test double: missing or wrong API key")) fail_msg("keyless: cause '%s'", v);
     /* the value appears in no stored text */
-    q_text(st, "SELECT count(*) FROM arm WHERE run_id = ?1 AND instr(config, ?2) > 0", run, secret, v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM arm WHERE run_id = ?1 AND instr(config, ?2) > 0", g.run, secret, v, sizeof v);
     assert_string_equal(v, "0");
-    q_text(st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND (instr(hello, ?2) > 0 OR instr(model, ?2) > 0 "
-               "OR instr(coalesce(cause, ''), ?2) > 0 OR instr(coalesce(counters, ''), ?2) > 0)", run, secret, v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM leg WHERE run_id = ?1 AND (instr(hello, ?2) > 0 OR instr(model, ?2) > 0 "
+                 "OR instr(coalesce(cause, ''), ?2) > 0 OR instr(coalesce(counters, ''), ?2) > 0)", g.run, secret, v, sizeof v);
     assert_string_equal(v, "0");
-    q_text(st, "SELECT count(*) FROM run r JOIN spec s ON s.id = r.spec_id WHERE r.id = ?1 AND instr(s.text, ?2) > 0",
-           run, secret, v, sizeof v);
+    q_text(g.st, "SELECT count(*) FROM run r JOIN spec s ON s.id = r.spec_id WHERE r.id = ?1 AND instr(s.text, ?2) > 0",
+           g.run, secret, v, sizeof v);
     assert_string_equal(v, "0");
     const char *names[] = {"keyed", "keyless"};
     for (int i = 0; i < 2; i++) {
-        char *err = leg_stderr(st, run, names[i]);
+        char *err = leg_stderr(g.st, g.run, names[i]);
         if (strstr(err, secret)) fail_msg("arm %s: the key is in the stored stderr", names[i]);
         free(err);
     }
-    store_close(st);
-    spec_free(s);
+    gated_free(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_spec_http_arm, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_faults, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_free_continuation, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_api_key_not_stored, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_llama_server_gate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_llama_server_free, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_openai_gate, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, teardown, test_spec_http_arm, test_faults, test_free_continuation, test_api_key_not_stored,
+    test_llama_server_gate, test_llama_server_free, test_openai_gate)

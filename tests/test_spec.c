@@ -18,49 +18,24 @@
 #include <cmocka.h>
 
 #include "spec.h"
+#include "testenv.h"
 
 #define SHA_A "9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657"
 
-static char g_dir[PATH_MAX];   /* a fresh temporary folder per test */
 static char g_cwd[PATH_MAX];
 
 static int setup(void **st)
 {
     (void)st;
     if (!getcwd(g_cwd, sizeof g_cwd)) return -1;
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-spec-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static void rm_rf(const char *dir)
-{
-    /* only files this test wrote, one level deep plus sub/ */
-    const char *names[] = {"s.yaml", "m.gguf", "prompts.txt", "sub/s.yaml", "sub/p.txt", "sub/m.gguf", "lib.so",
-                           "fifo", "sub", NULL};
-    char p[PATH_MAX + 64];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (unlink(p) != 0) rmdir(p);
-    }
-    rmdir(dir);
+    return testenv_init("spec");
 }
 
 static int teardown(void **st)
 {
     (void)st;
     if (chdir(g_cwd) != 0) return -1;
-    rm_rf(g_dir);
-    return 0;
-}
-
-static void write_file(const char *rel, const char *text)
-{
-    char p[PATH_MAX + 64];
-    snprintf(p, sizeof p, "%s/%s", g_dir, rel);
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    return testenv_clean();
 }
 
 /* The good spec; each malformed case edits one line of it. */
@@ -112,7 +87,7 @@ static char *edit(int line, const char *repl)
 
 static tg_spec *load_ok(const char *text)
 {
-    write_file("s.yaml", text);
+    write_in(NULL, 0, "s.yaml", "%s", text);
     char p[PATH_MAX + 16];
     snprintf(p, sizeof p, "%s/s.yaml", g_dir);
     tg_spec *s = NULL;
@@ -127,7 +102,7 @@ static tg_spec *load_ok(const char *text)
 /* The spec must fail with a message containing "s.yaml:" + want. */
 static void load_bad(const char *text, const char *want)
 {
-    write_file("s.yaml", text);
+    write_in(NULL, 0, "s.yaml", "%s", text);
     char p[PATH_MAX + 16];
     snprintf(p, sizeof p, "%s/s.yaml", g_dir);
     tg_spec *s = NULL;
@@ -278,7 +253,7 @@ static void test_dumps(void **st)
 static void test_prompt_file(void **st)
 {
     (void)st;
-    write_file("prompts.txt", "first prompt\r\nsecond one\n");
+    write_in(NULL, 0, "prompts.txt", "%s", "first prompt\r\nsecond one\n");
     char *t = edit(3, "prompts: prompts.txt");
     char *u = strdup(t);
     /* drop the two inline prompt lines (4 and 5) */
@@ -293,7 +268,7 @@ static void test_prompt_file(void **st)
     assert_string_equal(s->prompts[1].id, "p2");
     assert_string_equal(s->prompts[1].text, "second one");
     spec_free(s);
-    write_file("prompts.txt", "one\n\nthree\n");
+    write_in(NULL, 0, "prompts.txt", "%s", "one\n\nthree\n");
     load_bad(u, "3:10: prompts: ");
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/prompts.txt", g_dir);
@@ -310,12 +285,12 @@ static void test_relative_paths(void **st)
     char sub[PATH_MAX + 8];
     snprintf(sub, sizeof sub, "%s/sub", g_dir);
     mkdir(sub, 0777);
-    write_file("sub/m.gguf", "spec-folder model");
-    write_file("m.gguf", "cwd model");
+    write_in(NULL, 0, "sub/m.gguf", "%s", "spec-folder model");
+    write_in(NULL, 0, "m.gguf", "%s", "cwd model");
     char *t = strdup(GOOD);
     /* from g_dir: cwd has m.gguf -> g_dir/m.gguf */
     if (chdir(g_dir) != 0) fail();
-    write_file("sub/s.yaml", t);
+    write_in(NULL, 0, "sub/s.yaml", "%s", t);
     tg_spec *s;
     tg_err e;
     assert_int_equal(spec_load(&s, "sub/s.yaml", &e), 0);
@@ -341,7 +316,7 @@ static void test_relative_paths(void **st)
 static void test_artifact_hash(void **st)
 {
     (void)st;
-    write_file("m.gguf", "not the pinned model");
+    write_in(NULL, 0, "m.gguf", "%s", "not the pinned model");
     if (chdir(g_dir) != 0) fail();
     tg_spec *s = load_ok(GOOD);
     char actual[65];
@@ -462,7 +437,7 @@ static void test_hostile_specs(void **st)
     load_bad(edit(1, "name: \"a\\0b\""), "1:8: name: expected the spec's name, got a string with a NUL byte");
     load_bad(edit(15, "  - {name: -cpu, engine: cpu}"), "15:12: arms[0].name: expected 1..128");
     /* the message quotes the value with its control bytes escaped */
-    write_file("s.yaml", edit(1, "name: \"a\\x1b[31mb\""));
+    write_in(NULL, 0, "s.yaml", "%s", edit(1, "name: \"a\\x1b[31mb\""));
     char p[PATH_MAX + 16];
     snprintf(p, sizeof p, "%s/s.yaml", g_dir);
     tg_spec *s = NULL;
@@ -499,11 +474,11 @@ static void test_prompt_file_text(void **st)
     char *l4 = strstr(t, "  - {id: a");
     char *l6 = strstr(t, "steps:");
     memmove(l4, l6, strlen(l6) + 1);
-    write_file("prompts.txt", "first\nsecond \xff\xfe bytes\nthird\n");
+    write_in(NULL, 0, "prompts.txt", "%s", "first\nsecond \xff\xfe bytes\nthird\n");
     char want[PATH_MAX + 128];
     snprintf(want, sizeof want, "3:10: prompts: %s/prompts.txt:2: expected UTF-8 text, got byte 0xff", g_dir);
     load_bad(t, want);
-    write_file("prompts.txt", "\xEF\xBB\xBF" "first\nsecond\n");
+    write_in(NULL, 0, "prompts.txt", "%s", "\xEF\xBB\xBF" "first\nsecond\n");
     tg_spec *s = load_ok(t);
     assert_int_equal(s->n_prompts, 2);
     assert_string_equal(s->prompts[0].text, "first");
@@ -543,21 +518,7 @@ static void test_non_regular_files(void **st)
     alarm(0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_good_spec, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_malformed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_dumps, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_prompt_file, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_artifact_hash, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_argv, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_command_strip, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_hostile_specs, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_prompt_file_text, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, teardown, test_good_spec, test_defaults, test_malformed, test_dumps, test_prompt_file,
+    test_relative_paths, test_artifact_hash, test_argv, test_command_strip, test_hostile_specs,
+    test_prompt_file_text, test_non_regular_files)

@@ -24,6 +24,7 @@
 
 #include "arm.h"
 #include "craft.h"
+#include "testenv.h"
 #include "verdict.h"
 
 typedef struct ctx {
@@ -1004,22 +1005,8 @@ static void test_doc_queries(void **state)
     craft_store_drop(st, path);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_schema, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_top_lossless, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_top_many_steps, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_corrupt_rows, setup, teardown),
-        cmocka_unit_test(test_old_store_refused),
-        cmocka_unit_test_setup_teardown(test_leg_all_or_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_identical_legs_stored_once, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_dumps_stderr_lookups, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_write_lock_waited, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_open_read_only, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_begin_run_validates, setup, teardown),
-        cmocka_unit_test(test_doc_queries),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, teardown, test_schema, test_newer_schema_refused, test_top_lossless, test_top_many_steps,
+    test_corrupt_rows, test_old_store_refused, test_leg_all_or_nothing, test_identical_legs_stored_once,
+    test_dumps_stderr_lookups, test_write_lock_waited, test_open_read_only, test_begin_run_validates,
+    test_doc_queries)

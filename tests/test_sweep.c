@@ -43,60 +43,8 @@
 #include "spec.h"
 #include "store.h"
 #include "sweep.h"
+#include "testenv.h"
 #include "trend.h"
-
-static char g_root[PATH_MAX], g_bin[PATH_MAX + 64], g_cache[PATH_MAX + 64];
-static char g_dir[PATH_MAX];
-
-static int exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-static void rm_rf(const char *dir)
-{
-    /* only the files this program writes (no shell) */
-    const char *names[] = {"spec.yaml", "sweep.yaml", "bad.yaml", "t.db", "t.db-wal", "t.db-shm", "trend.txt",
-                           "m.db", "m.db-wal", "m.db-shm", "sub/spec.yaml", "sub/sweep.yaml", "svg/a/b/night-trend.svg",
-                           "sub", "svg/a/b", "svg/a", "svg", NULL};
-    char p[2 * PATH_MAX];
-    for (int i = 0; names[i]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (unlink(p) != 0) rmdir(p);
-    }
-    rmdir(dir);
-}
-
-static int setup(void **st)
-{
-    (void)st;
-    const char *b = getenv("TG_BUILD"), *r = getenv("TG_ROOT"), *c = getenv("TG_CACHE");
-    snprintf(g_root, sizeof g_root, "%s", r ? r : ".");
-    if (b) snprintf(g_bin, sizeof g_bin, "%s/bin", b);
-    else snprintf(g_bin, sizeof g_bin, "%s/build/bin", g_root);
-    if (c) snprintf(g_cache, sizeof g_cache, "%s", c);
-    else snprintf(g_cache, sizeof g_cache, "%s/.cache", g_root);
-    snprintf(g_dir, sizeof g_dir, "/tmp/tg-test-sweep-XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    rm_rf(g_dir);
-    return 0;
-}
-
-static void write_file(const char *name, const char *text)
-{
-    char p[2 * PATH_MAX];
-    snprintf(p, sizeof p, "%s/%s", g_dir, name);
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
 
 static const char MODEL_SHA[] = "9159ed92d8ffb26f342a511bd3a34e021f38298c26f1a5fdbf3a373c70691657";
 
@@ -118,16 +66,33 @@ static void write_spec(void)
              "  - {name: ref, engine: ref}\n"
              "  - {name: llama-cpu, llama: {lib: %s/npm/linux-x64/bins/linux-x64/libllama.so, options: {threads: 2}}}\n",
              g_root, MODEL_SHA, g_cache);
-    write_file("spec.yaml", text);
+    write_in(NULL, 0, "spec.yaml", "%s", text);
+}
+
+/* The fixture of every test: a fresh g_dir with spec.yaml (write_spec: the
+ * spec named tiny) in it. */
+static int setup(void **state)
+{
+    if (testenv_setup(state) < 0) return -1;
+    write_spec();
+    return 0;
 }
 
 static tg_sweep *load_sweep(const char *text, tg_err *e)
 {
-    write_file("sweep.yaml", text);
     char p[2 * PATH_MAX];
-    snprintf(p, sizeof p, "%s/sweep.yaml", g_dir);
+    write_in(p, sizeof p, "sweep.yaml", "%s", text);
     tg_sweep *sw = NULL;
     if (sweep_load(&sw, p, e) < 0) return NULL;
+    return sw;
+}
+
+/* load_sweep of a sweep that must load (the test fails otherwise). */
+static tg_sweep *good_sweep(const char *text)
+{
+    tg_err e;
+    tg_sweep *sw = load_sweep(text, &e);
+    if (!sw) fail_msg("sweep_load: %s", e.msg);
     return sw;
 }
 
@@ -135,18 +100,15 @@ static tg_sweep *load_sweep(const char *text, tg_err *e)
 static void test_sweep_resolves_overrides(void **state)
 {
     (void)state;
-    write_spec();
     tg_err e;
-    tg_sweep *sw = load_sweep("name: n1\n"
+    tg_sweep *sw = good_sweep("name: n1\n"
                               "overrides: {steps: 8, legs: 3}\n"
                               "specs:\n"
                               "  - {spec: spec.yaml, name: a, arms: [cpu, llama-cpu]}\n"
                               "  - spec: spec.yaml\n"
                               "    name: b\n"
                               "    overrides: {steps: 5, top_k: 16}\n"
-                              "    arm_options: {llama-cpu: {type_k: q8_0}, ref: {n_ctx: 256}}\n",
-                              &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+                              "    arm_options: {llama-cpu: {type_k: q8_0}, ref: {n_ctx: 256}}\n");
     assert_string_equal(sweep_name(sw), "n1");
     assert_int_equal(sweep_n_entries(sw), 2);
     assert_string_equal(sweep_entry_name(sw, 0), "a");
@@ -200,7 +162,6 @@ static void test_sweep_shards(void **state)
 static void test_sweep_bad_input(void **state)
 {
     (void)state;
-    write_spec();
     static const struct { const char *text, *expect; } cases[] = {
         {"name: x\nspecs: []\n", "non-empty list"},
         {"name: x\nspecz: [{spec: spec.yaml}]\n", "unknown key 'specz'"},
@@ -230,7 +191,6 @@ static void test_sweep_bad_input(void **state)
 static void test_sweep_paths_from_sweep_folder(void **state)
 {
     (void)state;
-    write_spec();                                   /* g_dir/spec.yaml: name tiny */
     char sub[2 * PATH_MAX], cwd[PATH_MAX];
     snprintf(sub, sizeof sub, "%s/sub", g_dir);
     assert_int_equal(mkdir(sub, 0777), 0);
@@ -246,8 +206,8 @@ static void test_sweep_paths_from_sweep_folder(void **state)
     assert_non_null(strstr(text, "name: tiny\n"));
     char moved[16500];
     snprintf(moved, sizeof moved, "name: tiny-sub\n%s", strstr(text, "name: tiny\n") + strlen("name: tiny\n"));
-    write_file("sub/spec.yaml", moved);
-    write_file("sub/sweep.yaml", "name: paths\nspecs: [{spec: spec.yaml}]\n");
+    write_in(NULL, 0, "sub/spec.yaml", "%s", moved);
+    write_in(NULL, 0, "sub/sweep.yaml", "%s", "name: paths\nspecs: [{spec: spec.yaml}]\n");
     assert_non_null(getcwd(cwd, sizeof cwd));
     assert_int_equal(chdir(g_dir), 0);              /* ./spec.yaml exists here too */
     tg_err e;
@@ -276,16 +236,13 @@ static void test_sweep_paths_from_sweep_folder(void **state)
 static void test_sweep_cpus(void **state)
 {
     (void)state;
-    write_spec();
     tg_err e;
-    tg_sweep *sw = load_sweep("name: c\n"
+    tg_sweep *sw = good_sweep("name: c\n"
                               "specs:\n"
                               "  - {spec: spec.yaml, name: two, arms: [cpu, llama-cpu]}\n"
                               "  - {spec: spec.yaml, name: four, arm_options: {cpu: {threads: 4}}}\n"
                               "  - {spec: spec.yaml, name: unset, arms: [ref, llama-cpu],\n"
-                              "     arm_options: {llama-cpu: {threads: 1}}, overrides: {jobs: 3}}\n",
-                              &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+                              "     arm_options: {llama-cpu: {threads: 1}}, overrides: {jobs: 3}}\n");
     tg_spec *s[3];
     for (int i = 0; i < 3; i++) {
         const char *t = sweep_entry_text(sw, i);
@@ -314,8 +271,7 @@ static void test_sweep_cpus(void **state)
     for (int i = 0; i < 3; i++) spec_free(s[i]);
     sweep_free(sw);
     /* a cpu arm without threads takes every CPU: noted */
-    sw = load_sweep("name: c\nspecs:\n  - spec: spec.yaml\n    arms: [cpu, llama-cpu]\n", &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+    sw = good_sweep("name: c\nspecs:\n  - spec: spec.yaml\n    arms: [cpu, llama-cpu]\n");
     const char *t = sweep_entry_text(sw, 0);
     char *nt = strdup(t), *at = strstr(nt, "threads: 2");
     assert_non_null(at);
@@ -332,9 +288,7 @@ static void test_sweep_cpus(void **state)
 /* Runs the only spec of the sweep text into st; returns its row. */
 static sweep_row run_night(tg_store *st, const char *sweep_text)
 {
-    tg_err e;
-    tg_sweep *sw = load_sweep(sweep_text, &e);
-    if (!sw) fail_msg("sweep_load: %s", e.msg);
+    tg_sweep *sw = good_sweep(sweep_text);
     sweep_row row;
     sweep_run_spec(st, sweep_entry_path(sw, 0), sweep_entry_text(sw, 0), g_bin, 2, 0, &row);
     sweep_free(sw);
@@ -377,17 +331,13 @@ static int count_lines(const char *out, const char *prefix)
     return n;
 }
 
-/* Fails with msg after printing out whole (fail_msg cuts long messages). */
-static void fail_with(const char *out, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s\n", out);
-    fail_msg("%s (output above)", msg);
-}
+/* Fails with the message of fmt after printing out whole (fail_msg cuts
+ * long messages). */
+#define fail_with(out, fmt, ...)                                  \
+    do {                                                          \
+        fprintf(stderr, "%s\n", (out));                           \
+        fail_msg(fmt " (output above)", ##__VA_ARGS__);           \
+    } while (0)
 
 static void test_trend_history(void **state)
 {
@@ -402,7 +352,6 @@ static void test_trend_history(void **state)
         skip();   /* needs the shipped model, llama.cpp's CPU build, tg-engine and tg-llama */
         return;
     }
-    write_spec();
     char db[2 * PATH_MAX];
     snprintf(db, sizeof db, "%s/t.db", g_dir);
     tg_err e;
@@ -568,15 +517,6 @@ static void test_trend_history(void **state)
     assert_int_not_equal(access(nodb, F_OK), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_sweep_resolves_overrides, setup, teardown),
-        cmocka_unit_test(test_sweep_shards),
-        cmocka_unit_test_setup_teardown(test_sweep_bad_input, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sweep_paths_from_sweep_folder, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sweep_cpus, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_trend_history, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TG_TEST_MAIN_WITH(
+    setup, testenv_teardown, test_sweep_resolves_overrides, test_sweep_shards, test_sweep_bad_input, test_sweep_paths_from_sweep_folder,
+    test_sweep_cpus, test_trend_history)

@@ -548,104 +548,143 @@ static void launch_mv_q8(cudaStream_t s, uint32_t type, const void *W, int nrows
 /* ---- batched matmul on tensor cores (CUDA) -------------------------------
  *
  * For a batch of tokens (a prompt): a thread block of 8 warps computes a tile
- * of TC_BM weight rows x TC_BN tokens. For each TC_BK-value slice of K it
- * decodes its rows' blocks with the type's traits (as every other kernel
- * here) into f16 in shared memory, converts the tokens' f32 activations to
- * f16 beside them, and multiplies the two with 16x16x16 WMMA fragments that
- * accumulate in f32; each warp owns 16 rows x 32 tokens of the tile. The
- * only error beyond f32 rounding is the f16 rounding of the two operands
- * (relative 2^-11 each; NMSE_MATMUL_TC in tests/gpu). Rows past nrows read
- * the last row again and are not stored; tokens past ncols are zeros.
- * HIP builds have no WMMA here and keep the CUDA-core kernel above. */
-#define TC_BM 64                      /* weight rows per block */
-#define TC_BN 64                      /* tokens per block */
-#define TC_BK 256                     /* values of K per slice: whole blocks of every type */
+ * of BM weight rows x BN tokens. For each TC_BK-value slice of K it decodes
+ * its rows' share of the blocks with the type's traits (as every other
+ * kernel here) into f16 in shared memory, converts the tokens' f32
+ * activations to f16 beside them, and multiplies the two with 16x16x16 WMMA
+ * fragments that accumulate in f32. The warps form a 4 x 2 grid over the
+ * tile; each owns (BM / 4) rows x (BN / 2) tokens, FM x FN fragments. A
+ * 256-value block (the k-quants) spans two slices: each slice decodes the
+ * parts whose values fall in it. The only error beyond f32 rounding is the
+ * f16 rounding of the two operands (relative 2^-11 each; NMSE_MATMUL_TC in
+ * tests/gpu). Rows past nrows read the last row again and are not stored;
+ * tokens past ncols are zeros. HIP builds have no WMMA here and keep the
+ * CUDA-core kernel above. */
+#define TC_BK 128                     /* values of K per slice */
 #define TC_LD (TC_BK + 8)             /* f16 row stride in shared memory (skews the banks) */
-#define TC_LDC (TC_BM + 4)            /* f32 stride of the output staging */
-#define TC_SMEM ((size_t)(TC_BM + TC_BN) * TC_LD * 2)
 #define TC_MIN_COLS 16                /* fewer tokens: the CUDA-core kernel */
+#define TC_SMEM(BM, BN) ((size_t)((BM) + (BN)) * TC_LD * 2)
 
 #ifndef TG_GPU_HIP
 #include <mma.h>
 
-template <typename T>
+/* Stores n (4, 8 or 16) f32 values as f16 at dst (8-byte aligned; 16-byte
+ * for n >= 8), a * v[i] (+ m), in 8- or 16-byte stores. */
+template <int N, bool MIN>
+__device__ __forceinline__ void store_f16_run(__half *dst, const float *v, float a, float m)
+{
+    static_assert(N % 4 == 0, "runs of 4, 8 or 16 values");
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+        __half2 h[2];
+        h[0] = __floats2half2_rn(MIN ? a * v[i] + m : a * v[i], MIN ? a * v[i + 1] + m : a * v[i + 1]);
+        h[1] = __floats2half2_rn(MIN ? a * v[i + 2] + m : a * v[i + 2], MIN ? a * v[i + 3] + m : a * v[i + 3]);
+        *(uint2 *)(dst + i) = *(const uint2 *)h;
+    }
+}
+
+template <typename T, int BM, int BN>
 __global__ void __launch_bounds__(256)
 k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__restrict__ x, int K,
             float *__restrict__ y, int nrows, int ncols)
 {
     using namespace nvcuda;
+    constexpr int FM = BM / 64, FN = BN / 32;         /* fragments per warp: 4 x 2 warps */
+    constexpr int HALVES = T::QK > TC_BK ? T::QK / TC_BK : 1;   /* slices per block */
+    constexpr int BPS = T::QK > TC_BK ? 1 : TC_BK / T::QK;      /* blocks per slice */
+    constexpr int PPS = T::PARTS / HALVES;                       /* parts of a block per slice */
+    constexpr int TASKS = BM * BPS * PPS;
+    constexpr int LDC = BM + 4;                                  /* f32 stride of the output staging */
+    static_assert(BM % 64 == 0 && BN % 32 == 0, "tile");
+    static_assert((size_t)BN * LDC * 4 <= TC_SMEM(BM, BN), "the output staging fits the operand tiles");
     extern __shared__ __align__(128) uint8_t tc_sm[];
-    __half *ws = (__half *)tc_sm;        /* (TC_BM, TC_LD) weights of the slice */
-    __half *xs = ws + TC_BM * TC_LD;     /* (TC_BN, TC_LD) activations of the slice */
-    const int row0 = blockIdx.x * TC_BM, col0 = blockIdx.y * TC_BN;
+    __half *ws = (__half *)tc_sm;        /* (BM, TC_LD) weights of the slice */
+    __half *xs = ws + BM * TC_LD;        /* (BN, TC_LD) activations of the slice */
+    const int row0 = blockIdx.x * BM, col0 = blockIdx.y * BN;
     const int tid = threadIdx.x, wid = tid / 32;
-    const int rt = wid % 4, ct = (wid / 4) * 2;   /* 16-row tile rt, 16-token tiles ct and ct + 1 */
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
-    wmma::fill_fragment(acc[0], 0.0f);
-    wmma::fill_fragment(acc[1], 0.0f);
-    constexpr int BPS = TC_BK / T::QK;              /* blocks of a row in one slice */
-    constexpr int TASKS = TC_BM * BPS * T::PARTS;   /* block parts of the tile's rows */
+    const int wr = (wid % 4) * FM, wc = (wid / 4) * FN;   /* the warp's first 16-row and 16-token tiles */
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     for (int k0 = 0; k0 < K; k0 += TC_BK) {
+        const int half = HALVES > 1 ? (k0 / TC_BK) % HALVES : 0;
         for (int t = tid; t < TASKS; t += 256) {
-            const int r = t / (BPS * T::PARTS), rem = t % (BPS * T::PARTS);
-            const int ib = rem / T::PARTS, part = rem % T::PARTS;
+            const int r = t / (BPS * PPS), rem = t % (BPS * PPS);
+            const int ib = rem / PPS, part = half * PPS + rem % PPS;
             const int row = row0 + r < nrows ? row0 + r : nrows - 1;
             float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
             T::deq(W + (size_t)row * row_bytes + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
-            __half *dst = ws + r * TC_LD + ib * T::QK;
+            __half *dst = ws + r * TC_LD + ib * T::QK - half * TC_BK;
 #pragma unroll
             for (int rr = 0; rr < T::NRUN; rr++)
-#pragma unroll
-                for (int i = 0; i < T::RUNLEN; i++)
-                    dst[T::off(part, rr) + i] = __float2half_rn(
-                        T::HAS_MIN ? a[rr] * v[rr * T::RUNLEN + i] + m[rr] : a[rr] * v[rr * T::RUNLEN + i]);
+                store_f16_run<T::RUNLEN, T::HAS_MIN>(dst + T::off(part, rr), v + rr * T::RUNLEN, a[rr],
+                                                     T::HAS_MIN ? m[rr] : 0.0f);
         }
-        for (int t = tid; t < TC_BN * TC_BK / 4; t += 256) {
+        for (int t = tid; t < BN * TC_BK / 4; t += 256) {
             const int c = t / (TC_BK / 4), i4 = t % (TC_BK / 4);
             float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (col0 + c < ncols) f = *(const float4 *)(x + (size_t)(col0 + c) * K + k0 + 4 * i4);
-            __half2 *d2 = (__half2 *)(xs + c * TC_LD + 4 * i4);
-            d2[0] = __floats2half2_rn(f.x, f.y);
-            d2[1] = __floats2half2_rn(f.z, f.w);
+            __half2 h[2] = {__floats2half2_rn(f.x, f.y), __floats2half2_rn(f.z, f.w)};
+            *(uint2 *)(xs + c * TC_LD + 4 * i4) = *(const uint2 *)h;
         }
         __syncthreads();
-#pragma unroll 4
+#pragma unroll 2
         for (int kk = 0; kk < TC_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-            wmma::load_matrix_sync(fa, ws + rt * 16 * TC_LD + kk, TC_LD);
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[FN];
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                wmma::load_matrix_sync(fb, xs + (ct + j) * 16 * TC_LD + kk, TC_LD);
-                wmma::mma_sync(acc[j], fa, fb, acc[j]);
-            }
+            for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], ws + (wr + i) * 16 * TC_LD + kk, TC_LD);
+#pragma unroll
+            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], xs + (wc + j) * 16 * TC_LD + kk, TC_LD);
+#pragma unroll
+            for (int i = 0; i < FM; i++)
+#pragma unroll
+                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
         __syncthreads();
     }
-    float *cs = (float *)tc_sm;   /* (TC_BN, TC_LDC): the tile, token-major */
+    float *cs = (float *)tc_sm;   /* (BN, LDC): the tile, token-major */
 #pragma unroll
-    for (int j = 0; j < 2; j++)
-        wmma::store_matrix_sync(cs + (ct + j) * 16 * TC_LDC + rt * 16, acc[j], TC_LDC, wmma::mem_col_major);
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++)
+            wmma::store_matrix_sync(cs + (wc + j) * 16 * LDC + (wr + i) * 16, acc[i][j], LDC, wmma::mem_col_major);
     __syncthreads();
-    for (int t = tid; t < TC_BM * TC_BN; t += 256) {
-        const int c = t / TC_BM, r = t % TC_BM;
-        if (col0 + c < ncols && row0 + r < nrows) y[(size_t)(col0 + c) * nrows + row0 + r] = cs[c * TC_LDC + r];
+    for (int t = tid; t < BM * BN; t += 256) {
+        const int c = t / BM, r = t % BM;
+        if (col0 + c < ncols && row0 + r < nrows) y[(size_t)(col0 + c) * nrows + row0 + r] = cs[c * LDC + r];
     }
 }
+
+/* The tile: 128 weight rows x 128 tokens (on the H200, run 8: 6,900
+ * prefill tok/s at 8b against 5,960 for 64 x 64 and 6,880 for 128 x 64). */
+#define TC_BM 128
+#define TC_BN 128
 
 template <typename T>
 static void launch_mm_tc(cudaStream_t s, const void *W, int nrows, int K, const float *x, int ncols, float *y)
 {
     const size_t row_bytes = (size_t)(K / T::QK) * T::BYTES;
     dim3 grid((nrows + TC_BM - 1) / TC_BM, (ncols + TC_BN - 1) / TC_BN);
-    k_matmul_tc<T><<<grid, 256, TC_SMEM, s>>>((const uint8_t *)W, row_bytes, x, K, y, nrows, ncols);
+    k_matmul_tc<T, TC_BM, TC_BN><<<grid, 256, TC_SMEM(TC_BM, TC_BN), s>>>((const uint8_t *)W, row_bytes, x, K, y,
+                                                                        nrows, ncols);
+}
+
+/* Lets the tile of type T use its shared memory (over the 48 KiB default). */
+template <typename T>
+static cudaError_t tc_optin(void)
+{
+    return cudaFuncSetAttribute((const void *)k_matmul_tc<T, TC_BM, TC_BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)TC_SMEM(TC_BM, TC_BN));
 }
 #define TC_LAUNCH(T) launch_mm_tc<T>
 #else
 #define TC_LAUNCH(T) NULL
 #endif
 
-static int tc_ready;   /* gk_init: the tensor-core kernels may use TC_SMEM of shared memory */
+static int tc_ready;   /* gk_init: the tensor-core kernels may use their TC_SMEM of shared memory */
 
 /* The per-type table: block size and the launchers (tc: tensor cores, NULL
  * where there are none). */
@@ -1017,6 +1056,189 @@ size_t gk_attention_scratch(int n_head, int head_dim)
     return (size_t)n_head * ATT_SPLITS_MAX * (head_dim + 2) * sizeof(float);
 }
 
+/* ---- prompt attention on tensor cores (CUDA) ------------------------------
+ *
+ * For a batch of n_tok >= AT_MIN_TOK query tokens (a prompt) and head_dim 64
+ * or 128: one thread block of 4 warps per (query head, tile of 64 query
+ * tokens), each warp 16 of the queries. Keys and values are visited in tiles
+ * of 64 positions, up to the last query's position, in shared memory as f16
+ * (the F16 cache as it is; an F32 cache rounded). Per tile a warp computes
+ * its 16 x 64 scores with WMMA (q rounded to f16, f32 sums), scales and
+ * masks them (key position > query position), keeps the running maximum and
+ * sum of each row in f32 (online softmax, as k_attention), rounds the
+ * probabilities to f16 and adds P V to its f32 output rows, which live in
+ * shared memory so that they can be rescaled when the maximum moves. The
+ * error beyond k_attention's is the f16 rounding of q, of the probabilities
+ * and (F32 cache) of k and v: NMSE_ATTN_TC in tests/gpu. */
+#define AT_MIN_TOK 16   /* fewer query tokens: k_attention */
+#define AT_BQ 64        /* query tokens per block */
+#define AT_BKV 64       /* key positions per tile */
+#define AT_LDS 68       /* f32 stride of a warp's scores */
+#define AT_LDP 72       /* f16 stride of a warp's probabilities */
+#define AT_SMEM(HD)                                                                                      \
+    ((size_t)(AT_BQ + 2 * AT_BKV) * ((HD) + 8) * 2 + (size_t)4 * 16 * AT_LDS * 4 + (size_t)4 * 16 * AT_LDP * 2 + \
+     (size_t)4 * 16 * ((HD) + 4) * 4)
+
+#ifndef TG_GPU_HIP
+template <int F16, int HD>
+__global__ void __launch_bounds__(128)
+k_attention_tc(const float *__restrict__ q, const void *__restrict__ kc, const void *__restrict__ vc,
+               float *__restrict__ out, int n_tok, int n_head, int n_head_kv, const int32_t *pos0p, float scale)
+{
+    using namespace nvcuda;
+    constexpr int LDH = HD + 8, LDO = HD + 4;
+    extern __shared__ __align__(128) uint8_t at_sm[];
+    __half *Qs = (__half *)at_sm;           /* (AT_BQ, LDH) */
+    __half *Ks = Qs + AT_BQ * LDH;          /* (AT_BKV, LDH) */
+    __half *Vs = Ks + AT_BKV * LDH;         /* (AT_BKV, LDH) */
+    float *Ss = (float *)(Vs + AT_BKV * LDH);   /* 4 x (16, AT_LDS) */
+    __half *Ps = (__half *)(Ss + 4 * 16 * AT_LDS);   /* 4 x (16, AT_LDP) */
+    float *Os = (float *)(Ps + 4 * 16 * AT_LDP);     /* 4 x (16, LDO) */
+    const int h = blockIdx.x, q0 = blockIdx.y * AT_BQ, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int hkv = h / (n_head / n_head_kv), pos0 = *pos0p;
+    const size_t kv_row = (size_t)n_head_kv * HD;
+    for (int i = tid; i < AT_BQ * HD / 4; i += 128) {
+        const int r = i / (HD / 4), d4 = i % (HD / 4);
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (q0 + r < n_tok) f = *(const float4 *)(q + ((size_t)(q0 + r) * n_head + h) * HD + 4 * d4);
+        __half2 hh[2] = {__floats2half2_rn(f.x, f.y), __floats2half2_rn(f.z, f.w)};
+        *(uint2 *)(Qs + r * LDH + 4 * d4) = *(const uint2 *)hh;
+    }
+    float *Sw = Ss + w * 16 * AT_LDS, *Ow = Os + w * 16 * LDO;
+    __half *Pw = Ps + w * 16 * AT_LDP;
+    for (int i = lane; i < 16 * HD; i += 32) Ow[(i / HD) * LDO + i % HD] = 0.0f;
+    /* lanes 2r and 2r+1 keep row r: the even or odd columns and dimensions */
+    const int r = lane >> 1, odd = lane & 1;
+    const int tq = q0 + w * 16 + r, qpos = pos0 + tq;
+    float m = -INFINITY, l = 0.0f;
+    const int n_keys = pos0 + min(q0 + AT_BQ, n_tok);
+    for (int j0 = 0; j0 < n_keys; j0 += AT_BKV) {
+        __syncthreads();   /* the last tile's keys and values are no longer read */
+        for (int i = tid; i < AT_BKV * HD / 8; i += 128) {
+            const int jr = i / (HD / 8), d8 = i % (HD / 8), j = j0 + jr;
+            uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
+            if (j < n_keys) {
+                const size_t off = (size_t)j * kv_row + (size_t)hkv * HD + 8 * d8;
+                if (F16) {
+                    kk = *(const uint4 *)((const uint16_t *)kc + off);
+                    vv = *(const uint4 *)((const uint16_t *)vc + off);
+                } else {
+                    const float4 *k4 = (const float4 *)((const float *)kc + off);
+                    const float4 *v4 = (const float4 *)((const float *)vc + off);
+                    __half2 a[4] = {__floats2half2_rn(k4[0].x, k4[0].y), __floats2half2_rn(k4[0].z, k4[0].w),
+                                    __floats2half2_rn(k4[1].x, k4[1].y), __floats2half2_rn(k4[1].z, k4[1].w)};
+                    __half2 b[4] = {__floats2half2_rn(v4[0].x, v4[0].y), __floats2half2_rn(v4[0].z, v4[0].w),
+                                    __floats2half2_rn(v4[1].x, v4[1].y), __floats2half2_rn(v4[1].z, v4[1].w)};
+                    kk = *(const uint4 *)a;
+                    vv = *(const uint4 *)b;
+                }
+            }
+            *(uint4 *)(Ks + jr * LDH + 8 * d8) = kk;
+            *(uint4 *)(Vs + jr * LDH + 8 * d8) = vv;
+        }
+        __syncthreads();
+        /* S = Q K^T, the warp's 16 rows x 64 keys */
+#pragma unroll
+        for (int n = 0; n < AT_BKV / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc;
+            wmma::fill_fragment(sacc, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HD; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+                wmma::load_matrix_sync(fa, Qs + w * 16 * LDH + kk, LDH);
+                wmma::load_matrix_sync(fb, Ks + n * 16 * LDH + kk, LDH);
+                wmma::mma_sync(sacc, fa, fb, sacc);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, sacc, AT_LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* online softmax of row r over this tile */
+        float mx = -INFINITY;
+#pragma unroll 8
+        for (int i = 0; i < AT_BKV / 2; i++) {
+            const int c = 2 * i + odd;
+            float sv = Sw[r * AT_LDS + c] * scale;
+            if (j0 + c > qpos || tq >= n_tok) sv = -INFINITY;
+            Sw[r * AT_LDS + c] = sv;
+            mx = fmaxf(mx, sv);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        const float nm = fmaxf(m, mx);
+        const float corr = nm == -INFINITY ? 1.0f : expf(m - nm);
+        float ls = 0.0f;
+#pragma unroll 8
+        for (int i = 0; i < AT_BKV / 2; i++) {
+            const int c = 2 * i + odd;
+            const float sv = Sw[r * AT_LDS + c];
+            const float p = sv == -INFINITY ? 0.0f : expf(sv - nm);
+            Pw[r * AT_LDP + c] = __float2half_rn(p);
+            ls += p;
+        }
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        l = l * corr + ls;
+        m = nm;
+        for (int i = 0; i < HD / 2; i++) Ow[r * LDO + 2 * i + odd] *= corr;
+        __syncwarp();
+        /* O += P V */
+#pragma unroll
+        for (int n = 0; n < HD / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
+            wmma::load_matrix_sync(oacc, Ow + n * 16, LDO, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < AT_BKV; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vb;
+                wmma::load_matrix_sync(pa, Pw + kk, AT_LDP);
+                wmma::load_matrix_sync(vb, Vs + kk * LDH + n * 16, LDH);
+                wmma::mma_sync(oacc, pa, vb, oacc);
+            }
+            wmma::store_matrix_sync(Ow + n * 16, oacc, LDO, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (tq < n_tok) {
+        const float inv = 1.0f / l;
+        float *o = out + ((size_t)tq * n_head + h) * HD;
+        for (int i = 0; i < HD / 2; i++) o[2 * i + odd] = Ow[r * LDO + 2 * i + odd] * inv;
+    }
+}
+
+template <int F16, int HD>
+static void launch_attention_tc(cudaStream_t s, const float *q, const void *kc, const void *vc, float *out,
+                                int n_tok, int n_head, int n_head_kv, const int32_t *pos0, float scale)
+{
+    dim3 grid(n_head, (n_tok + AT_BQ - 1) / AT_BQ);
+    k_attention_tc<F16, HD><<<grid, 128, AT_SMEM(HD), s>>>(q, kc, vc, out, n_tok, n_head, n_head_kv, pos0, scale);
+}
+
+template <int F16, int HD>
+static cudaError_t attention_tc_optin(void)
+{
+    return cudaFuncSetAttribute((const void *)k_attention_tc<F16, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)AT_SMEM(HD));
+}
+#endif
+
+#ifdef TG_GPU_HIP
+int gk_attention_tc(int n_tok, int head_dim)
+{
+    (void)n_tok; (void)head_dim;
+    return 0;
+}
+#else
+static int at_tc_enabled(void)
+{
+    static int on = -1;
+    return env_switch(&on, "TG_GPU_ATT_TC", 1);
+}
+
+int gk_attention_tc(int n_tok, int head_dim)
+{
+    return at_tc_enabled() && tc_ready && n_tok >= AT_MIN_TOK && (head_dim == 64 || head_dim == 128);
+}
+#endif
+
 static int attention(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
                      int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t *pos0, void *scratch,
                      const float *s_in, float *s_out, int s_stride, tg_err *e)
@@ -1026,10 +1248,23 @@ static int attention(cudaStream_t s, const float *q, const void *kc, const void 
         return tg_errf(e, "gpu attention: n_tok=%d n_head=%d n_head_kv=%d head_dim=%d: expected n_head a "
                        "multiple of n_head_kv and head_dim <= %d", n_tok, n_head, n_head_kv, head_dim,
                        4 * ATT_THREADS);
+    const float scale = 1.0f / sqrtf((float)head_dim);
+#ifndef TG_GPU_HIP
+    /* a prompt: the tensor-core kernel (not when the replay hooks the scores) */
+    if (!s_in && !s_out && gk_attention_tc(n_tok, head_dim)) {
+        if (head_dim == 128)
+            (kv_f16 ? launch_attention_tc<1, 128> : launch_attention_tc<0, 128>)(s, q, kc, vc, out, n_tok, n_head,
+                                                                               n_head_kv, pos0, scale);
+        else
+            (kv_f16 ? launch_attention_tc<1, 64> : launch_attention_tc<0, 64>)(s, q, kc, vc, out, n_tok, n_head,
+                                                                             n_head_kv, pos0, scale);
+        GPU_CHECK_LAUNCH(e, "attention (tensor cores)");
+        return 0;
+    }
+#endif
     /* a single token splits its keys over att_splits() blocks per head */
     const int nsplit = n_tok == 1 && scratch ? att_splits() : 1;
     dim3 grid(n_head, n_tok, nsplit);
-    const float scale = 1.0f / sqrtf((float)head_dim);
     const size_t shm = (size_t)head_dim * sizeof(float);
     float *part = (float *)scratch;
     if (kv_f16)
@@ -1788,13 +2023,17 @@ int gk_init(tg_err *e)
                                       FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_f32>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q4_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q5_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_matmul_tc<tr_q6_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    GPU_CHECK(e, tc_optin<tr_f32>());
+    GPU_CHECK(e, tc_optin<tr_f16>());
+    GPU_CHECK(e, tc_optin<tr_bf16>());
+    GPU_CHECK(e, tc_optin<tr_q8_0>());
+    GPU_CHECK(e, tc_optin<tr_q4_K>());
+    GPU_CHECK(e, tc_optin<tr_q5_K>());
+    GPU_CHECK(e, tc_optin<tr_q6_K>());
+    GPU_CHECK(e, (attention_tc_optin<0, 64>()));
+    GPU_CHECK(e, (attention_tc_optin<1, 64>()));
+    GPU_CHECK(e, (attention_tc_optin<0, 128>()));
+    GPU_CHECK(e, (attention_tc_optin<1, 128>()));
     int dev = 0, major = 0;
     GPU_CHECK(e, cudaGetDevice(&dev));
     GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -2104,9 +2343,17 @@ int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *
 void gk_describe(char *buf, size_t n)
 {
     const int rows = stream_rows_env();
-    snprintf(buf, n, "%s mat-vec, %s prefill, %d attention splits, %s mat-vec%s, top-k %s%s",
-             mv_q8_enabled() ? "8-bit" : "f32", tc_enabled() && tc_ready ? "tensor-core" : "cuda-core",
-             att_splits(), fz_stream_on() ? "streamed" : "direct",
+    const int tc = tc_enabled() && tc_ready;
+#ifdef TG_GPU_HIP
+    const int att_tc = 0;
+    const char *tile = "";
+#else
+    const int att_tc = at_tc_enabled() && tc_ready;
+    const char *tile = tc ? "128x128" : "";
+#endif
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
+             mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
+             att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }

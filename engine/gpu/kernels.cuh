@@ -84,6 +84,10 @@ int gk_kv_store(cudaStream_t s, const float *k, const float *v, void *kc,
 int gk_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
                  int kv_f16, float *out, int n_tok, int n_head, int n_head_kv,
                  int head_dim, int n_ctx, const int32_t *pos0, void *scratch, tg_err *e);
+/* Whether gk_attention takes the tensor-core kernel for n_tok query tokens
+ * (a prompt of at least 16, head_dim 64 or 128, CUDA; TG_GPU_ATT_TC=0
+ * turns it off): f16 operands, f32 sums. */
+int gk_attention_tc(int n_tok, int head_dim);
 /* gk_attention (one block per head and token, no split) with its scaled
  * scores exposed, for the replay hooks: with s_out, the score of query
  * token t, head h and key position j (j <= *pos0 + t) is written to
@@ -173,10 +177,11 @@ int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *
                     void *scratch, tg_err *e);
 
 /* The kernel settings the environment chose (TG_GPU_MMVQ, TG_GPU_TC,
- * TG_GPU_ATT_SPLITS, TG_GPU_STREAM, TG_GPU_STREAM_ROWS, TG_GPU_PDL,
- * TG_GPU_TOPK_BOUND), as "8-bit mat-vec, tensor-core prefill, 32
- * attention splits, streamed mat-vec 1 row/warp, PDL 2, top-k bound"
- * into buf (n bytes); after gk_init. */
+ * TG_GPU_ATT_TC, TG_GPU_ATT_SPLITS, TG_GPU_STREAM,
+ * TG_GPU_STREAM_ROWS, TG_GPU_PDL, TG_GPU_TOPK_BOUND), as "8-bit mat-vec,
+ * tensor-core 128x128 prefill, tensor-core prompt attention, 32 attention
+ * splits, streamed mat-vec 1 row/warp, top-k maxima bound" into buf (n
+ * bytes); after gk_init. */
 void gk_describe(char *buf, size_t n);
 
 #endif

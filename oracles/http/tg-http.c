@@ -806,13 +806,9 @@ static int server_detokenize(worker *w, const int32_t *ids, int n, char **text, 
         json_decref(ans);
         return tg_errf(e, "POST %s/detokenize: expected {\"content\": text} or {\"prompt\": text}", w->url);
     }
-    size_t l = json_string_length(c);
-    char *s = xrealloc(NULL, l + 1);
-    memcpy(s, json_string_value(c), l);
-    s[l] = 0;
+    *text = proto_string_dup(c, len);
     json_decref(ans);
-    *text = s;
-    *len = l;
+    if (!*text) abort();   /* out of memory is not an input error */
     return 0;
 }
 

@@ -6,7 +6,9 @@
  * along the yardstick's tokens, so every step is scored over an identical
  * prefix. One line per prompt, then the verdicts:
  *   - argmax: the GPU's token equals the yardstick's at every step whose
- *     yardstick top1-top2 gap is at least GAP_MIN (0.5);
+ *     yardstick top1-top2 gap is at least the gap bound (TG_GPU_GAP,
+ *     default 0.5: the two tiers' logits must not differ by that much at
+ *     the two ids; scripts/gpu-gate.sh says why the 0.6b file needs 1.0);
  *   - digest: the device XXH3-64 equals the host's over the copied logits
  *     (tg_session_top's, then tg_session_logits);
  *   - graphs: a second run with graphs off gives byte-identical digests
@@ -32,7 +34,7 @@
 
 #define TOPK 32   /* selected on the device per step (tg_session_set_top) */
 
-#define GAP_MIN 0.5f
+static float gap_min = 0.5f; /* TG_GPU_GAP */
 #define TOPN 16
 #define MAX_PROMPTS 16
 
@@ -91,7 +93,7 @@ static int gpu_run(tg_session *g, const int32_t *ids, int n_ids, const int32_t *
         tg_top yt[TOPN];
         tg_topk(ylog[s], n_vocab, TOPN, yt);
         const float gap = yt[0].logit - yt[1].logit;
-        if (gap >= GAP_MIN) {
+        if (gap >= gap_min) {
             st->checked++;
             if (top[0].id != yt[0].id) {
                 st->mismatches++;
@@ -177,11 +179,12 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
         for (int s = 0; s < steps; s++) same &= !strcmp(d1[s], d2[s]);
         /* a repeat with graphs on must give the same bytes again */
         run_stats st4 = {0};
+        snprintf(what, sizeof what, "p%d/repeat", p + 1);
         gpu_run(g, ids, (int)n_ids, forced, steps, ylog, nv, d2, &st4, what);
         for (int s = 0; s < steps; s++) same &= !strcmp(d1[s], d2[s]);
         printf("p%d: %zu prompt ids, %d steps, %d with gap >= %.1f, %d argmax mismatches (f32 kv: %d), "
                "max |dlogit| top-%d %.4g (f32 kv %.4g), graph/no-graph/repeat digests %s\n",
-               p + 1, n_ids, st.steps, st.checked, GAP_MIN, st.mismatches, st32.mismatches, TOPN, st.max_diff,
+               p + 1, n_ids, st.steps, st.checked, gap_min, st.mismatches, st32.mismatches, TOPN, st.max_diff,
                st32.max_diff, same ? "identical" : "DIFFER");
         if (!same) fail("determinism", "digests differ between graph, no-graph and repeated runs");
         all.checked += st.checked; all.mismatches += st.mismatches;
@@ -194,10 +197,10 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
     printf("counters: device_ops %llu, host_ops %llu\n", (unsigned long long)tg_ops_device(ops),
            (unsigned long long)tg_ops_host(ops));
     if (tg_ops_host(ops) != 0 || tg_ops_device(ops) == 0) fail("counters", "expected device ops only");
-    if (all.mismatches) fail("argmax", "the gpu arm's token differs from the yardstick's at a step with gap >= 0.5");
+    if (all.mismatches) fail("argmax", "the gpu arm's token differs from the yardstick's at a step with a gap over the bound");
     else printf("OK   argmax (f16 kv): %d steps with gap >= %.1f all match; max |dlogit| %.4g\n", all.checked,
-                GAP_MIN, all.max_diff);
-    if (all32.mismatches) fail("argmax f32 kv", "the gpu arm (F32 KV) differs at a step with gap >= 0.5");
+                gap_min, all.max_diff);
+    if (all32.mismatches) fail("argmax f32 kv", "the gpu arm (F32 KV) differs at a step with a gap over the bound");
     else printf("OK   argmax (f32 kv): all match; max |dlogit| %.4g\n", all32.max_diff);
     for (int s = 0; s < steps; s++) free(ylog[s]);
     free(ylog); free(forced); free(d1); free(d2); free(d3);
@@ -240,6 +243,15 @@ int main(int argc, char **argv)
         np++;
     }
     if (steps < 1) { fprintf(stderr, "TG_GPU_STEPS: expected >= 1\n"); return 2; }
+    const char *ge = getenv("TG_GPU_GAP");
+    if (ge) {
+        char *end;
+        gap_min = strtof(ge, &end);
+        if (end == ge || *end || !(gap_min > 0)) {
+            fprintf(stderr, "TG_GPU_GAP: expected a positive number, got '%s'\n", ge);
+            return 2;
+        }
+    }
     printf("test_gpu_model on %s: %d prompts x %d steps\n", desc, np, steps);
     if (argc > 1) {
         for (int i = 1; i < argc; i++) test_model(argv[i], steps, prompts, np);

@@ -83,6 +83,25 @@ static void respond_json(int fd, int status, json_t *j)
     json_decref(j);
 }
 
+/* One read of fd onto *buf (*len bytes so far, room for *cap; when full,
+ * grown to grow bytes), NUL-terminated. Returns 0, or -1 at the end of the
+ * input or an error (*buf freed). */
+static int read_more(int fd, char **buf, size_t *len, size_t *cap, size_t grow)
+{
+    if (*len == *cap) {
+        *cap = grow;
+        *buf = realloc(*buf, *cap + 1);
+    }
+    ssize_t r = read(fd, *buf + *len, *cap - *len);
+    if (r <= 0) {
+        free(*buf);
+        return -1;
+    }
+    *len += (size_t)r;
+    (*buf)[*len] = 0;
+    return 0;
+}
+
 /* Reads one request: the head, then Content-Length bytes. *body is
  * malloc'ed. Returns 0 or -1. */
 static int read_request(int fd, char *method, char *path, char **auth, char **body)
@@ -91,17 +110,7 @@ static int read_request(int fd, char *method, char *path, char **auth, char **bo
     char *buf = malloc(cap + 1);
     char *end = NULL;
     while (!end) {
-        if (len == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap + 1);
-        }
-        ssize_t r = read(fd, buf + len, cap - len);
-        if (r <= 0) {
-            free(buf);
-            return -1;
-        }
-        len += (size_t)r;
-        buf[len] = 0;
+        if (read_more(fd, &buf, &len, &cap, 2 * cap) < 0) return -1;
         end = strstr(buf, "\r\n\r\n");
     }
     size_t head = (size_t)(end - buf) + 4;
@@ -120,18 +129,8 @@ static int read_request(int fd, char *method, char *path, char **auth, char **bo
             *auth = strndup(v, (size_t)(e - v));
         }
     }
-    while (len < head + clen) {
-        if (len == cap) {
-            cap = head + clen;
-            buf = realloc(buf, cap + 1);
-        }
-        ssize_t r = read(fd, buf + len, cap - len);
-        if (r <= 0) {
-            free(buf);
-            return -1;
-        }
-        len += (size_t)r;
-    }
+    while (len < head + clen)
+        if (read_more(fd, &buf, &len, &cap, head + clen) < 0) return -1;
     *body = strndup(buf + head, clen);
     free(buf);
     return 0;
