@@ -81,15 +81,17 @@ start_worker() {
 }
 
 # request IDX JSON: sends one request, prints the answer's last line (a
-# load's one line; a decode's done line; or the error).
+# load's one line; a decode's done line; or the error). The answer is read
+# by grep in blocks, not by bash a byte at a time: the reader must not take
+# CPU time from the worker it times (the worker writes nothing after that
+# line until its next request, so nothing read past it is lost).
 request() {
-  local i=$1 line
+  local i=$1
   echo "$2" >&"${win[$i]}"
-  while IFS= read -r line <&"${wout[$i]}"; do
-    case $2 in *'"op":"load"'*) break ;; esac
-    case $line in *'"done"'*|*'"ok":false'*) break ;; esac
-  done
-  echo "$line"
+  case $2 in
+    *'"op":"load"'*) head -n 1 <&"${wout[$i]}" ;;
+    *) grep -m 1 -E '"done"|"ok":false' <&"${wout[$i]}" ;;
+  esac
 }
 
 names=(tg-engine llama.cpp)

