@@ -36,6 +36,19 @@ F512_INLINE __m512 ld16(const tg_half *p)
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
+/* The sum of four 16-lane accumulators in tg_fa_dot_f16_avx2's order:
+ * (0+2) + (1+3), then the 16 lanes by halves, quarters, then (0+2) + (1+3). */
+F512_INLINE float sum4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
+{
+    a0 = _mm512_add_ps(a0, a2);
+    a1 = _mm512_add_ps(a1, a3);
+    a0 = _mm512_add_ps(a0, a1);
+    const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(a0, 1), _mm512_castps512_ps256(a0));
+    const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_movehdup_ps(t8));
+}
+
 /* Returns the dot of k (d f16) and qf (q as floats) as tg_fa_dot_f16_avx2
  * computes it with wide = 1: four 16-lane accumulators over steps of 64,
  * summed (0+2, 1+3, then 0+1), the 16 lanes reduced by halves, quarters,
@@ -50,13 +63,7 @@ F512_INLINE float dot16(int d, const tg_half *k, const float *qf, const tg_half 
         a2 = _mm512_fmadd_ps(ld16(k + i + 32), _mm512_loadu_ps(qf + i + 32), a2);
         a3 = _mm512_fmadd_ps(ld16(k + i + 48), _mm512_loadu_ps(qf + i + 48), a3);
     }
-    a0 = _mm512_add_ps(a0, a2);
-    a1 = _mm512_add_ps(a1, a3);
-    a0 = _mm512_add_ps(a0, a1);
-    const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(a0, 1), _mm512_castps512_ps256(a0));
-    const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-    const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-    double sumf = (double)(_mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_movehdup_ps(t8)));
+    double sumf = (double)sum4x16(a0, a1, a2, a3);
     for (; i < d; i++)
         sumf += (double)(_cvtsh_ss(k[i]) * _cvtsh_ss(q[i]));
     return (float)sumf;
@@ -83,13 +90,7 @@ void tg_fa_scores_f16_avx512(int n, int d, const tg_half *k, size_t stride, cons
             a1 = _mm512_fmadd_ps(ld16(kj + 80), q5, a1);
             a2 = _mm512_fmadd_ps(ld16(kj + 96), q6, a2);
             a3 = _mm512_fmadd_ps(ld16(kj + 112), q7, a3);
-            a0 = _mm512_add_ps(a0, a2);
-            a1 = _mm512_add_ps(a1, a3);
-            a0 = _mm512_add_ps(a0, a1);
-            const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(a0, 1), _mm512_castps512_ps256(a0));
-            const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-            const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-            s[j] = (float)(double)(_mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_movehdup_ps(t8))) * scale;
+            s[j] = (float)(double)sum4x16(a0, a1, a2, a3) * scale;
         }
         return;
     }
