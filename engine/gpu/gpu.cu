@@ -314,9 +314,15 @@ static int gpu_init(tg_session *ss, tg_err *e)
             dalloc(&g->fu, (size_t)nb * hp->n_ff * 4, e) || dalloc(&g->logits, (size_t)hp->n_vocab * 4, e) ||
             dalloc(&g->dparams, sizeof(int32_t) * (nb + 1), e) ||
             dalloc(&g->topk_scratch, topk_bytes, e) ||
-            dalloc(&g->att_scratch, gk_attention_scratch(hp->n_head, hp->head_dim), e) || dalloc(&g->xxh_scratch, xxh_bytes, e) ||
+            dalloc(&g->att_scratch, gk_attention_scratch(hp->n_head, hp->head_dim), e) ||
+            dalloc(&g->xxh_scratch, xxh_bytes, e) ||
             dalloc(&g->dtop, sizeof(tg_top) * TG_GPU_MAX_TOPK, e) || dalloc(&g->ddigest, sizeof(uint64_t), e))
             goto fail;
+        /* gk_attn_decode's arrival counters start at zero (it leaves them so) */
+        if (cudaMemset(g->att_scratch, 0, gk_attention_scratch(hp->n_head, hp->head_dim)) != cudaSuccess) {
+            tg_errf(e, "cudaMemset of the attention scratch failed (in %s, %s:%d)", __func__, __FILE__, __LINE__);
+            goto fail;
+        }
         if (cudaMallocHost((void **)&g->hparams, sizeof(int32_t) * (nb + 1)) != cudaSuccess ||
             cudaMallocHost((void **)&g->htop, sizeof(tg_top) * TG_GPU_MAX_TOPK) != cudaSuccess ||
             cudaMallocHost((void **)&g->hdigest, sizeof(uint64_t)) != cudaSuccess) {
@@ -585,9 +591,10 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         COUNT(ops, TG_OP_MATMUL, L->wk.type);
         COUNT(ops, TG_OP_MATMUL, L->wv.type);
         PROF(L->wv.type == TG_TYPE_Q6_K ? "mv qkv (v q6_K)" : "mv qkv");
-        if (gk_qk_norm_rope_store(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
-                                  hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD,
-                                  pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, e))
+        if (gk_attn_decode(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
+                           hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD, pos0,
+                           hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, g->att_scratch,
+                           e))
             return -1;
         if (hp->qk_norm) {
             COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
@@ -596,12 +603,8 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
         COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
         COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
-        PROF("qk_norm_rope_store");
-        if (gk_attention_q8(s, g->q, kc, vc, f16, g->att, g->q8a, hp->n_head, hp->n_head_kv, HD, g->n_ctx, pos0,
-                            g->att_scratch, e))
-            return -1;
         COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
-        PROF("attention+combine");
+        PROF("qk norm + rope + store + attention");
         const gk_mv_seg wo = {L->wo.type, L->wo.d, E, g->x};
         if (gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->wo.type);

@@ -915,41 +915,25 @@ static int att_splits(void)
     return n;
 }
 
-/* One thread block per (query head, query token). Pass over the keys in
- * chunks of ATT_CHUNK: scores into shared memory (one warp per key, lanes
- * split head_dim), running max and sum as in online softmax, and the output
- * accumulated per dimension (a thread per dimension). */
+/* Attention of one query head (qs, head_dim values in shared memory) over
+ * the keys [jb, je) of cache head hkv, in chunks of ATT_CHUNK: scores into
+ * sc (one warp per key, lanes split head_dim), running max and sum as in
+ * online softmax, and the unnormalized output accumulated per dimension (a
+ * thread per dimension d = threadIdx.x + k * ATT_THREADS, at most 4). With
+ * s_in the scaled scores are given (a replay's), with s_out kept; si0 is
+ * the score index of key 0. blockDim.x == ATT_THREADS. */
 template <int F16>
-__global__ void __launch_bounds__(ATT_THREADS)
-k_attention(const float *q, const void *kc, const void *vc, float *out, int n_head, int n_head_kv,
-            int head_dim, const int32_t *pos0, float scale, float *part, const float *s_in, float *s_out,
-            int s_stride)
+__device__ __forceinline__ void attn_range(const float *qs, const void *kc, const void *vc, int hkv, int head_dim,
+                                           size_t kv_row, int jb, int je, float scale, const float *s_in,
+                                           float *s_out, size_t si0, float *sc, float *red, float acc[4],
+                                           float *run_max_out, float *run_sum_out)
 {
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float red[32];
-    extern __shared__ float qs[]; /* head_dim */
-    pdl_trigger();
-    pdl_wait();
-    const int h = blockIdx.x, t = blockIdx.y;
-    const int hkv = h / (n_head / n_head_kv);
-    const int n_kv = *pos0 + t + 1;
-    const size_t kv_row = (size_t)n_head_kv * head_dim;
-    const float *qh = q + ((size_t)t * n_head + h) * head_dim;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) qs[i] = qh[i];
-    __syncthreads();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP, nw = blockDim.x / TG_WARP;
-    /* each thread owns dims d = threadIdx.x + j*ATT_THREADS, at most 4 (head_dim <= 512) */
-    float acc[4] = {0, 0, 0, 0};
     float run_max = -INFINITY, run_sum = 0.0f;
-    /* split z of gridDim.z takes keys [jb, je) (decode: many blocks per head) */
-    const int per = (n_kv + gridDim.z - 1) / gridDim.z;
-    const int jb = blockIdx.z * per, je = min(n_kv, jb + per);
     for (int j0 = jb; j0 < je; j0 += ATT_CHUNK) {
         const int nj = je - j0 < ATT_CHUNK ? je - j0 : ATT_CHUNK;
         for (int jj = wid; jj < nj; jj += nw) {
-            /* the scaled score: computed, or given (s_in: a replay's); s_out
-             * keeps what is used (gk_attention_scores) */
-            const size_t si = ((size_t)t * n_head + h) * s_stride + j0 + jj;
+            const size_t si = si0 + j0 + jj;
             float d;
             if (s_in) {
                 d = s_in[si];
@@ -993,15 +977,55 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
         }
         __syncthreads();
     }
-    if (gridDim.z > 1) {
-        /* partial result: max, sum, unnormalized output (combined by k_attn_combine) */
-        float *pp = part + (((size_t)t * n_head + h) * gridDim.z + blockIdx.z) * (head_dim + 2);
-        if (threadIdx.x == 0) { pp[0] = run_max; pp[1] = run_sum; }
+    *run_max_out = run_max;
+    *run_sum_out = run_sum;
+}
+
+/* The partial result of one key range at pp: max, sum, unnormalized output
+ * (merged by attn_split_weights and the combine kernels). */
+__device__ __forceinline__ void attn_part_store(float *pp, int head_dim, float run_max, float run_sum,
+                                                const float acc[4])
+{
+    if (threadIdx.x == 0) {
+        pp[0] = run_max;
+        pp[1] = run_sum;
+    }
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int d = threadIdx.x + k * ATT_THREADS;
-            if (d < head_dim) pp[2 + d] = acc[k];
-        }
+    for (int k = 0; k < 4; k++) {
+        const int d = threadIdx.x + k * ATT_THREADS;
+        if (d < head_dim) pp[2 + d] = acc[k];
+    }
+}
+
+/* One thread block per (query head, query token, key range z of
+ * gridDim.z): attn_range over the range; with one range the normalized
+ * output, else the partial result (merged by k_attn_combine). */
+template <int F16>
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attention(const float *q, const void *kc, const void *vc, float *out, int n_head, int n_head_kv,
+            int head_dim, const int32_t *pos0, float scale, float *part, const float *s_in, float *s_out,
+            int s_stride)
+{
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[32];
+    extern __shared__ float qs[]; /* head_dim */
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int hkv = h / (n_head / n_head_kv);
+    const int n_kv = *pos0 + t + 1;
+    const size_t kv_row = (size_t)n_head_kv * head_dim;
+    const float *qh = q + ((size_t)t * n_head + h) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) qs[i] = qh[i];
+    __syncthreads();
+    float acc[4] = {0, 0, 0, 0};
+    float run_max, run_sum;
+    /* split z of gridDim.z takes keys [jb, je) (decode: many blocks per head) */
+    const int per = (n_kv + gridDim.z - 1) / gridDim.z;
+    const int jb = blockIdx.z * per, je = min(n_kv, jb + per);
+    attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, s_in, s_out,
+                    ((size_t)t * n_head + h) * s_stride, sc, red, acc, &run_max, &run_sum);
+    if (gridDim.z > 1) {
+        attn_part_store(part + (((size_t)t * n_head + h) * gridDim.z + blockIdx.z) * (head_dim + 2), head_dim,
+                        run_max, run_sum, acc);
         return;
     }
     float *o = out + ((size_t)t * n_head + h) * head_dim;
@@ -1013,6 +1037,18 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
     }
 }
 
+/* A load of another thread block's partial result (attn_part_store) from
+ * L2, never a stale L1 line (the fused decode attention merges in the last
+ * block to finish, within the same kernel). */
+__device__ __forceinline__ float ld_part(const float *p)
+{
+#ifdef TG_GPU_HIP
+    return *(volatile const float *)p;
+#else
+    return __ldcg(p);
+#endif
+}
+
 /* The weights of the nsplit partial results of one (head, token) at pp:
  * f[z] = e^(m_z - M) in shared memory (0 for an empty split, m = -inf),
  * M the largest m_z; returns the denominator sum_z s_z f[z] (every thread).
@@ -1021,17 +1057,27 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
 __device__ float attn_split_weights(const float *pp, int head_dim, int nsplit, float *f, float *red)
 {
     float mx = -INFINITY;
-    for (int z = threadIdx.x; z < nsplit; z += blockDim.x) mx = fmaxf(mx, pp[(size_t)z * (head_dim + 2)]);
+    for (int z = threadIdx.x; z < nsplit; z += blockDim.x)
+        mx = fmaxf(mx, ld_part(pp + (size_t)z * (head_dim + 2)));
     const float M = block_max(mx, red);
     float den = 0.0f;
     for (int z = threadIdx.x; z < nsplit; z += blockDim.x) {
-        const float m = pp[(size_t)z * (head_dim + 2)];
+        const float m = ld_part(pp + (size_t)z * (head_dim + 2));
         const float w = m != -INFINITY ? expf(m - M) : 0.0f;
         f[z] = w;
-        den += pp[(size_t)z * (head_dim + 2) + 1] * w;
+        den += ld_part(pp + (size_t)z * (head_dim + 2) + 1) * w;
     }
     den = block_sum(den, red);   /* its barriers also publish f */
     return den;
+}
+
+/* Dimension d of the merged splits' numerator: sum_z acc_z[d] f[z]. */
+__device__ __forceinline__ float attn_merge_dim(const float *pp, int head_dim, int nsplit, const float *f, int d)
+{
+    float num = 0.0f;
+#pragma unroll 8
+    for (int z = 0; z < nsplit; z++) num += ld_part(pp + (size_t)z * (head_dim + 2) + 2 + d) * f[z];
+    return num;
 }
 
 /* Merges the splits of one (head, token): out = sum_s acc_s e^(m_s - M) /
@@ -1043,17 +1089,20 @@ __global__ void k_attn_combine(const float *part, float *out, int n_head, int he
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((size_t)t * n_head + h) * nsplit * (head_dim + 2);
     const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float num = 0.0f;
-#pragma unroll 8
-        for (int z = 0; z < nsplit; z++) num += pp[(size_t)z * (head_dim + 2) + 2 + d] * f[z];
-        out[((size_t)t * n_head + h) * head_dim + d] = num / den;
-    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+        out[((size_t)t * n_head + h) * head_dim + d] = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
+}
+
+/* The partial results of every (head, key range), then (gk_attn_decode)
+ * one arrival counter per head. */
+static size_t att_part_bytes(int n_head, int head_dim)
+{
+    return (size_t)n_head * ATT_SPLITS_MAX * (head_dim + 2) * sizeof(float);
 }
 
 size_t gk_attention_scratch(int n_head, int head_dim)
 {
-    return (size_t)n_head * ATT_SPLITS_MAX * (head_dim + 2) * sizeof(float);
+    return att_part_bytes(n_head, head_dim) + (size_t)n_head * sizeof(int);
 }
 
 /* ---- prompt attention on tensor cores (CUDA) ------------------------------
@@ -2141,22 +2190,14 @@ k_mv_swiglu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int 
     }
 }
 
-/* Per head (one block each; q heads first, then k heads): the head's RMS
- * norm (when wq/wk are not NULL), RoPE at position *pos0, and for k heads the
- * store of k and v into the caches at row *pos0. */
-__global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const float *wq, const float *wk,
-                                     int n_head, int n_head_kv, int head_dim, const int32_t *pos0,
-                                     float theta_scale, int neox, float eps, void *kc, void *vc, int kv_f16)
+/* One head of head_dim values at xh into hv (shared): its RMS norm with
+ * weights w (none when NULL), then RoPE at position pos. Every thread of
+ * the block calls it; the norm's sum is block_sum's over blockDim.x
+ * threads (any block of 128 or more threads, or of at least head_dim
+ * threads, sums in the same order). */
+__device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, int head_dim, int pos,
+                                               float theta_scale, int neox, float eps, float *hv, float *sh)
 {
-    __shared__ float sh[32];
-    extern __shared__ float hv[];   /* head_dim */
-    pdl_trigger();
-    pdl_wait();
-    const int h = blockIdx.x;
-    const bool is_k = h >= n_head;
-    const int hh = is_k ? h - n_head : h;
-    float *xh = (is_k ? k : q) + (size_t)hh * head_dim;
-    const float *w = is_k ? wk : wq;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         hv[i] = xh[i];
@@ -2169,7 +2210,6 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const f
     }
     __syncthreads();
     const int half = head_dim / 2;
-    const int pos = *pos0;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float c, sn;
         rope_cs(pos, theta_scale, i, &c, &sn);
@@ -2179,43 +2219,76 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const f
         hv[i1] = a * sn + b * c;
     }
     __syncthreads();
-    if (!is_k) {
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) xh[i] = hv[i];
-        return;
-    }
-    const size_t row = (size_t)n_head_kv * head_dim;
-    const size_t dst = (size_t)pos * row + (size_t)hh * head_dim;
-    const float *vh = v + (size_t)hh * head_dim;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        xh[i] = hv[i];
-        if (kv_f16) {
-            ((uint16_t *)kc)[dst + i] = f2h(hv[i]);
-            ((uint16_t *)vc)[dst + i] = f2h(vh[i]);
-        } else {
-            ((float *)kc)[dst + i] = hv[i];
-            ((float *)vc)[dst + i] = vh[i];
-        }
-    }
 }
 
-/* k_attn_combine for one token, with the head's output also quantized
- * (head_dim a multiple of 32; blockDim.x == head_dim). */
-__global__ void k_attn_combine_q8(const float *part, float *out, int n_head, int head_dim, int nsplit, gk_q8 oq)
+/* Decode attention of one token in one launch: a thread block per (query
+ * head h, key range z of gridDim.y). Each block takes the head's q through
+ * its RMS norm and RoPE itself (nothing is written back); the block whose
+ * range holds the new position also takes the kv head's k through norm and
+ * RoPE and stores k and v at cache row *pos0 (the blocks of the other
+ * query heads of the group store the same bytes). Then attn_range over the
+ * range, the partial result into part, and the last block of the head to
+ * arrive (count[h], left at 0 again) merges the ranges as k_attn_combine,
+ * writes the head's output and quantizes it for the output projection.
+ * q_out (when not NULL): the normed, rotated q, for tests. */
+template <int F16>
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
+              int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
+              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out)
 {
-    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ float sc[ATT_CHUNK];
     __shared__ float red[32];
+    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ int last;
+    extern __shared__ float qs[]; /* head_dim */
     pdl_trigger();
     pdl_wait();
-    const int h = blockIdx.x, d = threadIdx.x;
+    const int h = blockIdx.x, z = blockIdx.y, nsplit = gridDim.y;
+    const int hkv = h / (n_head / n_head_kv);
+    const int pos = *pos0, n_kv = pos + 1;
+    const size_t kv_row = (size_t)n_head_kv * head_dim;
+    head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, pos, theta_scale, neox, eps, qs, red);
+    if (q_out && z == 0)
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
+    const int per = (n_kv + nsplit - 1) / nsplit;
+    const int jb = z * per, je = min(n_kv, jb + per);
+    if (jb <= pos && pos < je) {
+        float *kh = sc;   /* head_dim <= ATT_CHUNK; attn_range fills sc afterwards */
+        head_norm_rope(k + (size_t)hkv * head_dim, wk, head_dim, pos, theta_scale, neox, eps, kh, red);
+        const size_t dst = (size_t)pos * kv_row + (size_t)hkv * head_dim;
+        const float *vh = v + (size_t)hkv * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            if (F16) {
+                ((uint16_t *)kc)[dst + i] = f2h(kh[i]);
+                ((uint16_t *)vc)[dst + i] = f2h(vh[i]);
+            } else {
+                ((float *)kc)[dst + i] = kh[i];
+                ((float *)vc)[dst + i] = vh[i];
+            }
+        }
+        __syncthreads();   /* the row is visible to this block's threads */
+    }
+    float acc[4] = {0, 0, 0, 0};
+    float run_max, run_sum;
+    attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, NULL, NULL, 0, sc, red, acc, &run_max,
+                    &run_sum);
     const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
+    attn_part_store(part + ((size_t)h * nsplit + z) * (head_dim + 2), head_dim, run_max, run_sum, acc);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[h], 1) == nsplit - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
     const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
-    float num = 0.0f;
-#pragma unroll 8
-    for (int z = 0; z < nsplit; z++) num += pp[(size_t)z * (head_dim + 2) + 2 + d] * f[z];
-    const float v = num / den;
-    const size_t i = (size_t)h * head_dim + d;
-    out[i] = v;
-    q8_block_store(v, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
+        const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
+        const size_t i = (size_t)h * head_dim + d;
+        out[i] = val;
+        q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+    }
+    if (threadIdx.x == 0) count[h] = 0;
 }
 
 int gk_fused_type_supported(uint32_t type)
@@ -2303,38 +2376,24 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
     return 0;
 }
 
-int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, const float *wq, const float *wk,
-                          int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox,
-                          float eps, void *kc, void *vc, int kv_f16, tg_err *e)
+int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *v, const float *wq, const float *wk,
+                   int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox, float eps,
+                   void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch, tg_err *e)
 {
-    if (n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim % 2 || head_dim > 1024)
-        return tg_errf(e, "gpu qk_norm_rope_store: n_head=%d n_head_kv=%d head_dim=%d: expected positive, "
-                       "head_dim even and <= 1024", n_head, n_head_kv, head_dim);
-    const int threads = ((head_dim + TG_WARP - 1) / TG_WARP) * TG_WARP;
-    const float theta_scale = powf(base, -2.0f / (float)head_dim);
-    GPU_CHECK(e, gk_launch(k_qk_norm_rope_store, n_head + n_head_kv, threads > 128 ? 128 : threads,
-                           head_dim * sizeof(float), s, q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0,
-                           theta_scale, neox, eps, kc, vc, kv_f16));
-    return 0;
-}
-
-int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
-                    gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
-                    void *scratch, tg_err *e)
-{
-    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim % 32 || head_dim > 4 * ATT_THREADS ||
-        head_dim > 1024 || !scratch)
-        return tg_errf(e, "gpu attention_q8: n_head=%d n_head_kv=%d head_dim=%d: expected n_head a multiple of "
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 || head_dim % 32 ||
+        head_dim > 4 * ATT_THREADS || !scratch)
+        return tg_errf(e, "gpu attn_decode: n_head=%d n_head_kv=%d head_dim=%d: expected n_head a multiple of "
                        "n_head_kv, head_dim a multiple of 32 up to %d, and scratch", n_head, n_head_kv, head_dim,
                        4 * ATT_THREADS);
     const int nsplit = att_splits();
     const float scale = 1.0f / sqrtf((float)head_dim);
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);
     float *part = (float *)scratch;
+    int *count = (int *)((uint8_t *)scratch + att_part_bytes(n_head, head_dim));
     const size_t shm = (size_t)head_dim * sizeof(float);
-    GPU_CHECK(e, gk_launch(kv_f16 ? k_attention<1> : k_attention<0>, dim3(n_head, 1, nsplit), ATT_THREADS, shm, s,
-                           q, kc, vc, out, n_head, n_head_kv, head_dim, pos0, scale, part, (const float *)NULL,
-                           (float *)NULL, 0));
-    GPU_CHECK(e, gk_launch(k_attn_combine_q8, n_head, head_dim, 0, s, part, out, n_head, head_dim, nsplit, oq));
+    GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
+                           q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
+                           scale, part, count, out, oq, q_out));
     return 0;
 }
 

@@ -99,7 +99,7 @@ int gk_attention_scores(cudaStream_t s, const float *q, const void *kc, const vo
                         const float *s_in, float *s_out, int s_stride, tg_err *e);
 /* Scratch bytes for gk_attention's split single-token path (n_tok == 1
  * with scratch not NULL: the keys are split over several blocks per head
- * and merged; NULL keeps one block per head). */
+ * and merged; NULL keeps one block per head) and for gk_attn_decode. */
 size_t gk_attention_scratch(int n_head, int head_dim);
 
 /* y[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)); n values. */
@@ -164,17 +164,17 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
 int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
                  float *y, gk_q8 out, tg_err *e);
 
-/* One token: per-head RMS norm of q and k (wq, wk NULL: none), RoPE at
- * *pos0 (as gk_rope), and k, v stored at cache row *pos0 (as gk_kv_store). */
-int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, const float *wq, const float *wk,
-                          int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox,
-                          float eps, void *kc, void *vc, int kv_f16, tg_err *e);
-
-/* gk_attention for one token (split keys, scratch required) with the output
- * also quantized into oq; head_dim a multiple of 32. */
-int gk_attention_q8(cudaStream_t s, const float *q, const void *kc, const void *vc, int kv_f16, float *out,
-                    gk_q8 oq, int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0,
-                    void *scratch, tg_err *e);
+/* Decode attention of one token in one launch (head_dim a multiple of 32,
+ * up to 512): per head, q's and k's RMS norm (wq, wk NULL: none) and RoPE
+ * at *pos0 (as gk_rmsnorm and gk_rope), k and v stored at cache row *pos0
+ * (as gk_kv_store), attention over rows 0..*pos0 in key ranges merged as
+ * gk_attention's, the output into out and quantized into oq. q, k and v are
+ * read only. q_out (NULL: not kept): the normed, rotated q. scratch:
+ * gk_attention_scratch bytes, zeroed once before the first call (the
+ * kernel leaves its counters at zero). */
+int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *v, const float *wq, const float *wk,
+                   int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox, float eps,
+                   void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch, tg_err *e);
 
 /* The kernel settings the environment chose (TG_GPU_MMVQ, TG_GPU_TC,
  * TG_GPU_ATT_TC, TG_GPU_ATT_SPLITS, TG_GPU_STREAM,

@@ -688,21 +688,26 @@ static void test_mv_swiglu(uint32_t t, int K, int n_ff)
     cudaFree(dg); cudaFree(du); cudaFree(dy);
 }
 
-/* Against the composition of the plain kernels' references: per-head norm
- * (f64), RoPE with ggml's f32 angle, the cache rows. */
-static void test_qk_norm_rope_store(int kv_f16, int n_head, int n_head_kv, int hd, int pos, int norm, int neox)
+/* gk_attn_decode against what it replaces: the normed, rotated q (q_out)
+ * and the cache rows at pos against the f64 composition (per-head norm,
+ * RoPE with ggml's f32 angle); the output bit for bit gk_attention (split)
+ * over the cache the kernel left, with q_out; its q8 copy by the host rule.
+ * Run twice on the same inputs: the second run (the counters the first
+ * left) gives the same bits. */
+static void test_attn_decode(int kv_f16, int n_head, int n_head_kv, int hd, int pos, int norm, int neox)
 {
     char name[160];
-    snprintf(name, sizeof name, "qk_norm_rope_store_%s%s%s(heads=%d/%d,hd=%d,pos=%d)", kv_f16 ? "f16kv" : "f32kv",
+    snprintf(name, sizeof name, "attn_decode_%s%s%s(heads=%d/%d,hd=%d,pos=%d)", kv_f16 ? "f16kv" : "f32kv",
              norm ? ",norm" : "", neox ? ",neox" : "", n_head, n_head_kv, hd, pos);
-    const int QD = n_head * hd, KVD = n_head_kv * hd, n_ctx = pos + 3;
-    std::vector<float> q(QD), k(KVD), v(KVD), wq(hd), wk(hd);
+    const int QD = n_head * hd, KVD = n_head_kv * hd, n_ctx = pos + 1;
+    std::vector<float> q(QD), k(KVD), v(KVD), wq(hd), wk(hd), kcf((size_t)n_ctx * KVD), vcf((size_t)n_ctx * KVD);
     fill(q, 2.0f); fill(k, 2.0f); fill(v, 2.0f); fill(wq, 1.0f); fill(wk, 1.0f);
+    fill(kcf, 1.0f); fill(vcf, 1.0f);   /* rows 0..pos-1; row pos is the kernel's to write */
     const float eps = 1e-6f, base = 1e6f;
     auto ref_head = [&](const float *x, const float *w, double *out) {
-        double ss = 0;
-        for (int i = 0; i < hd; i++) ss += (double)x[i] * x[i];
-        const double sc = norm ? 1.0 / sqrt(ss / hd + eps) : 1.0;
+        double hs = 0;
+        for (int i = 0; i < hd; i++) hs += (double)x[i] * x[i];
+        const double sc = norm ? 1.0 / sqrt(hs / hd + eps) : 1.0;
         std::vector<double> t(hd);
         for (int i = 0; i < hd; i++) t[i] = norm ? x[i] * sc * w[i] : x[i];
         for (int i = 0; i < hd / 2; i++) {
@@ -715,50 +720,9 @@ static void test_qk_norm_rope_store(int kv_f16, int n_head, int n_head_kv, int h
     std::vector<double> rq(QD), rk(KVD);
     for (int h = 0; h < n_head; h++) ref_head(&q[(size_t)h * hd], wq.data(), &rq[(size_t)h * hd]);
     for (int h = 0; h < n_head_kv; h++) ref_head(&k[(size_t)h * hd], wk.data(), &rk[(size_t)h * hd]);
-    float *dq = dev_upload(q.data(), QD), *dk = dev_upload(k.data(), KVD), *dv = dev_upload(v.data(), KVD);
-    float *dwq = dev_upload(wq.data(), hd), *dwk = dev_upload(wk.data(), hd);
-    int32_t *dp = dev_upload(&pos, 1);
     const size_t el = kv_f16 ? 2 : 4;
-    void *kc, *vc;
-    CK(cudaMalloc(&kc, (size_t)n_ctx * KVD * el));
-    CK(cudaMalloc(&vc, (size_t)n_ctx * KVD * el));
-    tg_err e = {{0}};
-    int rc = gk_qk_norm_rope_store(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, dp,
-                                   base, neox, eps, kc, vc, kv_f16, &e);
-    if (!rc) {
-        judge(name, dev_download(dq, QD), rq, NMSE_ROPE + NMSE_RMSNORM);
-        /* the cache rows at pos, as f32 */
-        std::vector<uint8_t> kb((size_t)KVD * el), vb((size_t)KVD * el);
-        CK(cudaMemcpy(kb.data(), (uint8_t *)kc + (size_t)pos * KVD * el, kb.size(), cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(vb.data(), (uint8_t *)vc + (size_t)pos * KVD * el, vb.size(), cudaMemcpyDeviceToHost));
-        std::vector<float> kf(KVD), vf(KVD);
-        for (int i = 0; i < KVD; i++) {
-            kf[i] = kv_f16 ? tg_half_to_f32(((uint16_t *)kb.data())[i]) : ((float *)kb.data())[i];
-            vf[i] = kv_f16 ? tg_half_to_f32(((uint16_t *)vb.data())[i]) : ((float *)vb.data())[i];
-        }
-        std::vector<double> rv(v.begin(), v.end());
-        char nm[200];
-        snprintf(nm, sizeof nm, "%s.kcache", name);
-        judge(nm, kf, rk, kv_f16 ? 1e-6 : NMSE_ROPE + NMSE_RMSNORM);
-        snprintf(nm, sizeof nm, "%s.vcache", name);
-        judge(nm, vf, rv, kv_f16 ? 1e-6 : 0.0);
-    } else check_gk(rc, &e, name);
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dwq); cudaFree(dwk); cudaFree(dp); cudaFree(kc); cudaFree(vc);
-}
-
-/* gk_attention_q8 against gk_attention (split) on the same cache: the f32
- * output is the same arithmetic, the q8 copy follows the host rule. */
-static void test_attention_q8(int kv_f16, int n_head, int n_head_kv, int hd, int pos)
-{
-    char name[160];
-    snprintf(name, sizeof name, "attention_q8_%s(heads=%d/%d,hd=%d,pos=%d)", kv_f16 ? "f16kv" : "f32kv", n_head,
-             n_head_kv, hd, pos);
-    const int QD = n_head * hd, KVD = n_head_kv * hd, n_ctx = pos + 1;
-    std::vector<float> q(QD), kcf((size_t)n_ctx * KVD), vcf((size_t)n_ctx * KVD);
-    fill(q, 1.0f); fill(kcf, 1.0f); fill(vcf, 1.0f);
-    const size_t el = kv_f16 ? 2 : 4;
-    std::vector<uint8_t> kb(kcf.size() * el), vb(vcf.size() * el);
-    for (size_t i = 0; i < kcf.size(); i++) {
+    std::vector<uint8_t> kb(kcf.size() * el, 0xAB), vb(vcf.size() * el, 0xAB);
+    for (size_t i = 0; i < (size_t)pos * KVD; i++) {
         if (kv_f16) {
             ((uint16_t *)kb.data())[i] = tg_f32_to_half(kcf[i]);
             ((uint16_t *)vb.data())[i] = tg_f32_to_half(vcf[i]);
@@ -767,22 +731,50 @@ static void test_attention_q8(int kv_f16, int n_head, int n_head_kv, int hd, int
             ((float *)vb.data())[i] = vcf[i];
         }
     }
-    float *dq = dev_upload(q.data(), QD), *o1 = dev_poisoned(QD), *o2 = dev_poisoned(QD);
+    float *dq = dev_upload(q.data(), QD), *dk = dev_upload(k.data(), KVD), *dv = dev_upload(v.data(), KVD);
+    float *dwq = dev_upload(wq.data(), hd), *dwk = dev_upload(wk.data(), hd);
+    float *qo = dev_poisoned(QD), *o1 = dev_poisoned(QD), *o2 = dev_poisoned(QD), *o3 = dev_poisoned(QD);
     uint8_t *kc = dev_upload(kb.data(), kb.size()), *vc = dev_upload(vb.data(), vb.size());
     int32_t *dp = dev_upload(&pos, 1);
     void *scr;
     CK(cudaMalloc(&scr, gk_attention_scratch(n_head, hd)));
-    dev_q8 oq(QD);
+    CK(cudaMemset(scr, 0, gk_attention_scratch(n_head, hd)));
+    dev_q8 oq(QD), oq2(QD);
     tg_err e = {{0}};
-    int rc = gk_attention(0, dq, kc, vc, kv_f16, o1, 1, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
-    if (!rc) rc = gk_attention_q8(0, dq, kc, vc, kv_f16, o2, oq.g, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
+    int rc = gk_attn_decode(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, dp, base,
+                            neox, eps, kc, vc, kv_f16, o1, oq.g, qo, scr, &e);
+    if (!rc)
+        rc = gk_attn_decode(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, dp, base,
+                            neox, eps, kc, vc, kv_f16, o2, oq2.g, NULL, scr, &e);
+    if (!rc) rc = gk_attention(0, qo, kc, vc, kv_f16, o3, 1, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
     if (!rc) {
-        std::vector<float> a = dev_download(o1, QD), b = dev_download(o2, QD);
-        std::vector<double> ref(a.begin(), a.end());
-        judge(name, b, ref, 0.0);
-        judge_q8(name, oq, b, ref);
+        char nm[200];
+        snprintf(nm, sizeof nm, "%s.q", name);
+        judge(nm, dev_download(qo, QD), rq, NMSE_ROPE + NMSE_RMSNORM);
+        std::vector<uint8_t> kr((size_t)KVD * el), vr((size_t)KVD * el);
+        CK(cudaMemcpy(kr.data(), kc + (size_t)pos * KVD * el, kr.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(vr.data(), vc + (size_t)pos * KVD * el, vr.size(), cudaMemcpyDeviceToHost));
+        std::vector<float> kf(KVD), vf(KVD);
+        for (int i = 0; i < KVD; i++) {
+            kf[i] = kv_f16 ? tg_half_to_f32(((uint16_t *)kr.data())[i]) : ((float *)kr.data())[i];
+            vf[i] = kv_f16 ? tg_half_to_f32(((uint16_t *)vr.data())[i]) : ((float *)vr.data())[i];
+        }
+        std::vector<double> rv(v.begin(), v.end());
+        snprintf(nm, sizeof nm, "%s.kcache", name);
+        judge(nm, kf, rk, kv_f16 ? 1e-6 : NMSE_ROPE + NMSE_RMSNORM);
+        snprintf(nm, sizeof nm, "%s.vcache", name);
+        judge(nm, vf, rv, kv_f16 ? 1e-6 : 0.0);
+        std::vector<float> a = dev_download(o1, QD), b = dev_download(o2, QD), c = dev_download(o3, QD);
+        std::vector<double> ref(c.begin(), c.end());
+        judge(name, a, ref, 0.0);
+        judge_q8(name, oq, a, ref);
+        if (memcmp(a.data(), b.data(), a.size() * sizeof(float))) {
+            printf("FAIL %s: the second run's output differs from the first's (the arrival counters)\n", name);
+            n_fail++;
+        }
     } else check_gk(rc, &e, name);
-    cudaFree(dq); cudaFree(o1); cudaFree(o2); cudaFree(kc); cudaFree(vc); cudaFree(dp); cudaFree(scr);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dwq); cudaFree(dwk); cudaFree(qo); cudaFree(o1);
+    cudaFree(o2); cudaFree(o3); cudaFree(kc); cudaFree(vc); cudaFree(dp); cudaFree(scr);
 }
 
 int main(void)
@@ -893,12 +885,12 @@ int main(void)
         test_mv_swiglu(t, 256, 96);
     }
     for (int f16 = 0; f16 < 2; f16++) {
-        test_qk_norm_rope_store(f16, 32, 8, 128, 77, 1, 1);
-        test_qk_norm_rope_store(f16, 16, 8, 64, 0, 0, 0);
-        test_qk_norm_rope_store(f16, 4, 2, 256, 3000, 1, 0);
-        test_attention_q8(f16, 32, 8, 128, 0);
-        test_attention_q8(f16, 32, 8, 128, 1500);
-        test_attention_q8(f16, 16, 8, 64, 40);
+        test_attn_decode(f16, 32, 8, 128, 77, 1, 1);
+        test_attn_decode(f16, 16, 8, 64, 0, 0, 0);
+        test_attn_decode(f16, 4, 2, 256, 3000, 1, 0);
+        test_attn_decode(f16, 32, 8, 128, 1500, 1, 1);
+        test_attn_decode(f16, 16, 8, 64, 40, 1, 1);
+        test_attn_decode(f16, 8, 8, 512, 5, 1, 1);   /* more ranges than keys */
     }
     printf("test_gpu_ops: %d OK, %d FAIL\n", n_ok, n_fail);
     return n_fail ? 1 : 0;
