@@ -5,6 +5,7 @@
 #
 #   bash scripts/gpu-gate.sh --pack DIR [--out DIR] [--work DIR]
 #        [--time-limit SECONDS] [--only 8b-ref] [--with-8b-llama] [--keep-llama]
+#        [--no-replay]
 #
 #   --pack DIR          what scripts/gpu-pack.sh wrote (required)
 #   --out DIR           logs, stores and reports (/tmp/gpu-out)
@@ -15,6 +16,8 @@
 #   --with-8b-llama     also specs/gpu-8b.yaml, scored against llama-cuda
 #   --keep-llama        also leave the CUDA libllama in OUT/llama-cuda-lib.tar.gz
 #                       (a later run takes it from the pack folder, by that name)
+#   --no-replay         skip step 5 (the stage replay gates, about 150 s), so
+#                       that the benchmark and the gates fit a shorter call
 #
 # 1. builds llama.cpp's libllama + ggml with CUDA (sm_90, CUDA graphs on,
 #    flash attention kernels on) from the bundled source into
@@ -49,8 +52,8 @@
 # the benchmark about 100 s, the 0.6b gates 40 s and the 8b gate over the
 # ref tier 205 s (without its llama-cuda arm; 363 s with it in run 5).
 set -u
-usage() { sed -n '/^#   bash scripts\/gpu-gate.sh/,/a later run takes it/p' "$0" | sed 's/^#//' >&2; exit 2; }
-C= OUT=/tmp/gpu-out W=build/gpu-dev BUDGET=1000000000 ONLY= WITH_8B_LLAMA=0 KEEP_LLAMA=0
+usage() { sed -n '/^#   bash scripts\/gpu-gate.sh/,/the benchmark and the gates fit/p' "$0" | sed 's/^#//' >&2; exit 2; }
+C= OUT=/tmp/gpu-out W=build/gpu-dev BUDGET=1000000000 ONLY= WITH_8B_LLAMA=0 KEEP_LLAMA=0 REPLAY=1
 while [ $# -gt 0 ]; do
   case $1 in
     --pack) C=${2:?--pack DIR}; shift 2 ;;
@@ -60,6 +63,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY=${2:?--only 8b-ref}; shift 2 ;;
     --with-8b-llama) WITH_8B_LLAMA=1; shift ;;
     --keep-llama) KEEP_LLAMA=1; shift ;;
+    --no-replay) REPLAY=0; shift ;;
     -h|--help) usage ;;
     *) echo "gpu-gate: unknown argument $1" >&2; usage ;;
   esac
@@ -237,8 +241,12 @@ replay_gate() { # spec tag prompt/step
   timeout $(( $(left) - 10 )) $TK localize $3 --arms ref,gpu --db $DB --evidence "$OUT" > "$OUT/localize-$2.txt" 2>&1
   say "localize $3 ($2) rc=$?"; grep -E "^(FIRST_OVER|OVER_BUDGET|REPLAY|stage replay)" "$OUT/localize-$2.txt" | head -8
 }
-pin gpu-tiny-replay.yaml $PWD/models/tiny-trained-qwen3-Q4_K_M.gguf && replay_gate gpu-tiny-replay.yaml tiny-replay p7/40
-[ -f $M06 ] && pin gpu-0.6b-replay.yaml $M06 && replay_gate gpu-0.6b-replay.yaml 0.6b-replay p1/16
+if [ $REPLAY = 1 ]; then
+  pin gpu-tiny-replay.yaml $PWD/models/tiny-trained-qwen3-Q4_K_M.gguf && replay_gate gpu-tiny-replay.yaml tiny-replay p7/40
+  [ -f $M06 ] && pin gpu-0.6b-replay.yaml $M06 && replay_gate gpu-0.6b-replay.yaml 0.6b-replay p1/16
+else
+  say "stage replay skipped (--no-replay)"
+fi
 
 [ "$(left)" -gt 300 ] && mk 8b $M8 $NPROC && pin gpu-8b.yaml $M8 && pin gpu-8b-ref.yaml $M8
 

@@ -592,8 +592,8 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         COUNT(ops, TG_OP_MATMUL, L->wv.type);
         PROF(L->wv.type == TG_TYPE_Q6_K ? "mv qkv (v q6_K)" : "mv qkv");
         if (gk_attn_decode(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
-                           hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD, pos0,
-                           hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, g->att_scratch,
+                           hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD, g->n_ctx,
+                           pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, g->att_scratch,
                            e))
             return -1;
         if (hp->qk_norm) {

@@ -2008,15 +2008,16 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
 /* Streamed k_mv_fused: warps take NR consecutive rows of a segment at a
  * time (grid-stride over the segments' row groups); every segment's type
  * streams at this K (checked by the launcher). Dynamic shared memory:
- * FZ_WARPS * NR * FZ_STAGES * chunk_max. */
+ * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
+ * segments' types). */
 template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int chunk_max)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    uint8_t *sm = fz_sm + (size_t)wid * NR * FZ_STAGES * chunk_max;
+    uint8_t *sm = fz_sm + (size_t)wid * ring;
     const int n0 = (segs.s[0].nrows + NR - 1) / NR;
     const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
     const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
@@ -2190,13 +2191,26 @@ k_mv_swiglu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int 
     }
 }
 
-/* One head of head_dim values at xh into hv (shared): its RMS norm with
- * weights w (none when NULL), then RoPE at position pos. Every thread of
- * the block calls it; the norm's sum is block_sum's over blockDim.x
- * threads (any block of 128 or more threads, or of at least head_dim
- * threads, sums in the same order). */
-__device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, int head_dim, int pos,
-                                               float theta_scale, int neox, float eps, float *hv, float *sh)
+/* The RoPE cosines and sines of pair i = threadIdx.x + j * blockDim.x (j
+ * < 2, i < half) at position pos, as rope_cs. */
+__device__ __forceinline__ void rope_pre(int pos, float theta_scale, int half, float c[2], float sn[2])
+{
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        c[j] = 1.0f;
+        sn[j] = 0.0f;
+        if (i < half) rope_cs(pos, theta_scale, i, &c[j], &sn[j]);
+    }
+}
+
+/* One head of head_dim values (half <= 2 * blockDim.x pairs) at xh into hv
+ * (shared): its RMS norm with weights w (none when NULL), then RoPE with
+ * rope_pre's c and sn. Every thread of the block calls it; the norm's sum
+ * is block_sum's over blockDim.x threads (any block of 128 or more threads,
+ * or of at least head_dim threads, sums in the same order). */
+__device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, int head_dim, const float c[2],
+                                               const float sn[2], int neox, float eps, float *hv, float *sh)
 {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
@@ -2210,13 +2224,14 @@ __device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, 
     }
     __syncthreads();
     const int half = head_dim / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float c, sn;
-        rope_cs(pos, theta_scale, i, &c, &sn);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i >= half) break;
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float a = hv[i0], b = hv[i1];
-        hv[i0] = a * c - b * sn;
-        hv[i1] = a * sn + b * c;
+        hv[i0] = a * c[j] - b * sn[j];
+        hv[i1] = a * sn[j] + b * c[j];
     }
     __syncthreads();
 }
@@ -2230,49 +2245,87 @@ __device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, 
  * range, the partial result into part, and the last block of the head to
  * arrive (count[h], left at 0 again) merges the ranges as k_attn_combine,
  * writes the head's output and quantizes it for the output projection.
- * q_out (when not NULL): the normed, rotated q, for tests. */
+ * With stage_keys > 0 (every range at most that long) the range's cached
+ * K and V rows are copied into shared memory before the kernel waits on
+ * the mat-vec (they were written by earlier steps), all at once, and the
+ * new row joins them there. q_out (when not NULL): the normed, rotated q,
+ * for tests. Dynamic shared memory: head_dim floats, then 2 * stage_keys
+ * rows of K and V. */
 template <int F16>
 __global__ void __launch_bounds__(ATT_THREADS)
 k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
               int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
-              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out)
+              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys)
 {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[32];
     __shared__ float f[ATT_SPLITS_MAX];
     __shared__ int last;
-    extern __shared__ float qs[]; /* head_dim */
+    extern __shared__ __align__(16) float qs[]; /* head_dim, then the staged rows */
     pdl_trigger();
-    pdl_wait();
+    /* the position is the step's parameter, copied before the step's first
+     * kernel: its angles and the range's cached rows are read before
+     * waiting on the mat-vec */
+    const int pos = *pos0, n_kv = pos + 1;
     const int h = blockIdx.x, z = blockIdx.y, nsplit = gridDim.y;
     const int hkv = h / (n_head / n_head_kv);
-    const int pos = *pos0, n_kv = pos + 1;
     const size_t kv_row = (size_t)n_head_kv * head_dim;
-    head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, pos, theta_scale, neox, eps, qs, red);
-    if (q_out && z == 0)
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
     const int per = (n_kv + nsplit - 1) / nsplit;
     const int jb = z * per, je = min(n_kv, jb + per);
+    const int el = F16 ? 2 : 4, rowb = head_dim * el, nk = je - jb;
+    const bool staged = nk > 0 && nk <= stage_keys;
+    uint8_t *ks = (uint8_t *)(qs + head_dim), *vs = ks + (size_t)stage_keys * rowb;
+    if (staged) {
+        const int pieces = rowb / 16, nold = min(je, pos) - jb;
+        for (int p = threadIdx.x; p < nold * pieces; p += blockDim.x) {
+            const int r = p / pieces, pc = p % pieces;
+            const size_t src = ((size_t)(jb + r) * kv_row + (size_t)hkv * head_dim) * el + 16 * pc;
+            cp_async16(ks + (size_t)r * rowb + 16 * pc, (const uint8_t *)kc + src);
+            cp_async16(vs + (size_t)r * rowb + 16 * pc, (const uint8_t *)vc + src);
+        }
+        cp_async_commit();
+    }
+    float rc[2], rs[2];
+    rope_pre(pos, theta_scale, head_dim / 2, rc, rs);
+    pdl_wait();
+    head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, rc, rs, neox, eps, qs, red);
+    if (q_out && z == 0)
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
     if (jb <= pos && pos < je) {
         float *kh = sc;   /* head_dim <= ATT_CHUNK; attn_range fills sc afterwards */
-        head_norm_rope(k + (size_t)hkv * head_dim, wk, head_dim, pos, theta_scale, neox, eps, kh, red);
+        head_norm_rope(k + (size_t)hkv * head_dim, wk, head_dim, rc, rs, neox, eps, kh, red);
         const size_t dst = (size_t)pos * kv_row + (size_t)hkv * head_dim;
         const float *vh = v + (size_t)hkv * head_dim;
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             if (F16) {
                 ((uint16_t *)kc)[dst + i] = f2h(kh[i]);
                 ((uint16_t *)vc)[dst + i] = f2h(vh[i]);
+                if (staged) {
+                    ((uint16_t *)ks)[(size_t)(pos - jb) * head_dim + i] = f2h(kh[i]);
+                    ((uint16_t *)vs)[(size_t)(pos - jb) * head_dim + i] = f2h(vh[i]);
+                }
             } else {
                 ((float *)kc)[dst + i] = kh[i];
                 ((float *)vc)[dst + i] = vh[i];
+                if (staged) {
+                    ((float *)ks)[(size_t)(pos - jb) * head_dim + i] = kh[i];
+                    ((float *)vs)[(size_t)(pos - jb) * head_dim + i] = vh[i];
+                }
             }
         }
         __syncthreads();   /* the row is visible to this block's threads */
     }
     float acc[4] = {0, 0, 0, 0};
     float run_max, run_sum;
-    attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, NULL, NULL, 0, sc, red, acc, &run_max,
-                    &run_sum);
+    if (staged) {   /* the same arithmetic over the staged rows, keys renumbered from jb */
+        cp_async_wait<0>();
+        __syncthreads();
+        attn_range<F16>(qs, ks, vs, 0, head_dim, head_dim, 0, nk, scale, NULL, NULL, 0, sc, red, acc, &run_max,
+                        &run_sum);
+    } else {
+        attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, NULL, NULL, 0, sc, red, acc, &run_max,
+                        &run_sum);
+    }
     const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
     attn_part_store(part + ((size_t)h * nsplit + z) * (head_dim + 2), head_dim, run_max, run_sum, acc);
     __threadfence();
@@ -2338,11 +2391,12 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
         const int want2 = nr_env == 2 || (nr_env == 3 && chunk_max != fz_chunk_bytes(TG_TYPE_Q6_K));
         const int nr = want2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
-        const size_t sm = (size_t)FZ_WARPS * nr * FZ_STAGES * chunk_max;
-        const int blocks_needed = (rows / nr + FZ_WARPS) / FZ_WARPS;
+        const int ring = nr * FZ_STAGES * chunk_max;
+        int groups = 0;   /* of nr rows, a warp each */
+        for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
+        const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
-        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP, sm, s, fs, K,
-                               x, accumulate, chunk_max));
+        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP, (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
         return 0;
     }
     /* the direct kernel: two rows per warp share their activation loads */
@@ -2361,8 +2415,8 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
                        "n_ff a multiple of 32", type, K, n_ff);
     const int grid = n_ff / 32;
     const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
-    if (fz_stream_on() && fz_streams(type, K) && (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type) <= 48 * 1024) {
-        const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
+    const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
+    if (fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024) {
         GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
                                : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
                                                       : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
@@ -2376,9 +2430,12 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
     return 0;
 }
 
+#define AD_STAGE_MAX (24 * 1024)   /* bytes of staged K and V rows a block of gk_attn_decode may take */
+
 int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *v, const float *wq, const float *wk,
-                   int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox, float eps,
-                   void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch, tg_err *e)
+                   int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0, float base, int neox,
+                   float eps, void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch,
+                   tg_err *e)
 {
     if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 || head_dim % 32 ||
         head_dim > 4 * ATT_THREADS || !scratch)
@@ -2390,10 +2447,14 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
     const float theta_scale = powf(base, -2.0f / (float)head_dim);
     float *part = (float *)scratch;
     int *count = (int *)((uint8_t *)scratch + att_part_bytes(n_head, head_dim));
-    const size_t shm = (size_t)head_dim * sizeof(float);
+    /* the longest key range at a context of n_ctx, staged when it fits */
+    const size_t rowb = (size_t)head_dim * (kv_f16 ? 2 : 4);
+    const int per_max = n_ctx > 0 ? (n_ctx + nsplit - 1) / nsplit : 0;
+    const int stage_keys = 2 * per_max * rowb <= AD_STAGE_MAX ? per_max : 0;
+    const size_t shm = (size_t)head_dim * sizeof(float) + 2 * (size_t)stage_keys * rowb;
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
                            q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
-                           scale, part, count, out, oq, q_out));
+                           scale, part, count, out, oq, q_out, stage_keys));
     return 0;
 }
 

@@ -169,12 +169,14 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
  * at *pos0 (as gk_rmsnorm and gk_rope), k and v stored at cache row *pos0
  * (as gk_kv_store), attention over rows 0..*pos0 in key ranges merged as
  * gk_attention's, the output into out and quantized into oq. q, k and v are
- * read only. q_out (NULL: not kept): the normed, rotated q. scratch:
- * gk_attention_scratch bytes, zeroed once before the first call (the
- * kernel leaves its counters at zero). */
+ * read only; n_ctx: the cache's rows (*pos0 < n_ctx). q_out (NULL: not
+ * kept): the normed, rotated q. scratch: gk_attention_scratch bytes,
+ * zeroed once before the first call (the kernel leaves its counters at
+ * zero). */
 int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *v, const float *wq, const float *wk,
-                   int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base, int neox, float eps,
-                   void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch, tg_err *e);
+                   int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0, float base, int neox,
+                   float eps, void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch,
+                   tg_err *e);
 
 /* The kernel settings the environment chose (TG_GPU_MMVQ, TG_GPU_TC,
  * TG_GPU_ATT_TC, TG_GPU_ATT_SPLITS, TG_GPU_STREAM,

@@ -694,12 +694,13 @@ static void test_mv_swiglu(uint32_t t, int K, int n_ff)
  * over the cache the kernel left, with q_out; its q8 copy by the host rule.
  * Run twice on the same inputs: the second run (the counters the first
  * left) gives the same bits. */
-static void test_attn_decode(int kv_f16, int n_head, int n_head_kv, int hd, int pos, int norm, int neox)
+static void test_attn_decode(int kv_f16, int n_head, int n_head_kv, int hd, int pos, int norm, int neox,
+                             int n_ctx)
 {
     char name[160];
-    snprintf(name, sizeof name, "attn_decode_%s%s%s(heads=%d/%d,hd=%d,pos=%d)", kv_f16 ? "f16kv" : "f32kv",
-             norm ? ",norm" : "", neox ? ",neox" : "", n_head, n_head_kv, hd, pos);
-    const int QD = n_head * hd, KVD = n_head_kv * hd, n_ctx = pos + 1;
+    snprintf(name, sizeof name, "attn_decode_%s%s%s(heads=%d/%d,hd=%d,pos=%d,n_ctx=%d)", kv_f16 ? "f16kv" : "f32kv",
+             norm ? ",norm" : "", neox ? ",neox" : "", n_head, n_head_kv, hd, pos, n_ctx);
+    const int QD = n_head * hd, KVD = n_head_kv * hd;
     std::vector<float> q(QD), k(KVD), v(KVD), wq(hd), wk(hd), kcf((size_t)n_ctx * KVD), vcf((size_t)n_ctx * KVD);
     fill(q, 2.0f); fill(k, 2.0f); fill(v, 2.0f); fill(wq, 1.0f); fill(wk, 1.0f);
     fill(kcf, 1.0f); fill(vcf, 1.0f);   /* rows 0..pos-1; row pos is the kernel's to write */
@@ -741,11 +742,11 @@ static void test_attn_decode(int kv_f16, int n_head, int n_head_kv, int hd, int 
     CK(cudaMemset(scr, 0, gk_attention_scratch(n_head, hd)));
     dev_q8 oq(QD), oq2(QD);
     tg_err e = {{0}};
-    int rc = gk_attn_decode(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, dp, base,
-                            neox, eps, kc, vc, kv_f16, o1, oq.g, qo, scr, &e);
+    int rc = gk_attn_decode(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, n_ctx, dp,
+                            base, neox, eps, kc, vc, kv_f16, o1, oq.g, qo, scr, &e);
     if (!rc)
-        rc = gk_attn_decode(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, dp, base,
-                            neox, eps, kc, vc, kv_f16, o2, oq2.g, NULL, scr, &e);
+        rc = gk_attn_decode(0, dq, dk, dv, norm ? dwq : NULL, norm ? dwk : NULL, n_head, n_head_kv, hd, n_ctx, dp,
+                            base, neox, eps, kc, vc, kv_f16, o2, oq2.g, NULL, scr, &e);
     if (!rc) rc = gk_attention(0, qo, kc, vc, kv_f16, o3, 1, n_head, n_head_kv, hd, n_ctx, dp, scr, &e);
     if (!rc) {
         char nm[200];
@@ -884,13 +885,18 @@ int main(void)
         test_mv_swiglu(t, 4096, 1024);
         test_mv_swiglu(t, 256, 96);
     }
+    /* n_ctx: the cache's rows; with 32 key ranges, up to 48 (f16, hd 128) or
+     * 24 (f32) rows a range are staged in shared memory, longer ranges read
+     * the cache where it is */
     for (int f16 = 0; f16 < 2; f16++) {
-        test_attn_decode(f16, 32, 8, 128, 77, 1, 1);
-        test_attn_decode(f16, 16, 8, 64, 0, 0, 0);
-        test_attn_decode(f16, 4, 2, 256, 3000, 1, 0);
-        test_attn_decode(f16, 32, 8, 128, 1500, 1, 1);
-        test_attn_decode(f16, 16, 8, 64, 40, 1, 1);
-        test_attn_decode(f16, 8, 8, 512, 5, 1, 1);   /* more ranges than keys */
+        test_attn_decode(f16, 32, 8, 128, 77, 1, 1, 78);      /* staged */
+        test_attn_decode(f16, 32, 8, 128, 77, 1, 1, 4096);    /* not staged */
+        test_attn_decode(f16, 16, 8, 64, 0, 0, 0, 1);
+        test_attn_decode(f16, 4, 2, 256, 3000, 1, 0, 3001);
+        test_attn_decode(f16, 32, 8, 128, 1500, 1, 1, 1536);  /* staged (f16) */
+        test_attn_decode(f16, 32, 8, 128, 700, 1, 1, 768);    /* staged, some ranges short */
+        test_attn_decode(f16, 16, 8, 64, 40, 1, 1, 1024);
+        test_attn_decode(f16, 8, 8, 512, 5, 1, 1, 6);         /* more ranges than keys */
     }
     printf("test_gpu_ops: %d OK, %d FAIL\n", n_ok, n_fail);
     return n_fail ? 1 : 0;
