@@ -264,7 +264,7 @@ if [ -f $M8 ] && [ "$(left)" -gt 120 ]; then
   # (a comma joins the settings of one candidate)
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   kept=; best=$(dtok "$OUT/bench_gpu-8b.txt"); best=${best:-0}
-  for cfg in TG_GPU_STREAM_ROWS=2 TG_GPU_STREAM_ROWS=q6 TG_GPU_PDL=0 TG_GPU_PDL=1 \
+  for cfg in TG_GPU_STREAM_ROWS=1 TG_GPU_STREAM_ROWS=q6 TG_GPU_PDL=0 TG_GPU_PDL=2 \
              TG_GPU_ATT_SPLITS=16 TG_GPU_ATT_SPLITS=64; do
     [ "$(left)" -gt 200 ] || break
     trial=${kept:+$kept,}$cfg

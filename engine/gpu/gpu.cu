@@ -948,7 +948,7 @@ extern "C" int tg_gpu_bandwidth(int device, double *bytes_per_s, tg_err *e)
 extern "C" const tg_tier_i tg_tier_gpu = {
     TG_TIER_GPU,      /* id */
     "gpu",            /* name */
-    256,              /* n_batch_default */
+    512,              /* n_batch_default (llama.cpp's n_ubatch) */
     TG_GPU_MAX_TOPK,  /* top_k_max */
     gpu_describe,
     gpu_init,

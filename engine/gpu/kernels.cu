@@ -2087,12 +2087,14 @@ int gk_init(tg_err *e)
     int dev = 0, major = 0;
     GPU_CHECK(e, cudaGetDevice(&dev));
     GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    /* TG_GPU_PDL=2 (the default): on, the next kernel starts as this one's
-     * blocks exit (pdl_early_c off; 2.5% faster decode at 8b, H200, run 5);
-     * =1: on, each kernel lets the next start at once (3% slower than off
-     * in run 4); =0: off */
+    /* TG_GPU_PDL=1 (the default since device session 9): on, each kernel
+     * lets the next start at once, whose blocks then issue their constant
+     * reads (weights, the attention's cached rows) while this one finishes:
+     * 322.5 -> 353.9 decode tok/s at 8b, H200, session 9 (3% slower than
+     * off in run 4, before the attention prefetched); =2: on, the next
+     * kernel starts as this one's blocks exit (pdl_early_c off); =0: off */
     const char *pv = getenv("TG_GPU_PDL");
-    const int pdl_mode = pv && pv[0] >= '0' && pv[0] <= '2' ? pv[0] - '0' : 2;
+    const int pdl_mode = pv && pv[0] >= '0' && pv[0] <= '2' ? pv[0] - '0' : 1;
     pdl_on = major >= 9 && pdl_mode > 0;
     const int early = pdl_mode != 2;
     pdl_early = pdl_on && early;
@@ -2143,14 +2145,14 @@ static int fz_stream_on(void)
     return env_switch(&on, "TG_GPU_STREAM", 1);
 }
 
-/* TG_GPU_STREAM_ROWS (read once): 1 row per warp (the default), 2, or 3
+/* TG_GPU_STREAM_ROWS (read once): 2 rows per warp (the default), 1, or 3
  * for "q6" (one row only in launches with a Q6_K segment). */
 static int stream_rows_env(void)
 {
     static int nr_env = -1;
     if (nr_env < 0) {
         const char *env = getenv("TG_GPU_STREAM_ROWS");
-        nr_env = env && env[0] == '2' ? 2 : env && env[0] == 'q' ? 3 : 1;
+        nr_env = env && env[0] == '1' ? 1 : env && env[0] == 'q' ? 3 : 2;
     }
     return nr_env;
 }
@@ -2381,10 +2383,10 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         if (fz_chunk_bytes(segs[i].type) > chunk_max) chunk_max = fz_chunk_bytes(segs[i].type);
     }
     if (stream) {
-        /* one row per warp (the default: more resident warps, and 4.5%
-         * faster decode at 8b than two rows, H200, run 5);
-         * TG_GPU_STREAM_ROWS=2: two rows per warp where the shared memory
-         * allows (the two share their activation loads), =q6: one row per
+        /* two rows per warp where the shared memory allows (the default:
+         * the two share their activation loads; 315.9 -> 322.5 decode tok/s
+         * at 8b, H200, session 9, where run 5's kernels were 4.5% slower
+         * with it); TG_GPU_STREAM_ROWS=1: one row per warp, =q6: one row per
          * warp only for launches with a Q6_K segment (whose 1,680-byte chunks
          * make a block's ring 54 KiB at two rows: 4 blocks an SM) */
         const int nr_env = stream_rows_env();
