@@ -4,7 +4,7 @@
 # the folder scripts/gpu-pack.sh packed. Run from the repository root:
 #
 #   bash scripts/gpu-gate.sh --pack DIR [--out DIR] [--work DIR]
-#        [--time-limit SECONDS] [--only 8b-ref] [--with-8b-llama] [--keep-llama]
+#        [--time-limit SECONDS] [--only 8b-ref|bench] [--with-8b-llama] [--keep-llama]
 #        [--no-replay]
 #
 #   --pack DIR          what scripts/gpu-pack.sh wrote (required)
@@ -13,6 +13,7 @@
 #   --time-limit S      skip the phases that would not fit in S seconds from
 #                       the start (none by default)
 #   --only 8b-ref       only the 8b gate over the ref tier (below)
+#   --only bench        only the benchmark (4, 5 below) on the 8b file
 #   --with-8b-llama     also specs/gpu-8b.yaml, scored against llama-cuda
 #   --keep-llama        also leave the CUDA libllama in OUT/llama-cuda-lib.tar.gz
 #                       (a later run takes it from the pack folder, by that name)
@@ -60,7 +61,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=${2:?--out DIR}; shift 2 ;;
     --work) W=${2:?--work DIR}; shift 2 ;;
     --time-limit) BUDGET=${2:?--time-limit SECONDS}; shift 2 ;;
-    --only) ONLY=${2:?--only 8b-ref}; shift 2 ;;
+    --only) ONLY=${2:?--only 8b-ref|bench}; shift 2 ;;
     --with-8b-llama) WITH_8B_LLAMA=1; shift ;;
     --keep-llama) KEEP_LLAMA=1; shift ;;
     --no-replay) REPLAY=0; shift ;;
@@ -95,8 +96,8 @@ LL=$PWD/build/llama-cuda   # where the specs name it (specs/gpu-*.yaml)
 if [ ! -f $LL/lib/libllama.so ] && [ -f $C/llama-cuda-lib.tar.gz ]; then
   mkdir -p $LL/lib && tar -C $LL/lib -xzf $C/llama-cuda-lib.tar.gz && say "llama.cpp CUDA: from $C/llama-cuda-lib.tar.gz"
 fi
-if [ -n "$ONLY" ] && [ "$ONLY" != 8b-ref ]; then say "--only $ONLY: expected 8b-ref"; exit 2; fi
-if [ ! -f $LL/lib/libllama.so ] && [ -z "$ONLY" ]; then
+if [ -n "$ONLY" ] && [ "$ONLY" != 8b-ref ] && [ "$ONLY" != bench ]; then say "--only $ONLY: expected 8b-ref or bench"; exit 2; fi
+if [ ! -f $LL/lib/libllama.so ] && [ "$ONLY" != 8b-ref ]; then
   rm -rf $W/lsrc && mkdir -p $W/lsrc && tar -C $W/lsrc -xzf $C/llama-src.tar.gz
   (
     s=$(date +%s)
@@ -186,8 +187,37 @@ gate() { # spec name, evidence tag[, noise: also rescore under the noise policy]
   for f in $DB $DB-wal $DB-shm; do [ -f $f ] && cp $f "$OUT/"; done
   bundle
 }
+bench_one() { # name, then the worker argv; load options in $LOPT
+  local ids; ids=$(seq -s, 1000 1511)
+  local dec="{\"op\":\"decode\",\"prompt\":[$ids],\"steps\":129,\"top_k\":32}"
+  printf '%s\n' '{"op":"hello","protocol":1}' "{\"op\":\"load\",\"model\":\"$M8\",\"options\":$LOPT}" \
+    "$dec" "$dec" "$dec" '{"op":"bye"}' | timeout 200 "${@:2}" 2>"$OUT/bench-$1.err" | grep '"done"' > "$OUT/bench-$1.jsonl"
+  # the first request is the warm-up; the figures are the best of the other two
+  awk -v n="$1" -F'[:,}]' '
+    { for (i = 1; i < NF; i++) { if ($i ~ /"prefill"/) p = $(i+1); if ($i ~ /"decode"/ && $(i+1) ~ /^[0-9.]+$/) d = $(i+1) }
+      if (NR > 1) { pt = 512 / (p / 1000); dt = 128 / (d / 1000); if (pt > bp) bp = pt; if (dt > bd) bd = dt } }
+    END { printf "BENCH %s prefill_tok_s=%.1f decode_tok_s=%.1f (512-token prompt, 128 steps, best of 2 after a warm-up)\n", n, bp, bd }' \
+    "$OUT/bench-$1.jsonl" | tee -a "$OUT/bench.txt"
+}
+bench_pair() { # both workers, the same requests, then the ratio
+  LOPT='{"n_ctx":1024}' bench_one gpu $W/bin/tg-engine --tier gpu
+  LOPT='{"n_gpu_layers":999,"n_ctx":1024}' bench_one llama-cuda $W/bin/tg-llama --lib $LL/lib/libllama.so
+  awk '/^BENCH gpu /{split($3,a,"=");split($4,b,"=");gp=a[2];gd=b[2]} /^BENCH llama-cuda /{split($3,a,"=");split($4,b,"=");lp=a[2];ld=b[2]}
+       END { if (lp > 0 && ld > 0) printf "RATIO gpu/llama-cuda: prefill %.2f decode %.2f\n", gp/lp, gd/ld }' "$OUT/bench.txt" | tee -a "$OUT/bench.txt"
+}
 M06=$W/models/tg-mkmodel-0.6b-q4_k_m-s1.gguf   # the specs name models/...; pin() points them here
 M8=$W/models/tg-mkmodel-8b-q4_k_m-s1.gguf
+if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once llama.cpp is built
+  mk 8b $M8 $NPROC || exit 1
+  timeout 90 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b.txt" 2>&1
+  say "bench_gpu 8b rc=$?"; cat "$OUT/bench_gpu-8b.txt"
+  if [ -n "$LPID" ]; then say "waiting for the llama.cpp build"; wait $LPID; fi
+  cat "$OUT/llama.txt" 2>/dev/null
+  if [ -f $LL/lib/libllama.so ]; then
+    bench_pair
+  fi
+  bundle; say "done"; exit 0
+fi
 if [ "$ONLY" = 8b-ref ]; then
   mk 8b $M8 $NPROC && pin gpu-8b-ref.yaml $M8 || exit 1
   if [ ! -f $LL/lib/libllama.so ]; then
@@ -297,23 +327,8 @@ HAVE_LC=0; [ -f $LL/lib/libllama.so ] && HAVE_LC=1
 # ---- 4. gates ----------------------------------------------------------------
 
 # ---- 5. benchmark: the gpu arm vs llama.cpp CUDA, same requests ---------------
-bench_one() { # name, then the worker argv; load options in $LOPT
-  local ids; ids=$(seq -s, 1000 1511)
-  local dec="{\"op\":\"decode\",\"prompt\":[$ids],\"steps\":129,\"top_k\":32}"
-  printf '%s\n' '{"op":"hello","protocol":1}' "{\"op\":\"load\",\"model\":\"$M8\",\"options\":$LOPT}" \
-    "$dec" "$dec" "$dec" '{"op":"bye"}' | timeout 200 "${@:2}" 2>"$OUT/bench-$1.err" | grep '"done"' > "$OUT/bench-$1.jsonl"
-  # the first request is the warm-up; the figures are the best of the other two
-  awk -v n="$1" -F'[:,}]' '
-    { for (i = 1; i < NF; i++) { if ($i ~ /"prefill"/) p = $(i+1); if ($i ~ /"decode"/ && $(i+1) ~ /^[0-9.]+$/) d = $(i+1) }
-      if (NR > 1) { pt = 512 / (p / 1000); dt = 128 / (d / 1000); if (pt > bp) bp = pt; if (dt > bd) bd = dt } }
-    END { printf "BENCH %s prefill_tok_s=%.1f decode_tok_s=%.1f (512-token prompt, 128 steps, best of 2 after a warm-up)\n", n, bp, bd }' \
-    "$OUT/bench-$1.jsonl" | tee -a "$OUT/bench.txt"
-}
 if [ $HAVE_LC = 1 ] && [ -f $M8 ] && [ "$(left)" -gt 60 ]; then
-  LOPT='{"n_ctx":1024}' bench_one gpu $W/bin/tg-engine --tier gpu
-  LOPT='{"n_gpu_layers":999,"n_ctx":1024}' bench_one llama-cuda $W/bin/tg-llama --lib $LL/lib/libllama.so
-  awk '/^BENCH gpu /{split($3,a,"=");split($4,b,"=");gp=a[2];gd=b[2]} /^BENCH llama-cuda /{split($3,a,"=");split($4,b,"=");lp=a[2];ld=b[2]}
-       END { if (lp > 0 && ld > 0) printf "RATIO gpu/llama-cuda: prefill %.2f decode %.2f\n", gp/lp, gd/ld }' "$OUT/bench.txt" | tee -a "$OUT/bench.txt"
+  bench_pair
 fi
 
 # the gates of issue 7 (gpu, llama-cuda, llama-cpu over the ref tier's
