@@ -421,6 +421,24 @@ int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_c
     return rc;
 }
 
+int common_parse_long(const char *s, long lo, long hi, long *v)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (!*s || *end || errno || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+int common_parse_int(const char *s, int lo, int hi, int *v)
+{
+    long x;
+    if (common_parse_long(s, lo, hi, &x) < 0) return -1;
+    *v = (int)x;
+    return 0;
+}
+
 int common_cli_wants_help(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {

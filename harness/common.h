@@ -170,6 +170,14 @@ int common_cli_parse(const common_cli *cli, int argc, char **argv, common_cli_fn
 int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
                           const char ***pos, int *n_pos);
 
+/* Parses s as a whole decimal integer lo..hi into *v. Returns 0, or -1
+ * (nothing written) for an empty string, trailing text, an overflow or a
+ * value out of range; the caller names the option in its message. */
+int common_parse_long(const char *s, long lo, long hi, long *v);
+
+/* common_parse_long into an int. */
+int common_parse_int(const char *s, int lo, int hi, int *v);
+
 /* Whether argv[1..argc-1] asks for help (--help or -h before any "--").
  * For commands whose own parser lives elsewhere. */
 int common_cli_wants_help(int argc, char **argv);

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -860,14 +861,9 @@ static int loc_opt(void *ud, int id, const char *v, tg_err *e)
     case LO_SPEC: o->spec = v; break;
     case LO_EVIDENCE: o->evidence = v; break;
     case LO_NO_REPLAY: o->no_replay = 1; break;
-    case LO_TOP: {
-        char *end;
-        errno = 0;
-        long x = strtol(v, &end, 10);
-        if (!*v || *end || errno || x < 1 || x > 1000) return tg_errf(e, "--top: expected 1..1000, got '%s'", v);
-        o->top = (int)x;
+    case LO_TOP:
+        if (common_parse_int(v, 1, 1000, &o->top) < 0) return tg_errf(e, "--top: expected 1..1000, got '%s'", v);
         break;
-    }
     }
     return 0;
 }
@@ -904,13 +900,10 @@ int localize_main(int argc, char **argv)
     char prompt[64];
     int step;
     const char *slash = strrchr(pos[0], '/');
-    char *end = NULL;
-    long sv = slash ? strtol(slash + 1, &end, 10) : -1;
-    if (!slash || slash == pos[0] || slash - pos[0] >= 64 || !slash[1] || *end || sv < 0 || sv > 100000)
+    if (!slash || slash == pos[0] || slash - pos[0] >= 64 || common_parse_int(slash + 1, 0, 100000, &step) < 0)
         return usage("expected P/S (a prompt id and a step 0..100000), got '%s'", pos[0]);
     memcpy(prompt, pos[0], (size_t)(slash - pos[0]));
     prompt[slash - pos[0]] = 0;
-    step = (int)sv;
     if (!arms) return usage("--arms A,B is required%s", "");
     char a_name[128], b_name[128];
     const char *comma = strchr(arms, ',');
@@ -923,9 +916,9 @@ int localize_main(int argc, char **argv)
     if (spec_path && pos[1]) return usage("give either a RUN or --spec, not both (%s)", pos[1]);
     int64_t run = 0;
     if (pos[1]) {
-        char *e2;
-        long long x = strtoll(pos[1], &e2, 10);
-        if (!*pos[1] || *e2 || x < 1) return usage("expected a run id (an integer >= 1), got '%s'", pos[1]);
+        long x;
+        if (common_parse_long(pos[1], 1, LONG_MAX, &x) < 0)
+            return usage("expected a run id (an integer >= 1), got '%s'", pos[1]);
         run = x;
     }
     tg_err e;

@@ -314,6 +314,28 @@ static void add_saturates(void **st)
 
 /* ---- command lines ---- */
 
+/* Whole decimal integers in range; nothing written on a refusal. */
+static void parse_int_whole_and_in_range(void **st)
+{
+    (void)st;
+    long l = 7;
+    int i = 7;
+    assert_int_equal(common_parse_long("42", 1, 100, &l), 0);
+    assert_int_equal(l, 42);
+    assert_int_equal(common_parse_long("9223372036854775807", 1, LONG_MAX, &l), 0);
+    assert_true(l == LONG_MAX);
+    static const char *const bad[] = {"", "0", "101", "4x", " ", "-3", "99999999999999999999", "1.5", NULL};
+    for (int k = 0; bad[k]; k++) {
+        l = 7;
+        assert_int_equal(common_parse_long(bad[k], 1, 100, &l), -1);
+        assert_int_equal(l, 7);
+        assert_int_equal(common_parse_int(bad[k], 1, 100, &i), -1);
+        assert_int_equal(i, 7);
+    }
+    assert_int_equal(common_parse_int("100", 1, 100, &i), 0);
+    assert_int_equal(i, 100);
+}
+
 enum { T_DB = COMMON_CLI_FIRST_ID, T_JOBS, T_FLAG };
 
 typedef struct tctx {
@@ -438,4 +460,4 @@ static void cli_errors_are_one_line(void **st)
 TG_TEST_MAIN(
     x_functions_allocate, out_of_memory_exits_70, read_file_regular, read_file_refuses_fifo_and_devices,
     sql_error_sentence, blob_round_trip, out_refuses_the_store, out_renames_into_place, text_safe_escapes_controls,
-    add_saturates, cli_parses_getopt_long, cli_errors_are_one_line)
+    add_saturates, parse_int_whole_and_in_range, cli_parses_getopt_long, cli_errors_are_one_line)
