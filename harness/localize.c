@@ -297,10 +297,6 @@ static loc_tensor *tensors_of(const arm_decode_res *res, int step, int *n)
 /* ------------------------------------------------------------------ */
 /* Storing                                                             */
 
-static void bind_real(sqlite3_stmt *s, int i, double x)
-{
-    if (isfinite(x)) sqlite3_bind_double(s, i, x); else sqlite3_bind_null(s, i);
-}
 
 static char *top_json(const arm_step *sp)
 {
@@ -338,32 +334,18 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
     for (int p = 0; p < q->spec->n_prompts; p++)
         if (!strcmp(q->spec->prompts[p].id, q->prompt_id)) ptext = q->spec->prompts[p].text;
     const loc_row *first = t->first >= 0 ? &t->rows[t->first] : NULL;
-    if (sqlite3_prepare_v2(db,
+    s = common_sql_prepare(db,
                            "INSERT INTO localize(created, run_id, spec_name, artifact_path,"
                            " artifact_sha256, prompt, prompt_text, step, arm_a, arm_b, third,"
                            " prefix, rule, first_layer, first_stage)"
                            " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "tNtttttittttt", now, q->run_id, q->spec->name, q->spec->model_path, q->spec->model_sha256,
+                           q->prompt_id, ptext, q->step, q->arm_a, q->arm_b, q->third, prefix, t->rule);
+    if (!s)
         goto fail;
-    sqlite3_bind_text(s, 1, now, -1, SQLITE_TRANSIENT);
-    if (q->run_id > 0) sqlite3_bind_int64(s, 2, q->run_id); else sqlite3_bind_null(s, 2);
-    sqlite3_bind_text(s, 3, q->spec->name, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 4, q->spec->model_path, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 5, q->spec->model_sha256, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 6, q->prompt_id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 7, ptext, -1, SQLITE_STATIC);
-    sqlite3_bind_int(s, 8, q->step);
-    sqlite3_bind_text(s, 9, q->arm_a, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 10, q->arm_b, -1, SQLITE_STATIC);
-    if (q->third) sqlite3_bind_text(s, 11, q->third, -1, SQLITE_STATIC); else sqlite3_bind_null(s, 11);
-    sqlite3_bind_text(s, 12, prefix, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 13, t->rule, -1, SQLITE_STATIC);
-    if (first) {
+    if (first) { /* else both stay NULL */
         sqlite3_bind_int(s, 14, first->layer);
         sqlite3_bind_text(s, 15, first->stage, -1, SQLITE_STATIC);
-    } else {
-        sqlite3_bind_null(s, 14);
-        sqlite3_bind_null(s, 15);
     }
     if (sqlite3_step(s) != SQLITE_DONE) goto fail;
     sqlite3_finalize(s);
@@ -373,24 +355,16 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
         loc_arm *la = &arms[a];
         const arm_step *sp = &la->res.steps[q->step];
         char *tj = top_json(sp);
-        if (sqlite3_prepare_v2(db,
+        s = common_sql_prepare(db,
                                "INSERT INTO localize_arm(localize_id, arm, role, config, hello, token, top)"
                                " VALUES(?1,?2,?3,?4,?5,?6,?7)",
-                               -1, &s, NULL) != SQLITE_OK) {
-            free(tj);
-            goto fail;
-        }
-        sqlite3_bind_int64(s, 1, *id);
-        sqlite3_bind_text(s, 2, la->name, -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 3, a == 0 ? "a" : a == 1 ? "b" : "third", -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 4, q->spec->arms[la->index].config_json, -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 5, la->hello, -1, SQLITE_STATIC);
-        sqlite3_bind_int(s, 6, sp->token);
-        sqlite3_bind_text(s, 7, tj, -1, SQLITE_TRANSIENT);
-        free(tj);
-        if (sqlite3_step(s) != SQLITE_DONE) goto fail;
+                               "Ittttit", *id, la->name, a == 0 ? "a" : a == 1 ? "b" : "third",
+                               q->spec->arms[la->index].config_json, la->hello, (int)sp->token, tj);
+        const int ok = s && sqlite3_step(s) == SQLITE_DONE;
         sqlite3_finalize(s);
         s = NULL;
+        free(tj);
+        if (!ok) goto fail;
         if (sqlite3_prepare_v2(db,
                                "INSERT INTO localize_dump(localize_id, arm, layer, stage, n, data)"
                                " VALUES(?1,?2,?3,?4,?5,?6)",
@@ -426,19 +400,9 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
         goto fail;
     for (int i = 0; i < t->n_rows; i++) {
         const loc_row *r = &t->rows[i];
-        sqlite3_reset(s);
-        sqlite3_bind_int64(s, 1, *id);
-        sqlite3_bind_int(s, 2, r->layer);
-        sqlite3_bind_text(s, 3, r->stage, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s, 4, r->n);
-        bind_real(s, 5, r->rel_l2);
-        bind_real(s, 6, r->cosine);
-        bind_real(s, 7, r->max_abs);
-        bind_real(s, 8, r->growth);
-        bind_real(s, 9, r->third);
-        bind_real(s, 10, r->floor);
-        sqlite3_bind_int(s, 11, r->exceeds);
-        if (sqlite3_step(s) != SQLITE_DONE) goto fail;
+        if (common_sql_step(s, "IitIDDDDDDi", *id, r->layer, r->stage, r->n, r->rel_l2, r->cosine, r->max_abs,
+                            r->growth, r->third, r->floor, r->exceeds) != SQLITE_DONE)
+            goto fail;
     }
     sqlite3_finalize(s);
     s = NULL;
