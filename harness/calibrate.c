@@ -44,14 +44,9 @@ int calibrate_put_params(tg_store *st, int64_t run_id, const tg_spec *s, tg_err 
     q = common_sql_prepare(db,
                            "INSERT OR REPLACE INTO run_calibration(run_id, exact, factor, limit_k, budget,"
                            " cal_from) VALUES(?1,?2,?3,?4,?5,?6)",
-                           "I", run_id);
+                           "Itdddt", run_id, s->exact, s->cal_factor, s->cal_limit_k, s->cal_budget, s->cal_from);
     if (!q)
         return common_sql_err(db, e, "writing the calibration parameters");
-    if (s->exact) sqlite3_bind_text(q, 2, s->exact, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 2);
-    sqlite3_bind_double(q, 3, s->cal_factor);
-    sqlite3_bind_double(q, 4, s->cal_limit_k);
-    sqlite3_bind_double(q, 5, s->cal_budget);
-    if (s->cal_from) sqlite3_bind_text(q, 6, s->cal_from, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 6);
     int rc = sqlite3_step(q);
     sqlite3_finalize(q);
     return rc == SQLITE_DONE ? 0 : common_sql_err(db, e, "writing the calibration parameters");
@@ -820,11 +815,6 @@ int calibrate_arm_fails(const cmp_run *r, int a, char *why, size_t cap)
 /* ------------------------------------------------------------------ */
 /* Store                                                               */
 
-static void bind_real(sqlite3_stmt *s, int i, double x)
-{
-    if (isfinite(x)) sqlite3_bind_double(s, i, x); else sqlite3_bind_null(s, i);
-}
-
 int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
 {
     const cal_run *c = r->cal;
@@ -834,15 +824,10 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
     q = common_sql_prepare(db,
                            "INSERT INTO calib_set(run_id, set_no, exact, factor, limit_k, budget, source_run,"
                            " panel) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
-                           "Ii", run, set);
+                           "IitdddNt", run, set, c->exact >= 0 ? c->exact_name : NULL, c->factor, c->limit_k,
+                           c->budget, c->from_run, c->from_run ? "" : c->panel);
     if (!q)
         goto fail;
-    if (c->exact >= 0) sqlite3_bind_text(q, 3, c->exact_name, -1, SQLITE_STATIC); else sqlite3_bind_null(q, 3);
-    sqlite3_bind_double(q, 4, c->factor);
-    sqlite3_bind_double(q, 5, c->limit_k);
-    sqlite3_bind_double(q, 6, c->budget);
-    if (c->from_run) sqlite3_bind_int64(q, 7, c->from_run); else sqlite3_bind_null(q, 7);
-    sqlite3_bind_text(q, 8, c->from_run ? "" : c->panel, -1, SQLITE_STATIC);
     if (sqlite3_step(q) != SQLITE_DONE) goto fail;
     sqlite3_finalize(q);
     if (sqlite3_prepare_v2(db,
@@ -852,20 +837,10 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
         goto fail;
     for (int j = 0; j < c->n_steps; j++) {
         const cal_step *s = &c->steps[j];
-        sqlite3_reset(q);
-        sqlite3_bind_int64(q, 1, run);
-        sqlite3_bind_int(q, 2, set);
-        sqlite3_bind_text(q, 3, r->prompts[s->prompt].name, -1, SQLITE_STATIC);
-        sqlite3_bind_int(q, 4, s->step);
-        sqlite3_bind_int(q, 5, s->n_views);
-        bind_real(q, 6, s->ref_gap);
-        bind_real(q, 7, s->spread);
-        bind_real(q, 8, s->band);
-        sqlite3_bind_int(q, 9, s->fragile);
-        sqlite3_bind_text(q, 10, s->flipped_by, -1, SQLITE_STATIC);
-        if (s->exact_token >= 0) sqlite3_bind_int(q, 11, s->exact_token); else sqlite3_bind_null(q, 11);
-        bind_real(q, 12, s->exact_gap);
-        if (sqlite3_step(q) != SQLITE_DONE) goto fail;
+        if (common_sql_step(q, "IitiiDDDitnD", run, set, r->prompts[s->prompt].name, s->step, s->n_views,
+                            s->ref_gap, s->spread, s->band, s->fragile, s->flipped_by, (int)s->exact_token,
+                            s->exact_gap) != SQLITE_DONE)
+            goto fail;
     }
     sqlite3_finalize(q);
     if (sqlite3_prepare_v2(db,
@@ -891,19 +866,12 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
                 whole.value = NAN;
                 if (!whole.known) continue;
             }
-            sqlite3_reset(q);
-            sqlite3_bind_int64(q, 1, run);
-            sqlite3_bind_int(q, 2, set);
-            sqlite3_bind_text(q, 3, a >= 0 ? r->arms[a].name : "*", -1, SQLITE_STATIC);
-            sqlite3_bind_text(q, 4, METRIC_NAMES[m], -1, SQLITE_STATIC);
-            bind_real(q, 5, l->value);
-            sqlite3_bind_int(q, 6, l->n);
-            bind_real(q, 7, l->known ? l->mean : NAN);
-            bind_real(q, 8, l->known ? l->sd : NAN);
-            bind_real(q, 9, l->known && a >= 0 ? l->upper : NAN);
-            if (l->known && a >= 0) sqlite3_bind_int(q, 10, l->ok); else sqlite3_bind_null(q, 10);
-            sqlite3_bind_text(q, 11, l->basis, -1, SQLITE_STATIC);
-            if (sqlite3_step(q) != SQLITE_DONE) goto fail;
+            /* mean and sd where a limit is known; upper and ok for an arm's own limit only */
+            const int own = l->known && a >= 0;
+            if (common_sql_step(q, "IittDiDDDnt", run, set, a >= 0 ? r->arms[a].name : "*", METRIC_NAMES[m],
+                                l->value, l->n, l->known ? l->mean : NAN, l->known ? l->sd : NAN,
+                                own ? l->upper : NAN, own ? l->ok : -1, l->basis) != SQLITE_DONE)
+                goto fail;
         }
     }
     sqlite3_finalize(q);
@@ -917,18 +885,10 @@ int calibrate_store(sqlite3 *db, const cmp_run *r, int set, tg_err *e)
         for (int j = 0; j < c->n_steps; j++) {
             const cal_arm_step *as = &c->arms[a].st[j];
             if (!isfinite(as->band) && as->n_shared == 0) continue;
-            sqlite3_reset(q);
-            sqlite3_bind_int64(q, 1, run);
-            sqlite3_bind_int(q, 2, set);
-            sqlite3_bind_text(q, 3, r->arms[a].name, -1, SQLITE_STATIC);
-            sqlite3_bind_text(q, 4, r->prompts[c->steps[j].prompt].name, -1, SQLITE_STATIC);
-            sqlite3_bind_int(q, 5, c->steps[j].step);
-            bind_real(q, 6, as->band);
-            sqlite3_bind_int(q, 7, as->n_shared);
-            bind_real(q, 8, as->n_shared ? as->ex_max : NAN);
-            bind_real(q, 9, as->n_shared ? as->ex_med : NAN);
-            bind_real(q, 10, as->n_shared ? as->ex_kl : NAN);
-            if (sqlite3_step(q) != SQLITE_DONE) goto fail;
+            if (common_sql_step(q, "IittiDiDDD", run, set, r->arms[a].name, r->prompts[c->steps[j].prompt].name,
+                                c->steps[j].step, as->band, as->n_shared, as->n_shared ? as->ex_max : NAN,
+                                as->n_shared ? as->ex_med : NAN, as->n_shared ? as->ex_kl : NAN) != SQLITE_DONE)
+                goto fail;
         }
     }
     sqlite3_finalize(q);

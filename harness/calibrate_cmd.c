@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "calibrate.h"
+#include "common.h"
 #include "gate.h"
 #include "report.h"
 #include "spec.h"
@@ -47,10 +48,7 @@ int calibrate_main(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--db") && i + 1 < argc) db = argv[++i];
         else if (!strcmp(argv[i], "--jobs") && i + 1 < argc) {
-            char *end;
-            long j = strtol(argv[++i], &end, 10);
-            if (*end || j < 1 || j > 256) return usage("--jobs: expected an integer 1..256");
-            jobs = (int)j;
+            if (common_parse_int(argv[++i], 1, 256, &jobs) < 0) return usage("--jobs: expected an integer 1..256");
         } else if (argv[i][0] == '-') return usage("unknown option");
         else if (!path) path = argv[i];
         else return usage("expected one SPEC file");

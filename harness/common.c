@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -165,6 +166,36 @@ int common_sql_err(sqlite3 *db, tg_err *e, const char *what)
     return tg_errf(e, "store: %s: %s", what, db ? sqlite3_errmsg(db) : "no database");
 }
 
+/* Binds ?1, ?2, ... of q from ap, one letter of binds each (common_sql_prepare);
+ * texts with the destructor `text` (SQLITE_STATIC or SQLITE_TRANSIENT). */
+static void sql_bind(sqlite3_stmt *q, const char *binds, sqlite3_destructor_type text, va_list ap)
+{
+    for (int i = 0; binds[i]; i++) {
+        switch (binds[i]) {
+        case 'I': sqlite3_bind_int64(q, i + 1, va_arg(ap, int64_t)); break;
+        case 'N': {
+            const int64_t x = va_arg(ap, int64_t);
+            if (x >= 1) sqlite3_bind_int64(q, i + 1, x); else sqlite3_bind_null(q, i + 1);
+            break;
+        }
+        case 'i': sqlite3_bind_int(q, i + 1, va_arg(ap, int)); break;
+        case 'n': {
+            const int x = va_arg(ap, int);
+            if (x >= 0) sqlite3_bind_int(q, i + 1, x); else sqlite3_bind_null(q, i + 1);
+            break;
+        }
+        case 'd': sqlite3_bind_double(q, i + 1, va_arg(ap, double)); break;
+        case 'D': {
+            const double x = va_arg(ap, double);
+            if (isfinite(x)) sqlite3_bind_double(q, i + 1, x); else sqlite3_bind_null(q, i + 1);
+            break;
+        }
+        case 't': sqlite3_bind_text(q, i + 1, va_arg(ap, const char *), -1, text); break;
+        default: assert(!"common_sql binds take I, N, i, n, d, D and t");
+        }
+    }
+}
+
 struct sqlite3_stmt *common_sql_prepare(struct sqlite3 *db, const char *sql, const char *binds, ...)
 {
     sqlite3_stmt *q = NULL;
@@ -174,17 +205,19 @@ struct sqlite3_stmt *common_sql_prepare(struct sqlite3 *db, const char *sql, con
     }
     va_list ap;
     va_start(ap, binds);
-    for (int i = 0; binds[i]; i++) {
-        switch (binds[i]) {
-        case 'I': sqlite3_bind_int64(q, i + 1, va_arg(ap, int64_t)); break;
-        case 'i': sqlite3_bind_int(q, i + 1, va_arg(ap, int)); break;
-        case 'd': sqlite3_bind_double(q, i + 1, va_arg(ap, double)); break;
-        case 't': sqlite3_bind_text(q, i + 1, va_arg(ap, const char *), -1, SQLITE_STATIC); break;
-        default: assert(!"common_sql_prepare: binds takes I, i, d and t");
-        }
-    }
+    sql_bind(q, binds, SQLITE_STATIC, ap);
     va_end(ap);
     return q;
+}
+
+int common_sql_step(struct sqlite3_stmt *q, const char *binds, ...)
+{
+    sqlite3_reset(q);
+    va_list ap;
+    va_start(ap, binds);
+    sql_bind(q, binds, SQLITE_TRANSIENT, ap);
+    va_end(ap);
+    return sqlite3_step(q);
 }
 
 /* ---- dump blobs ---- */
@@ -419,6 +452,24 @@ int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_c
         *pos = NULL;
     }
     return rc;
+}
+
+int common_parse_long(const char *s, long lo, long hi, long *v)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (!*s || *end || errno || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+int common_parse_int(const char *s, int lo, int hi, int *v)
+{
+    long x;
+    if (common_parse_long(s, lo, hi, &x) < 0) return -1;
+    *v = (int)x;
+    return 0;
 }
 
 int common_cli_wants_help(int argc, char **argv)

@@ -63,11 +63,21 @@ int common_sql_err(struct sqlite3 *db, tg_err *e, const char *what);
 
 struct sqlite3_stmt;
 /* Prepares sql on db and binds its parameters ?1, ?2, ... in order from
- * the arguments, one letter of binds each: 'I' an int64_t, 'i' an int,
- * 'd' a double, 't' a const char * text (NULL binds NULL; bound without a
- * copy, so it must outlive the statement's use). Returns the statement, or
- * NULL when sqlite refuses sql (sqlite3_errmsg(db) says why). */
+ * the arguments, one letter of binds each: 'I' an int64_t, 'N' an int64_t
+ * that binds NULL when < 1 (a row id, 0 none), 'i' an int, 'n' an int that
+ * binds NULL when negative (a token id, -1 unknown), 'd' a double, 'D' a
+ * double that binds NULL when not finite, 't' a const char *
+ * text (NULL binds NULL; bound without a copy, so it must outlive the
+ * statement's use). Returns the statement, or NULL when sqlite refuses sql
+ * (sqlite3_errmsg(db) says why). */
 struct sqlite3_stmt *common_sql_prepare(struct sqlite3 *db, const char *sql, const char *binds, ...);
+
+/* One row of a prepared statement used again and again (an INSERT in a
+ * loop): resets q, binds all its parameters from the arguments with the
+ * letters of common_sql_prepare (texts copied here, so they need not
+ * outlive the call) and steps it once. Returns sqlite3_step's code
+ * (SQLITE_DONE for a written row). */
+int common_sql_step(struct sqlite3_stmt *q, const char *binds, ...);
 
 /* ---- dump blobs: zstd over byte-shuffled little-endian f32 ---- */
 
@@ -169,6 +179,14 @@ int common_cli_parse(const common_cli *cli, int argc, char **argv, common_cli_fn
  * otherwise nothing is left allocated (*pos NULL). */
 int common_cli_parse_list(const common_cli *cli, int argc, char **argv, common_cli_fn on_opt, void *ud,
                           const char ***pos, int *n_pos);
+
+/* Parses s as a whole decimal integer lo..hi into *v. Returns 0, or -1
+ * (nothing written) for an empty string, trailing text, an overflow or a
+ * value out of range; the caller names the option in its message. */
+int common_parse_long(const char *s, long lo, long hi, long *v);
+
+/* common_parse_long into an int. */
+int common_parse_int(const char *s, int lo, int hi, int *v);
 
 /* Whether argv[1..argc-1] asks for help (--help or -h before any "--").
  * For commands whose own parser lives elsewhere. */

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -296,10 +297,6 @@ static loc_tensor *tensors_of(const arm_decode_res *res, int step, int *n)
 /* ------------------------------------------------------------------ */
 /* Storing                                                             */
 
-static void bind_real(sqlite3_stmt *s, int i, double x)
-{
-    if (isfinite(x)) sqlite3_bind_double(s, i, x); else sqlite3_bind_null(s, i);
-}
 
 static char *top_json(const arm_step *sp)
 {
@@ -337,32 +334,18 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
     for (int p = 0; p < q->spec->n_prompts; p++)
         if (!strcmp(q->spec->prompts[p].id, q->prompt_id)) ptext = q->spec->prompts[p].text;
     const loc_row *first = t->first >= 0 ? &t->rows[t->first] : NULL;
-    if (sqlite3_prepare_v2(db,
+    s = common_sql_prepare(db,
                            "INSERT INTO localize(created, run_id, spec_name, artifact_path,"
                            " artifact_sha256, prompt, prompt_text, step, arm_a, arm_b, third,"
                            " prefix, rule, first_layer, first_stage)"
                            " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)",
-                           -1, &s, NULL) != SQLITE_OK)
+                           "tNtttttittttt", now, q->run_id, q->spec->name, q->spec->model_path, q->spec->model_sha256,
+                           q->prompt_id, ptext, q->step, q->arm_a, q->arm_b, q->third, prefix, t->rule);
+    if (!s)
         goto fail;
-    sqlite3_bind_text(s, 1, now, -1, SQLITE_TRANSIENT);
-    if (q->run_id > 0) sqlite3_bind_int64(s, 2, q->run_id); else sqlite3_bind_null(s, 2);
-    sqlite3_bind_text(s, 3, q->spec->name, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 4, q->spec->model_path, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 5, q->spec->model_sha256, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 6, q->prompt_id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 7, ptext, -1, SQLITE_STATIC);
-    sqlite3_bind_int(s, 8, q->step);
-    sqlite3_bind_text(s, 9, q->arm_a, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 10, q->arm_b, -1, SQLITE_STATIC);
-    if (q->third) sqlite3_bind_text(s, 11, q->third, -1, SQLITE_STATIC); else sqlite3_bind_null(s, 11);
-    sqlite3_bind_text(s, 12, prefix, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 13, t->rule, -1, SQLITE_STATIC);
-    if (first) {
+    if (first) { /* else both stay NULL */
         sqlite3_bind_int(s, 14, first->layer);
         sqlite3_bind_text(s, 15, first->stage, -1, SQLITE_STATIC);
-    } else {
-        sqlite3_bind_null(s, 14);
-        sqlite3_bind_null(s, 15);
     }
     if (sqlite3_step(s) != SQLITE_DONE) goto fail;
     sqlite3_finalize(s);
@@ -372,24 +355,16 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
         loc_arm *la = &arms[a];
         const arm_step *sp = &la->res.steps[q->step];
         char *tj = top_json(sp);
-        if (sqlite3_prepare_v2(db,
+        s = common_sql_prepare(db,
                                "INSERT INTO localize_arm(localize_id, arm, role, config, hello, token, top)"
                                " VALUES(?1,?2,?3,?4,?5,?6,?7)",
-                               -1, &s, NULL) != SQLITE_OK) {
-            free(tj);
-            goto fail;
-        }
-        sqlite3_bind_int64(s, 1, *id);
-        sqlite3_bind_text(s, 2, la->name, -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 3, a == 0 ? "a" : a == 1 ? "b" : "third", -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 4, q->spec->arms[la->index].config_json, -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 5, la->hello, -1, SQLITE_STATIC);
-        sqlite3_bind_int(s, 6, sp->token);
-        sqlite3_bind_text(s, 7, tj, -1, SQLITE_TRANSIENT);
-        free(tj);
-        if (sqlite3_step(s) != SQLITE_DONE) goto fail;
+                               "Ittttit", *id, la->name, a == 0 ? "a" : a == 1 ? "b" : "third",
+                               q->spec->arms[la->index].config_json, la->hello, (int)sp->token, tj);
+        const int ok = s && sqlite3_step(s) == SQLITE_DONE;
         sqlite3_finalize(s);
         s = NULL;
+        free(tj);
+        if (!ok) goto fail;
         if (sqlite3_prepare_v2(db,
                                "INSERT INTO localize_dump(localize_id, arm, layer, stage, n, data)"
                                " VALUES(?1,?2,?3,?4,?5,?6)",
@@ -425,19 +400,9 @@ static int store_record(tg_store *st, const loc_request *q, loc_arm *arms, int n
         goto fail;
     for (int i = 0; i < t->n_rows; i++) {
         const loc_row *r = &t->rows[i];
-        sqlite3_reset(s);
-        sqlite3_bind_int64(s, 1, *id);
-        sqlite3_bind_int(s, 2, r->layer);
-        sqlite3_bind_text(s, 3, r->stage, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s, 4, r->n);
-        bind_real(s, 5, r->rel_l2);
-        bind_real(s, 6, r->cosine);
-        bind_real(s, 7, r->max_abs);
-        bind_real(s, 8, r->growth);
-        bind_real(s, 9, r->third);
-        bind_real(s, 10, r->floor);
-        sqlite3_bind_int(s, 11, r->exceeds);
-        if (sqlite3_step(s) != SQLITE_DONE) goto fail;
+        if (common_sql_step(s, "IitIDDDDDDi", *id, r->layer, r->stage, r->n, r->rel_l2, r->cosine, r->max_abs,
+                            r->growth, r->third, r->floor, r->exceeds) != SQLITE_DONE)
+            goto fail;
     }
     sqlite3_finalize(s);
     s = NULL;
@@ -860,14 +825,9 @@ static int loc_opt(void *ud, int id, const char *v, tg_err *e)
     case LO_SPEC: o->spec = v; break;
     case LO_EVIDENCE: o->evidence = v; break;
     case LO_NO_REPLAY: o->no_replay = 1; break;
-    case LO_TOP: {
-        char *end;
-        errno = 0;
-        long x = strtol(v, &end, 10);
-        if (!*v || *end || errno || x < 1 || x > 1000) return tg_errf(e, "--top: expected 1..1000, got '%s'", v);
-        o->top = (int)x;
+    case LO_TOP:
+        if (common_parse_int(v, 1, 1000, &o->top) < 0) return tg_errf(e, "--top: expected 1..1000, got '%s'", v);
         break;
-    }
     }
     return 0;
 }
@@ -904,13 +864,10 @@ int localize_main(int argc, char **argv)
     char prompt[64];
     int step;
     const char *slash = strrchr(pos[0], '/');
-    char *end = NULL;
-    long sv = slash ? strtol(slash + 1, &end, 10) : -1;
-    if (!slash || slash == pos[0] || slash - pos[0] >= 64 || !slash[1] || *end || sv < 0 || sv > 100000)
+    if (!slash || slash == pos[0] || slash - pos[0] >= 64 || common_parse_int(slash + 1, 0, 100000, &step) < 0)
         return usage("expected P/S (a prompt id and a step 0..100000), got '%s'", pos[0]);
     memcpy(prompt, pos[0], (size_t)(slash - pos[0]));
     prompt[slash - pos[0]] = 0;
-    step = (int)sv;
     if (!arms) return usage("--arms A,B is required%s", "");
     char a_name[128], b_name[128];
     const char *comma = strchr(arms, ',');
@@ -923,9 +880,9 @@ int localize_main(int argc, char **argv)
     if (spec_path && pos[1]) return usage("give either a RUN or --spec, not both (%s)", pos[1]);
     int64_t run = 0;
     if (pos[1]) {
-        char *e2;
-        long long x = strtoll(pos[1], &e2, 10);
-        if (!*pos[1] || *e2 || x < 1) return usage("expected a run id (an integer >= 1), got '%s'", pos[1]);
+        long x;
+        if (common_parse_long(pos[1], 1, LONG_MAX, &x) < 0)
+            return usage("expected a run id (an integer >= 1), got '%s'", pos[1]);
         run = x;
     }
     tg_err e;

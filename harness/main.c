@@ -219,16 +219,6 @@ typedef struct opts {
     double band;
 } opts;
 
-static int parse_long(const char *s, long lo, long hi, long *v)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (!*s || *end || errno || x < lo || x > hi) return -1;
-    *v = x;
-    return 0;
-}
-
 /* common_cli_fn: checks and stores one option value into an opts. */
 static int on_opt(void *ud, int id, const char *v, tg_err *e)
 {
@@ -246,16 +236,16 @@ static int on_opt(void *ud, int id, const char *v, tg_err *e)
         o->policy = v;
         break;
     case OPT_JOBS:
-        if (parse_long(v, 1, 256, &x) < 0) return tg_errf(e, "--jobs: expected an integer 1..256, got '%s'", v);
+        if (common_parse_long(v, 1, 256, &x) < 0) return tg_errf(e, "--jobs: expected an integer 1..256, got '%s'", v);
         o->jobs = (int)x;
         break;
     case OPT_SET:
-        if (parse_long(v, 1, INT_MAX, &x) < 0)
+        if (common_parse_long(v, 1, INT_MAX, &x) < 0)
             return tg_errf(e, "--set: expected a verdict set number >= 1, got '%s'", v);
         o->set = (int)x;
         break;
     case OPT_RESUME:
-        if (parse_long(v, 1, LONG_MAX, &x) < 0) return tg_errf(e, "--resume: expected a run id >= 1, got '%s'", v);
+        if (common_parse_long(v, 1, LONG_MAX, &x) < 0) return tg_errf(e, "--resume: expected a run id >= 1, got '%s'", v);
         o->resume = x;
         break;
     case OPT_BAND: {
@@ -314,7 +304,7 @@ static int pick_run(tg_store *st, const char *cmd, const char *arg, int64_t *run
     long x;
     tg_err e;
     if (arg) {
-        if (parse_long(arg, 1, LONG_MAX, &x) < 0)
+        if (common_parse_long(arg, 1, LONG_MAX, &x) < 0)
             return usage_error(cmd, "expected a run id (an integer >= 1), got '%s'", arg);
         *run = x;
         return 0;

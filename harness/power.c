@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "arm.h"
+#include "common.h"
 #include "gate.h"
 #include "replay.h"
 
@@ -238,11 +239,8 @@ int power_main(int argc, char **argv)
             kind = v;
         } else if (!strcmp(a, "--stages")) stages = v;
         else if (!strcmp(a, "--layer") || !strcmp(a, "--steps")) {
-            char *end;
-            long x = strtol(v, &end, 10);
-            if (!*v || *end || x < 0 || x > 100000) return usage("expected a number >= 0, got '%s'", v);
-            if (!strcmp(a, "--layer")) layer = (int)x;
-            else steps = (int)x;
+            if (common_parse_int(v, 0, 100000, !strcmp(a, "--layer") ? &layer : &steps) < 0)
+                return usage("expected a number >= 0, got '%s'", v);
         } else
             return usage("unknown option '%s'", a);
     }

@@ -930,13 +930,10 @@ int report_parse_step_ref(const char *ref, char prompt[64], int *step, tg_err *e
     const char *slash = ref ? strrchr(ref, '/') : NULL;
     if (!slash || slash == ref || (size_t)(slash - ref) >= 64)
         return tg_errf(e, "step \"%s\": expected PROMPT/STEP, e.g. p1/45", ref ? ref : "");
-    char *end;
-    long s = strtol(slash + 1, &end, 10);
-    if (!slash[1] || *end || s < 0 || s > 1000000000)
+    if (common_parse_int(slash + 1, 0, 1000000000, step) < 0)
         return tg_errf(e, "step \"%s\": expected a step number >= 0 after '/'", ref);
     memcpy(prompt, ref, (size_t)(slash - ref));
     prompt[slash - ref] = 0;
-    *step = (int)s;
     return 0;
 }
 

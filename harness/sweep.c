@@ -604,16 +604,6 @@ typedef struct sopts {
     int jobs, shards, cpus;
 } sopts;
 
-static int parse_int(const char *s, int lo, int hi, int *v)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (!*s || *end || errno || x < lo || x > hi) return -1;
-    *v = (int)x;
-    return 0;
-}
-
 enum { O_DB = COMMON_CLI_FIRST_ID, O_JOBS, O_ONLY, O_SHARDS, O_OUT, O_SHARD, O_CPUS };
 static const struct option SWEEP_OPTS[] = {
     {"db", required_argument, NULL, O_DB}, {"jobs", required_argument, NULL, O_JOBS},
@@ -636,14 +626,14 @@ static int on_opt(void *ud, int id, const char *v, tg_err *e)
     case O_ONLY: o->only = v; break;
     case O_SHARD: o->shard = v; break;
     case O_JOBS:
-        if (parse_int(v, 1, 256, &o->jobs) < 0) return tg_errf(e, "--jobs: expected an integer 1..256, got '%s'", v);
+        if (common_parse_int(v, 1, 256, &o->jobs) < 0) return tg_errf(e, "--jobs: expected an integer 1..256, got '%s'", v);
         break;
     case O_SHARDS:
-        if (parse_int(v, 1, 100000, &o->shards) < 0)
+        if (common_parse_int(v, 1, 100000, &o->shards) < 0)
             return tg_errf(e, "--shards: expected an integer >= 1, got '%s'", v);
         break;
     case O_CPUS:
-        if (parse_int(v, 1, 4096, &o->cpus) < 0)
+        if (common_parse_int(v, 1, 4096, &o->cpus) < 0)
             return tg_errf(e, "--cpus-per-task: expected an integer 1..4096, got '%s'", v);
         break;
     }
@@ -796,7 +786,7 @@ int sweep_run_main(int argc, char **argv)
         return usage("--shard: expected I/N (e.g. 2/4), got '%s'", o.shard);
     snprintf(a, sizeof a, "%.*s", (int)(slash - o.shard), o.shard);
     snprintf(b, sizeof b, "%s", slash + 1);
-    if (parse_int(b, 1, 100000, &sn) < 0 || parse_int(a, 1, sn, &si) < 0)
+    if (common_parse_int(b, 1, 100000, &sn) < 0 || common_parse_int(a, 1, sn, &si) < 0)
         return usage("--shard: expected I/N with 1 <= I <= N, got '%s'", o.shard);
     const char *plan_path = o.pos ? o.pos : "tokgate-plan.json";
     json_error_t je;

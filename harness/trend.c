@@ -1262,15 +1262,10 @@ static int on_opt(void *ud, int id, const char *v, tg_err *e)
     case O_SVG: o->svg = v; break;
     case O_PLAN: o->plan = v; break;
     case O_REASON: o->reason = v; break;
-    case O_WINDOW: {
-        char *end;
-        errno = 0;
-        long w = strtol(v, &end, 10);
-        if (!*v || *end || errno || w < 1 || w > 100000)
+    case O_WINDOW:
+        if (common_parse_int(v, 1, 100000, &o->window) < 0)
             return tg_errf(e, "--window: expected a number of runs >= 1, got '%s'", v);
-        o->window = (int)w;
         break;
-    }
     }
     return 0;
 }
@@ -1295,10 +1290,8 @@ int trend_baseline_main(int argc, char **argv)
     if (is_list && np > 2) return usage("baseline", "list: unexpected argument '%s'", pos[2]);
     int64_t run = 0;
     if (!is_list) {
-        char *end;
-        errno = 0;
-        long long x = np == 2 ? strtoll(pos[1], &end, 10) : 0;
-        if (np != 2 || !*pos[1] || *end || errno || x < 1)
+        long x;
+        if (np != 2 || common_parse_long(pos[1], 1, LONG_MAX, &x) < 0)
             return usage("baseline", "expected a RUN id (an integer >= 1) after the action%s", "");
         run = x;
         if (!reason || !*reason)

@@ -196,22 +196,8 @@ static int put_kv(writer *w, const char *arm, const char *prompt, const char *ke
     va_start(ap, fmt);
     vsnprintf(val, sizeof val, fmt, ap);
     va_end(ap);
-    sqlite3_stmt *s = w->v;
-    sqlite3_reset(s);
-    sqlite3_bind_int64(s, 1, w->run);
-    sqlite3_bind_int(s, 2, w->set);
-    if (arm) sqlite3_bind_text(s, 3, arm, -1, SQLITE_TRANSIENT); else sqlite3_bind_null(s, 3);
-    if (prompt) sqlite3_bind_text(s, 4, prompt, -1, SQLITE_TRANSIENT); else sqlite3_bind_null(s, 4);
-    sqlite3_bind_text(s, 5, key, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(s, 6, val, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_double(s, 7, w->band);
-    sqlite3_bind_text(s, 8, w->policy, -1, SQLITE_TRANSIENT);
-    return sqlite3_step(s) == SQLITE_DONE ? 0 : -1;
-}
-
-static void bind_real(sqlite3_stmt *s, int i, double x)
-{
-    if (isfinite(x)) sqlite3_bind_double(s, i, x); else sqlite3_bind_null(s, i);
+    int rc = common_sql_step(w->v, "Iittttdt", w->run, w->set, arm, prompt, key, val, w->band, w->policy);
+    return rc == SQLITE_DONE ? 0 : -1;
 }
 
 /* The noise band of every step that has oracle variants (noise_band rows). */
@@ -231,16 +217,8 @@ static int put_bands(writer *w, const cmp_run *r)
         toks[0] = 0;
         for (int t = 0; t < b->n_tokens && k < sizeof toks; t++)
             k += (size_t)snprintf(toks + k, sizeof toks - k, "%s%d", t ? "," : "", b->tokens[t]);
-        sqlite3_reset(s);
-        sqlite3_bind_int64(s, 1, w->run);
-        sqlite3_bind_int(s, 2, w->set);
-        sqlite3_bind_text(s, 3, r->prompts[b->prompt].name, -1, SQLITE_STATIC);
-        sqlite3_bind_int(s, 4, b->step);
-        sqlite3_bind_int(s, 5, b->n_views);
-        bind_real(s, 6, b->ref_gap);
-        bind_real(s, 7, b->spread);
-        sqlite3_bind_text(s, 8, toks, -1, SQLITE_TRANSIENT);
-        if (sqlite3_step(s) != SQLITE_DONE) {
+        if (common_sql_step(s, "IitiiDDt", w->run, w->set, r->prompts[b->prompt].name, b->step, b->n_views,
+                            b->ref_gap, b->spread, toks) != SQLITE_DONE) {
             sqlite3_finalize(s);
             return -1;
         }
@@ -390,40 +368,19 @@ static int put_rows(writer *w, const cmp_run *r)
             const cmp_leg *g = &arm->legs[l];
             for (int i = 0; i < g->n_rows; i++) {
                 const cmp_row *row = &g->rows[i];
-                sqlite3_stmt *s = w->c;
-                sqlite3_reset(s);
-                sqlite3_bind_int64(s, 1, w->run);
-                sqlite3_bind_int(s, 2, w->set);
-                sqlite3_bind_text(s, 3, arm->name, -1, SQLITE_STATIC);
-                sqlite3_bind_int(s, 4, g->leg);
-                sqlite3_bind_text(s, 5, r->prompts[row->prompt].name, -1, SQLITE_STATIC);
-                sqlite3_bind_int(s, 6, row->step);
-                sqlite3_bind_int(s, 7, row->ref_leg);
-                sqlite3_bind_int(s, 8, row->token);
-                if (row->ref_token >= 0) sqlite3_bind_int(s, 9, row->ref_token); else sqlite3_bind_null(s, 9);
-                if (row->ref_top2 >= 0) sqlite3_bind_int(s, 10, row->ref_top2); else sqlite3_bind_null(s, 10);
-                sqlite3_bind_int(s, 11, row->rank);
-                bind_real(s, 12, row->ref_gap);
-                bind_real(s, 13, row->own_gap);
-                sqlite3_bind_text(s, 14, compare_class_name(row->cls), -1, SQLITE_STATIC);
-                sqlite3_bind_int(s, 15, row->oracle_split);
-                bind_real(s, 16, row->kl);
-                if (sqlite3_step(s) != SQLITE_DONE) return -1;
+                if (common_sql_step(w->c, "IititiiinniDDtiD", w->run, w->set, arm->name, g->leg,
+                                    r->prompts[row->prompt].name, row->step, row->ref_leg, (int)row->token,
+                                    (int)row->ref_token, (int)row->ref_top2, row->rank, row->ref_gap, row->own_gap,
+                                    compare_class_name(row->cls), row->oracle_split, row->kl) != SQLITE_DONE)
+                    return -1;
             }
         }
     }
     for (int c = 0; c < r->n_contested; c++) {
         const cmp_contested *ct = &r->contested[c];
-        sqlite3_stmt *s = w->k;
-        sqlite3_reset(s);
-        sqlite3_bind_int64(s, 1, w->run);
-        sqlite3_bind_int(s, 2, w->set);
-        sqlite3_bind_text(s, 3, r->prompts[ct->prompt].name, -1, SQLITE_STATIC);
-        sqlite3_bind_int(s, 4, ct->step);
-        sqlite3_bind_int(s, 5, ct->oracle_split);
-        sqlite3_bind_text(s, 6, ct->tokens, -1, SQLITE_STATIC);
-        sqlite3_bind_text(s, 7, ct->sentence, -1, SQLITE_STATIC);
-        if (sqlite3_step(s) != SQLITE_DONE) return -1;
+        if (common_sql_step(w->k, "Iitiitt", w->run, w->set, r->prompts[ct->prompt].name, ct->step, ct->oracle_split,
+                            ct->tokens, ct->sentence) != SQLITE_DONE)
+            return -1;
     }
     return put_bands(w, r);
 }
@@ -707,12 +664,9 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
     s = common_sql_prepare(db,
                            "INSERT INTO verdict_set(run_id, set_no, created, policy, band, overall)"
                            " VALUES(?1,?2,?3,?4,?5,'')",
-                           "Ii", run_id, w.set);
+                           "Iittd", run_id, w.set, now, policy, band);
     if (!s)
         goto sqlfail;
-    sqlite3_bind_text(s, 3, now, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(s, 4, policy, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_double(s, 5, band);
     rc = sqlite3_step(s);
     sqlite3_finalize(s);
     if (rc != SQLITE_DONE) goto sqlfail;
@@ -721,12 +675,10 @@ int verdict_score_run(tg_store *st, int64_t run_id, const verdict_options *opt,
         sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
         goto out;
     }
-    if (sqlite3_prepare_v2(db, "UPDATE verdict_set SET overall=?3 WHERE run_id=?1 AND set_no=?2", -1,
-                           &s, NULL) != SQLITE_OK)
+    s = common_sql_prepare(db, "UPDATE verdict_set SET overall=?3 WHERE run_id=?1 AND set_no=?2", "Iit", run_id,
+                           w.set, out->verdict);
+    if (!s)
         goto sqlfail;
-    sqlite3_bind_int64(s, 1, run_id);
-    sqlite3_bind_int(s, 2, w.set);
-    sqlite3_bind_text(s, 3, out->verdict, -1, SQLITE_TRANSIENT);
     rc = sqlite3_step(s);
     sqlite3_finalize(s);
     if (rc != SQLITE_DONE) goto sqlfail;

@@ -167,6 +167,35 @@ static void sql_error_sentence(void **st)
     sqlite3_close(db);
 }
 
+/* Every bind letter, its NULL cases, and a statement stepped again with
+ * a text that is gone by then (common_sql_step copies it). */
+static void sql_binds_and_steps(void **st)
+{
+    (void)st;
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(":memory:", &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(a, b, c, d, e, f, g)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_stmt *q = common_sql_prepare(db, "INSERT INTO t VALUES(?1,?2,?3,?4,?5,?6,?7)", "INinDdt",
+                                         (int64_t)1 << 40, (int64_t)5, 7, 3, 0.5, 0.25, "x");
+    assert_non_null(q);
+    assert_int_equal(sqlite3_step(q), SQLITE_DONE);
+    char *text = strdup("copied");
+    assert_int_equal(common_sql_step(q, "INinDdt", (int64_t)2, (int64_t)0, -1, -1, NAN, NAN, text), SQLITE_DONE);
+    free(text);
+    assert_int_equal(common_sql_step(q, "INinDdt", (int64_t)3, (int64_t)-4, 0, 0, INFINITY, 1.0, NULL), SQLITE_DONE);
+    sqlite3_finalize(q);
+    q = common_sql_prepare(db, "SELECT group_concat(quote(a)||' '||quote(b)||' '||quote(c)||' '||quote(d)||' '||"
+                               "quote(e)||' '||quote(f)||' '||quote(g), ' | ') FROM t", "");
+    assert_non_null(q);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(q, 0),
+                        "1099511627776 5 7 3 0.5 0.25 'x' | 2 NULL -1 NULL NULL NULL 'copied' | "
+                        "3 NULL 0 0 NULL 1.0 NULL");
+    sqlite3_finalize(q);
+    assert_null(common_sql_prepare(db, "INSERT INTO missing_table VALUES(?1)", "i", 1));
+    sqlite3_close(db);
+}
+
 /* ---- dump blobs ---- */
 
 static void blob_round_trip(void **st)
@@ -314,6 +343,28 @@ static void add_saturates(void **st)
 
 /* ---- command lines ---- */
 
+/* Whole decimal integers in range; nothing written on a refusal. */
+static void parse_int_whole_and_in_range(void **st)
+{
+    (void)st;
+    long l = 7;
+    int i = 7;
+    assert_int_equal(common_parse_long("42", 1, 100, &l), 0);
+    assert_int_equal(l, 42);
+    assert_int_equal(common_parse_long("9223372036854775807", 1, LONG_MAX, &l), 0);
+    assert_true(l == LONG_MAX);
+    static const char *const bad[] = {"", "0", "101", "4x", " ", "-3", "99999999999999999999", "1.5", NULL};
+    for (int k = 0; bad[k]; k++) {
+        l = 7;
+        assert_int_equal(common_parse_long(bad[k], 1, 100, &l), -1);
+        assert_int_equal(l, 7);
+        assert_int_equal(common_parse_int(bad[k], 1, 100, &i), -1);
+        assert_int_equal(i, 7);
+    }
+    assert_int_equal(common_parse_int("100", 1, 100, &i), 0);
+    assert_int_equal(i, 100);
+}
+
 enum { T_DB = COMMON_CLI_FIRST_ID, T_JOBS, T_FLAG };
 
 typedef struct tctx {
@@ -437,5 +488,5 @@ static void cli_errors_are_one_line(void **st)
 
 TG_TEST_MAIN(
     x_functions_allocate, out_of_memory_exits_70, read_file_regular, read_file_refuses_fifo_and_devices,
-    sql_error_sentence, blob_round_trip, out_refuses_the_store, out_renames_into_place, text_safe_escapes_controls,
-    add_saturates, cli_parses_getopt_long, cli_errors_are_one_line)
+    sql_error_sentence, sql_binds_and_steps, blob_round_trip, out_refuses_the_store, out_renames_into_place, text_safe_escapes_controls,
+    add_saturates, parse_int_whole_and_in_range, cli_parses_getopt_long, cli_errors_are_one_line)
