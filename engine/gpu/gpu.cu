@@ -525,7 +525,7 @@ static int attention_hooked(tg_gpu *g, int layer, const void *kc, const void *vc
 #define COUNT(ops, op, type) tg_ops_count((ops), (op), (type), TG_TIER_GPU)
 
 /* The fused single-token step (kernels.cu, "the fused single-token path"):
- * the same forward pass as enqueue_step in 9 launches per layer. Counts the
+ * the same forward pass as enqueue_step in 7 launches per layer. Counts the
  * same ops as the plain path, so the counters compare across the two. */
 /* Records an event after the launch just enqueued, under label; a fused
  * step opens the series with PROF(NULL), so launches outside one (a

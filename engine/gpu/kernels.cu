@@ -1740,7 +1740,8 @@ int gk_xxh3(cudaStream_t s, const void *data, size_t len, void *scratch, uint64_
  * quantizes each mat-vec input once, in the kernel that produces it (the
  * norms, the attention merge, the SwiGLU epilogue), into gk_q8 buffers, and
  * fuses what reads or writes one vector: the q, k and v mat-vecs are one
- * launch; q/k-norm, RoPE and the cache store are one launch; the residual
+ * launch; q/k-norm, RoPE, the cache store, attention and the merge of its
+ * key ranges are one launch (k_attn_decode); the residual
  * adds are the epilogues of the output and down projections; gate, up and
  * SwiGLU are one launch whose thread blocks also quantize their 32 outputs
  * for the down projection. The arithmetic is the plain path's (same
