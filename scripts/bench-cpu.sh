@@ -11,7 +11,11 @@
 # and cached in $TG_CACHE/models like tests/test_model does), THREADS
 # (default 2), PROMPT (prompt tokens, default 128), STEPS (decode steps,
 # default 64), REPS (measured rounds, best kept, default 5),
-# LLAMA_LIB (default the prebuilt x86-64 libllama from the npm cache).
+# LLAMA_LIB (default the prebuilt x86-64 libllama from the npm cache),
+# ISA=avx2 (x86-64: both at AVX2 on an AVX-512 machine, as on a machine
+# without AVX-512: the cpu tier through TG_CPU_ISA=avx2, llama.cpp through
+# its haswell CPU variant alone, from a folder of links to the library
+# that offers no other variant).
 # Both workers speak protocol v1; the figures are the "ms" of their done
 # lines: prefill = PROMPT / ms.prefill, decode = (STEPS-1) / ms.decode.
 # The two workers run at the same time and take the requests in turns (see
@@ -28,6 +32,7 @@ reps=${REPS:-5}
 lib=${LLAMA_LIB:-$cache/npm/linux-x64/bins/linux-x64/libllama.so}
 engine=$build/bin/tg-engine
 llama=$build/bin/tg-llama
+isa=${ISA:-}
 
 for b in "$engine" "$llama"; do
   [ -x "$b" ] || { echo "bench-cpu: $b is not built (make BUILD=${build#$top/})" >&2; exit 1; }
@@ -64,6 +69,23 @@ cleanup() {
   rm -rf "$fifo_dir"
 }
 trap cleanup EXIT
+
+case $isa in
+  '') ;;
+  avx2)
+    # llama.cpp loads the best CPU variant it finds beside its library: the
+    # links offer only the haswell one (AVX2, FMA, F16C)
+    libdir=$(dirname "$lib")
+    [ -f "$libdir/libggml-cpu-haswell.so" ] || { echo "bench-cpu: ISA=avx2: no libggml-cpu-haswell.so in $libdir" >&2; exit 1; }
+    mkdir "$fifo_dir/lib"
+    for f in "$libdir"/*.so*; do
+      case $(basename "$f") in libggml-cpu-*) [ "$(basename "$f")" = libggml-cpu-haswell.so ] || continue ;; esac
+      ln -s "$f" "$fifo_dir/lib/"
+    done
+    lib=$fifo_dir/lib/$(basename "$lib")
+    export TG_CPU_ISA=avx2 ;;
+  *) echo "bench-cpu: ISA=$isa: expected avx2 (or unset)" >&2; exit 2 ;;
+esac
 
 # start_worker IDX argv...: the worker's requests go to fd win[IDX], its
 # answers come from fd wout[IDX].
@@ -104,7 +126,7 @@ read -r n_layer kv_dim < <("$engine" --tier cpu <<<"{\"op\":\"load\",\"model\":\
 positions=$((prompt_n + steps - 1))
 kv_f16=$((n_layer * positions * kv_dim * 2 * 2))
 
-echo "bench-cpu: command: THREADS=$threads PROMPT=$prompt_n STEPS=$steps REPS=$reps${MODEL:+ MODEL=$MODEL} scripts/bench-cpu.sh ${build#$top/}"
+echo "bench-cpu: command: THREADS=$threads PROMPT=$prompt_n STEPS=$steps REPS=$reps${MODEL:+ MODEL=$MODEL}${isa:+ ISA=$isa} scripts/bench-cpu.sh ${build#$top/}"
 echo "bench-cpu: $(basename "$model") ($((file_bytes / 1048576)) MiB), $threads threads, prompt $prompt_n tokens, $steps decode steps, best of $reps"
 echo "bench-cpu: $(uname -m), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 start_worker 0 "$engine" --tier cpu --threads "$threads"
