@@ -21,6 +21,7 @@
 #   --bin DIR           where tg-llama is (GPUBUILD/../bin)
 set -u
 usage() { sed -n '/^#   bash scripts\/gpu-bench.sh/,/^#   --bin DIR/p' "$0" | sed 's/^#//' >&2; exit 2; }
+cmdline="bash scripts/gpu-bench.sh $*"
 gb=
 model= LLAMA_CUDA_LIB= LLAMA_BENCH= np=512 nd=128 bins=
 while [ $# -gt 0 ]; do
@@ -37,6 +38,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$gb" ] || usage
+echo "gpu-bench: command: $cmdline"
 bench=$gb/tests/bench_gpu
 [ -x "$bench" ] || { echo "gpu-bench: $bench not built (make gpu)"; exit 0; }
 if [ -n "$model" ]; then src=("$model"); else src=(--synthetic 8b); fi

@@ -53,6 +53,7 @@
 # the benchmark about 100 s, the 0.6b gates 40 s and the 8b gate over the
 # ref tier 205 s (without its llama-cuda arm; 363 s with it in run 5).
 set -u
+CMDLINE="bash scripts/gpu-gate.sh $*"
 usage() { sed -n '/^#   bash scripts\/gpu-gate.sh/,/the benchmark and the gates fit/p' "$0" | sed 's/^#//' >&2; exit 2; }
 C= OUT=/tmp/gpu-out W=build/gpu-dev BUDGET=1000000000 ONLY= WITH_8B_LLAMA=0 KEEP_LLAMA=0 REPLAY=1
 while [ $# -gt 0 ]; do
@@ -200,6 +201,7 @@ bench_one() { # name, then the worker argv; load options in $LOPT
     "$OUT/bench-$1.jsonl" | tee -a "$OUT/bench.txt"
 }
 bench_pair() { # both workers, the same requests, then the ratio
+  echo "BENCH command: $CMDLINE" | tee -a "$OUT/bench.txt"
   LOPT='{"n_ctx":1024}' bench_one gpu $W/bin/tg-engine --tier gpu
   LOPT='{"n_gpu_layers":999,"n_ctx":1024}' bench_one llama-cuda $W/bin/tg-llama --lib $LL/lib/libllama.so
   awk '/^BENCH gpu /{split($3,a,"=");split($4,b,"=");gp=a[2];gd=b[2]} /^BENCH llama-cuda /{split($3,a,"=");split($4,b,"=");lp=a[2];ld=b[2]}
