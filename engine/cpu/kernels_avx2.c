@@ -17,6 +17,7 @@
 #endif
 
 #include "kernels_isa.h"
+#include "kernels_x86.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -35,18 +36,6 @@ static inline float hsum_ps128(__m128 s)
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-static inline int hsum_epi32_128(__m128i v)
-{
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(v);
-}
-
-static inline float half_to_f32(tg_half h)
-{
-    return _cvtsh_ss(h);
 }
 
 /* Unpacks the 12 scale bytes of a Q4_K/Q5_K block into sc[8] (bytes 0..7)
@@ -100,61 +89,227 @@ static inline __m256i scale_pair(__m256i sc16x2, int k)
     return _mm256_shuffle_epi8(sc16x2, _mm256_loadu_si256((const __m256i *)k_pair[k]));
 }
 
-/* q4_K against NA activation rows (y, y + by, ...): the weight quants are
- * unpacked once per group and used NA times. Every output goes through the
- * same operations as with NA = 1, so s[j] is bit-identical to a single dot.
- * NA is a compile-time constant at each call site. Only NA = 1 is used:
- * a 4-row version measured slower here (register pressure), unlike q6_K. */
-static inline __attribute__((always_inline)) void dot_q4_K_n(int n, float *s, const void *vx,
-                                                             const char *vy, size_t by, const int NA)
+/* --- K-quant tiles (q4_K, q6_K) --------------------------------------------
+ * R (1..4) weight rows bx bytes apart against T (1..4) activation rows by
+ * bytes apart: each 32 weight quants are unpacked once (and their scales
+ * spread once) for the T activation rows, and each activation register is
+ * used for the R weight rows. Numerics are those of the AVX-512 tier
+ * (kernels_avx512.c, "K-quant numerics"): for a weight row x and an
+ * activation row y, block by block, the exact integer dot of the block
+ * (sub-block scales applied, Q6_K's -32 offset folded in) isum and for
+ * Q4_K the exact integer sum of its mins against the activation sums imin,
+ * then in float
+ *   acc  = fmaf(y.d * x.d,    (float)isum, acc)
+ *   accm = fmaf(y.d * x.dmin, (float)imin, accm)     (Q4_K only)
+ * and the dot is acc - accm; lane r of the float vectors does row r's
+ * operations. vec_dot is the 1 x 1 tile, so every tile's outputs are
+ * bit-identical to vec_dot's. Outputs: out[t * os + r]. */
+
+/* Sums of the 8 int32 lanes of v[0..R-1] in lanes 0..R-1 (exact). */
+TILE_INLINE __m128i hsum_rows(const __m256i v[4], const int R)
 {
-    const block_q4_K *x = vx;
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i a = _mm256_hadd_epi32(v[0], R > 1 ? v[1] : z);
+    const __m256i b = R > 2 ? _mm256_hadd_epi32(v[2], R > 3 ? v[3] : z) : z;
+    const __m256i c = _mm256_hadd_epi32(a, b);
+    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+
+/* Sums of the 4 int32 lanes of v[0..R-1] in lanes 0..R-1 (exact). */
+TILE_INLINE __m128i hsum_rows128(const __m128i v[4], const int R)
+{
+    const __m128i z = _mm_setzero_si128();
+    return _mm_hadd_epi32(_mm_hadd_epi32(v[0], R > 1 ? v[1] : z),
+                          R > 2 ? _mm_hadd_epi32(v[2], R > 3 ? v[3] : z) : z);
+}
+
+/* Stores lane r of acc[t] at out[t * os + r] for r < R, t < T. */
+TILE_INLINE void store_tile(float *out, size_t os, const __m128 acc[4], const int R, const int T)
+{
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        float v[4];
+        _mm_storeu_ps(v, acc[t]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) out[(size_t)t * os + r] = v[r];
+    }
+}
+
+TILE_INLINE void tile_q4_K(int n, float *out, size_t os, const uint8_t *x, size_t bx, const char *vy, size_t by,
+                           const int R, const int T, const int prefetch)
+{
     const int nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[4];
-    __m128 accm[4];
-    for (int a = 0; a < NA; a++) {
-        acc[a] = _mm256_setzero_ps();
-        accm[a] = _mm_setzero_ps();
-    }
-    for (int i = 0; i < nb; i++) {
-        const float xd = half_to_f32(x[i].d), xdmin = half_to_f32(x[i].dmin);
-        const __m128i scmin = unpack_scales_k4(x[i].scales);
-        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin));
-        const uint8_t *q4 = x[i].qs;
-        __m256i sumi[4];
-        for (int a = 0; a < NA; a++) {
-            const block_q8_K *y = (const block_q8_K *)(vy + a * by) + i;
-            accm[a] = _mm_fmadd_ps(_mm_set1_ps(y->d * xdmin), _mm_cvtepi32_ps(mins_dot(scmin, y->bsums)), accm[a]);
-            sumi[a] = _mm256_setzero_si256();
-        }
+    __m128 acc[4], accm[4];
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(q4 + 32 * g));
-            const __m256i lo = _mm256_and_si256(bits, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            const __m256i s_lo = scale_bcast(sc16, 2 * g), s_hi = scale_bcast(sc16, 2 * g + 1);
-            for (int a = 0; a < NA; a++) {
-                const int8_t *q8 = ((const block_q8_K *)(vy + a * by) + i)->qs;
-                const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g));
-                const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g + 32));
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s_lo);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s_hi);
-                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(p0, p1));
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *xi = x + (size_t)i * sizeof(block_q4_K);
+        if (prefetch) prefetch_next_rows(x, bx, R, i, nb);
+        const block_q8_K *y[4];
+        __m128i scmin[4];
+        __m256i sc16[4], sumi[4][4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(vy + (size_t)t * by) + i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            scmin[r] = unpack_scales_k4(xi + (size_t)r * bx + offsetof(block_q4_K, scales));
+            sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin[r]));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+        }
+        /* sub-block c: the low (c even) or high nibbles of qs bytes 32 (c / 2).. */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * bx + offsetof(block_q4_K, qs) + 32 * (c / 2)));
+                const __m256i w = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(bits, 4) : bits, m4);
+                const __m256i s = scale_bcast(sc16[r], c);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 32 * c));
+                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
+                }
             }
         }
-        for (int a = 0; a < NA; a++) {
-            const float d = ((const block_q8_K *)(vy + a * by) + i)->d * xd;
-            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[a]), acc[a]);
+        const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), R);   /* d, dmin */
+        const __m128 xd = half_f32(dd, 0), xdmin = half_f32(dd, 1);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m256i rs[4];
+            __m128i mins[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                rs[r] = sumi[r][t];
+                mins[r] = mins_dot(scmin[r], y[t]->bsums);
+            }
+            const __m128 yd = _mm_set1_ps(y[t]->d);
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(yd, xd), _mm_cvtepi32_ps(hsum_rows(rs, R)), acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_mul_ps(yd, xdmin), _mm_cvtepi32_ps(hsum_rows128(mins, R)), accm[t]);
         }
     }
-    for (int a = 0; a < NA; a++) s[a] = hsum_ps(acc[a]) - hsum_ps128(accm[a]);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm_sub_ps(acc[t], accm[t]);
+    store_tile(out, os, acc, R, T);
 }
 
 static void vec_dot_q4_K(int n, float *s, const void *vx, const void *vy)
 {
-    dot_q4_K_n(n, s, vx, vy, 0, 1);
+    tile_q4_K(n, s, 1, vx, 0, vy, 0, 1, 1, 0);
 }
+
+/* q6_K tile, as tile_q4_K: quants used unsigned (0..63), the offset folded
+ * in as -32 * sum(scale * bsum). Chunk c (32 values, sub-blocks 2c and
+ * 2c + 1) of half h = c / 4, u = c % 4: the low (u < 2) or high nibbles of
+ * ql bytes 64h + 32 (u % 2).., with qh bits 2u, 2u + 1 of bytes 32h... */
+TILE_INLINE void tile_q6_K(int n, float *out, size_t os, const uint8_t *x, size_t bx, const char *vy, size_t by,
+                           const int R, const int T, const int prefetch)
+{
+    const int nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    __m128 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *xi = x + (size_t)i * sizeof(block_q6_K);
+        if (prefetch) prefetch_next_rows(x, bx, R, i, nb);
+        const block_q8_K *y[4];
+        __m256i sumi[4][4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(vy + (size_t)t * by) + i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+            const __m256i sc16all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xr->scales));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)y[t]->bsums);
+                sumi[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16all, bs), 5));
+            }
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i sc16[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+                /* the 8 int16 scales of this half in both 128-bit lanes */
+                sc16[r] = _mm256_broadcastsi128_si256(
+                    _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(xr->scales + 8 * h))));
+            }
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+                    const __m256i Q = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h + 32 * (u % 2)));
+                    const __m256i H = _mm256_loadu_si256((const __m256i *)(xr->qh + 32 * h));
+                    const __m256i lo = _mm256_and_si256(u < 2 ? Q : _mm256_srli_epi16(Q, 4), m4);
+                    const __m256i hb = u == 0 ? _mm256_slli_epi16(H, 4)
+                                     : u == 1 ? _mm256_slli_epi16(H, 2)
+                                     : u == 2 ? H : _mm256_srli_epi16(H, 2);
+                    const __m256i w = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                    const __m256i s = scale_pair(sc16[r], u);
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; t++) {
+                        const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 128 * h + 32 * u));
+                        sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
+                    }
+                }
+            }
+        }
+        /* d is the block's last two bytes: read with the scale bytes before it */
+        const __m128 xd = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, R), 1);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m256i rs[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) rs[r] = sumi[r][t];
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(y[t]->d), xd), _mm_cvtepi32_ps(hsum_rows(rs, R)), acc[t]);
+        }
+    }
+    store_tile(out, os, acc, R, T);
+}
+
+static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy)
+{
+    tile_q6_K(n, s, 1, vx, 0, vy, 0, 1, 1, 0);
+}
+
+static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_t by)
+{
+    tile_q6_K(n, s, 1, vx, 0, vy, by, 1, 4, 0);
+}
+
+/* Activation rows per tile in a prefill (gemm16): 4 weight rows x TILE_T
+ * activation rows of int32 accumulators in the 16 ymm registers. */
+#define TILE_T 2
+
+/* gemm16 of a tile kernel: 16 weight rows, four at a time, against nb
+ * activation rows, TILE_T at a time (one activation row: decode, the next
+ * rows prefetched). */
+#define DEFINE_GEMM16(NAME, TILE)                                                                         \
+static void NAME(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb) \
+{                                                                                                         \
+    const uint8_t *x = vx;                                                                                \
+    const char *y = vy;                                                                                   \
+    for (int r = 0; r < 16; r += 4) {                                                                     \
+        const uint8_t *xr = x + (size_t)r * bx;                                                           \
+        if (nb == 1) {                                                                                    \
+            TILE(n, out + r, os, xr, bx, y, by, 4, 1, 1);                                                 \
+            continue;                                                                                     \
+        }                                                                                                 \
+        int b = 0;                                                                                        \
+        for (; b + TILE_T <= nb; b += TILE_T)                                                             \
+            TILE(n, out + (size_t)b * os + r, os, xr, bx, y + (size_t)b * by, by, 4, TILE_T, 0);          \
+        for (; b < nb; b++)                                                                               \
+            TILE(n, out + (size_t)b * os + r, os, xr, bx, y + (size_t)b * by, by, 4, 1, 0);               \
+    }                                                                                                     \
+}
+DEFINE_GEMM16(gemm16_q4_K, tile_q4_K)
+DEFINE_GEMM16(gemm16_q6_K, tile_q6_K)
 
 /* q5_K x q8_K: q4_K plus the fifth bit from qh (bit 2g: low half of group
  * g, bit 2g+1: high half). */
@@ -195,72 +350,6 @@ static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy)
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = hsum_ps(acc) - hsum_ps128(accm);
-}
-
-/* q6_K against NA activation rows, as dot_q4_K_n: quants used unsigned
- * (0..63); the offset comes back as 32 * sum(scale[j] * bsums[j]). */
-static inline __attribute__((always_inline)) void dot_q6_K_n(int n, float *s, const void *vx,
-                                                             const char *vy, size_t by, const int NA)
-{
-    const block_q6_K *x = vx;
-    const int nb = n / QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[4];
-    for (int a = 0; a < NA; a++) acc[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++) {
-        const float xd = half_to_f32(x[i].d);
-        const __m256i sc16all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        __m256i sumi[4];
-        for (int a = 0; a < NA; a++) {
-            const block_q8_K *y = (const block_q8_K *)(vy + a * by) + i;
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
-            sumi[a] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16all, bs), 5));
-        }
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
-            /* 8 int16 scales of this half in both 128-bit lanes */
-            const __m256i sc16 = _mm256_broadcastsi128_si256(
-                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x[i].scales + 8 * h))));
-            const __m256i Q0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i H = _mm256_loadu_si256((const __m256i *)qh);
-            const __m256i v0 = _mm256_or_si256(_mm256_and_si256(Q0, m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-            const __m256i v1 = _mm256_or_si256(_mm256_and_si256(Q1, m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-            const __m256i v2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q0, 4), m4),
-                                               _mm256_and_si256(H, m30));
-            const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q1, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-            const __m256i s0 = scale_pair(sc16, 0), s1 = scale_pair(sc16, 1);
-            const __m256i s2 = scale_pair(sc16, 2), s3 = scale_pair(sc16, 3);
-            for (int a = 0; a < NA; a++) {
-                const int8_t *q8 = ((const block_q8_K *)(vy + a * by) + i)->qs + 128 * h;
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(v0, _mm256_loadu_si256((const __m256i *)q8)), s0);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(q8 + 32))), s1);
-                const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(v2, _mm256_loadu_si256((const __m256i *)(q8 + 64))), s2);
-                const __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(v3, _mm256_loadu_si256((const __m256i *)(q8 + 96))), s3);
-                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
-            }
-        }
-        for (int a = 0; a < NA; a++) {
-            const float d = ((const block_q8_K *)(vy + a * by) + i)->d * xd;
-            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[a]), acc[a]);
-        }
-    }
-    for (int a = 0; a < NA; a++) s[a] = hsum_ps(acc[a]);
-}
-
-static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy)
-{
-    dot_q6_K_n(n, s, vx, vy, 0, 1);
-}
-
-static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_t by)
-{
-    dot_q6_K_n(n, s, vx, vy, by, 4);
 }
 
 /* Products of one Q8_0 block pair as 8 int32 partial sums. */
@@ -470,6 +559,8 @@ void tg_cpu_fill_avx2(tg_cpu_kernels *k)
     k->vec_dot4[TG_TYPE_Q6_K] = vec_dot4_q6_K;
     k->vec_dot[TG_TYPE_Q5_K] = vec_dot_q5_K;
     k->vec_dot[TG_TYPE_Q6_K] = vec_dot_q6_K;
+    k->gemm16[TG_TYPE_Q4_K] = gemm16_q4_K;
+    k->gemm16[TG_TYPE_Q6_K] = gemm16_q6_K;
     k->vec_dot[TG_TYPE_Q8_0] = vec_dot_q8_0;
     k->vec_dot[TG_TYPE_F32] = vec_dot_f32;
     k->vec_dot[TG_TYPE_F16] = vec_dot_f16;
