@@ -105,6 +105,11 @@ static inline __m256i scale_pair(__m256i sc16x2, int k)
  * operations. vec_dot is the 1 x 1 tile, so every tile's outputs are
  * bit-identical to vec_dot's. Outputs: out[t * os + r]. */
 
+/* Keeps v in a register at this point: without it GCC regroups a tile's
+ * integer sums (reassociation), holds the products of a whole block at
+ * once and spills them to the stack. */
+#define IN_REG(v) __asm__("" : "+x"(v))
+
 /* Sums of the 8 int32 lanes of v[0..R-1] in lanes 0..R-1 (exact). */
 TILE_INLINE __m128i hsum_rows(const __m256i v[4], const int R)
 {
@@ -170,6 +175,7 @@ TILE_INLINE void tile_q4_K(int n, float *out, size_t os, const uint8_t *x, size_
                 for (int t = 0; t < T; t++) {
                     const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 32 * c));
                     sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
+                    IN_REG(sumi[r][t]);
                 }
             }
         }
@@ -256,6 +262,7 @@ TILE_INLINE void tile_q6_K(int n, float *out, size_t os, const uint8_t *x, size_
                     for (int t = 0; t < T; t++) {
                         const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 128 * h + 32 * u));
                         sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
+                    IN_REG(sumi[r][t]);
                     }
                 }
             }
@@ -295,18 +302,17 @@ static void NAME(int n, float *out, size_t os, const void *vx, size_t bx, const 
 {                                                                                                         \
     const uint8_t *x = vx;                                                                                \
     const char *y = vy;                                                                                   \
-    for (int r = 0; r < 16; r += 4) {                                                                     \
-        const uint8_t *xr = x + (size_t)r * bx;                                                           \
-        if (nb == 1) {                                                                                    \
-            TILE(n, out + r, os, xr, bx, y, by, 4, 1, 1);                                                 \
-            continue;                                                                                     \
-        }                                                                                                 \
-        int b = 0;                                                                                        \
-        for (; b + TILE_T <= nb; b += TILE_T)                                                             \
-            TILE(n, out + (size_t)b * os + r, os, xr, bx, y + (size_t)b * by, by, 4, TILE_T, 0);          \
-        for (; b < nb; b++)                                                                               \
-            TILE(n, out + (size_t)b * os + r, os, xr, bx, y + (size_t)b * by, by, 4, 1, 0);               \
+    if (nb == 1) {                                                                                        \
+        for (int r = 0; r < 16; r += 4) TILE(n, out + r, os, x + (size_t)r * bx, bx, y, by, 4, 1, 1);     \
+        return;                                                                                           \
     }                                                                                                     \
+    int b = 0;                                                                                            \
+    for (; b + TILE_T <= nb; b += TILE_T)                                                                 \
+        for (int r = 0; r < 16; r += 4)                                                                   \
+            TILE(n, out + (size_t)b * os + r, os, x + (size_t)r * bx, bx, y + (size_t)b * by, by, 4, TILE_T, 0); \
+    for (; b < nb; b++)                                                                                   \
+        for (int r = 0; r < 16; r += 4)                                                                   \
+            TILE(n, out + (size_t)b * os + r, os, x + (size_t)r * bx, bx, y + (size_t)b * by, by, 4, 1, 0); \
 }
 DEFINE_GEMM16(gemm16_q4_K, tile_q4_K)
 DEFINE_GEMM16(gemm16_q6_K, tile_q6_K)
