@@ -52,15 +52,19 @@ static inline __m128i unpack_scales_k4(const uint8_t *q)
                           (int)(((u[2] >> 4) & k15) | (((u[1] >> 6) & k3) << 4)));  /* m 4..7 */
 }
 
+/* The 8 sub-block sums of a Q8_K block (bsums in pairs) as int16. */
+static inline __m128i bsums_sub(const int16_t *bsums)
+{
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    return _mm_hadd_epi16(b0, b1);
+}
+
 /* m[j] * (bsums[2j] + bsums[2j+1]) for the 8 sub-blocks, as 4 int32
  * partial sums (the reference's integer sum, split in lanes). */
 static inline __m128i mins_dot(__m128i scmin, const int16_t *bsums)
 {
-    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
-    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
-    const __m128i pairs = _mm_hadd_epi16(b0, b1);                 /* 8 sub-block sums */
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8));
-    return _mm_madd_epi16(pairs, m16);
+    return _mm_madd_epi16(bsums_sub(bsums), _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8)));
 }
 
 /* vpshufb controls over 8 int16 scales held in both 128-bit halves:
@@ -181,14 +185,18 @@ TILE_INLINE void tile_q4_K(int n, float *out, size_t os, const uint8_t *x, size_
         }
         const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), R);   /* d, dmin */
         const __m128 xd = half_f32(dd, 0), xdmin = half_f32(dd, 1);
+        __m128i m16[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) m16[r] = _mm_cvtepu8_epi16(_mm_srli_si128(scmin[r], 8));
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m256i rs[4];
             __m128i mins[4];
+            const __m128i bsub = bsums_sub(y[t]->bsums);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 rs[r] = sumi[r][t];
-                mins[r] = mins_dot(scmin[r], y[t]->bsums);
+                mins[r] = _mm_madd_epi16(m16[r], bsub);
             }
             const __m128 yd = _mm_set1_ps(y[t]->d);
             acc[t] = _mm_fmadd_ps(_mm_mul_ps(yd, xd), _mm_cvtepi32_ps(hsum_rows(rs, R)), acc[t]);
@@ -290,32 +298,192 @@ static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_
     tile_q6_K(n, s, 1, vx, 0, vy, by, 1, 4, 0);
 }
 
-/* Activation rows per tile in a prefill (gemm16): 4 weight rows x TILE_T
- * activation rows of int32 accumulators in the 16 ymm registers. */
-#define TILE_T 2
+/* --- prefill tiles (gemm16 with several activation rows) ------------------
+ * Block by block, the 16 weight rows are unpacked once into unsigned bytes
+ * and spread scales (chunk c: values 32c..32c+31 and the int16 scale of
+ * each of them) for every activation row of the pass, which then goes over
+ * them two at a time: 4 rows x 2 activation rows of int32 sums fill the
+ * registers with the unpacked quants and scales as memory operands. The
+ * integer and float operations per (row, activation row) are those of the
+ * tiles above, so outputs are bit-identical to vec_dot's. */
 
-/* gemm16 of a tile kernel: 16 weight rows, four at a time, against nb
- * activation rows, TILE_T at a time (one activation row: decode, the next
- * rows prefetched). */
-#define DEFINE_GEMM16(NAME, TILE)                                                                         \
-static void NAME(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb) \
-{                                                                                                         \
-    const uint8_t *x = vx;                                                                                \
-    const char *y = vy;                                                                                   \
-    if (nb == 1) {                                                                                        \
-        for (int r = 0; r < 16; r += 4) TILE(n, out + r, os, x + (size_t)r * bx, bx, y, by, 4, 1, 1);     \
-        return;                                                                                           \
-    }                                                                                                     \
-    int b = 0;                                                                                            \
-    for (; b + TILE_T <= nb; b += TILE_T)                                                                 \
-        for (int r = 0; r < 16; r += 4)                                                                   \
-            TILE(n, out + (size_t)b * os + r, os, x + (size_t)r * bx, bx, y + (size_t)b * by, by, 4, TILE_T, 0); \
-    for (; b < nb; b++)                                                                                   \
-        for (int r = 0; r < 16; r += 4)                                                                   \
-            TILE(n, out + (size_t)b * os + r, os, x + (size_t)r * bx, bx, y + (size_t)b * by, by, 4, 1, 0); \
+/* One block of 4 weight rows, unpacked. */
+typedef struct {
+    __m256i w[4][8];   /* [row][chunk] quants, unsigned */
+    __m256i s[4][8];   /* [row][chunk] the int16 scale of each pair of values */
+    __m128 d, dmin;    /* lane r: row r's d, dmin (Q6_K: d only) */
+    __m128i m16[4];    /* Q4_K: the 8 mins of row r as int16 */
+    __m256i sc16[4];   /* Q6_K: the 16 scales of row r as int16 */
+} unpacked4;
+
+TILE_INLINE void unpack4_q4_K(unpacked4 *u, const uint8_t *xi, size_t bx)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), 4);
+    u->d = half_f32(dd, 0);
+    u->dmin = half_f32(dd, 1);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        const uint8_t *xr = xi + (size_t)r * bx;
+        const __m128i scmin = unpack_scales_k4(xr + offsetof(block_q4_K, scales));
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin));
+        u->m16[r] = _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8));
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(xr + offsetof(block_q4_K, qs) + 32 * g));
+            u->w[r][2 * g] = _mm256_and_si256(bits, m4);
+            u->w[r][2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            u->s[r][2 * g] = scale_bcast(sc16, 2 * g);
+            u->s[r][2 * g + 1] = scale_bcast(sc16, 2 * g + 1);
+        }
+    }
 }
-DEFINE_GEMM16(gemm16_q4_K, tile_q4_K)
-DEFINE_GEMM16(gemm16_q6_K, tile_q6_K)
+
+TILE_INLINE void unpack4_q6_K(unpacked4 *u, const uint8_t *xi, size_t bx)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    u->d = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, 4), 1);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+        u->sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xr->scales));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc16 = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(xr->scales + 8 * h))));
+            const __m256i Q0 = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h));
+            const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(xr->qh + 32 * h));
+            __m256i *w = u->w[r] + 4 * h;
+            w[0] = _mm256_or_si256(_mm256_and_si256(Q0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+            w[1] = _mm256_or_si256(_mm256_and_si256(Q1, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+            w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q0, 4), m4), _mm256_and_si256(H, m30));
+            w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) u->s[r][4 * h + k] = scale_pair(sc16, k);
+        }
+    }
+}
+
+/* sumi[r][t] += the scaled quant products of the 4 rows of u against
+ * activation rows y[t], t < T. */
+TILE_INLINE void isum4(__m256i sumi[4][2], const unpacked4 *u, const block_q8_K *const y[2], const int T)
+{
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m256i w = _mm256_load_si256(&u->w[r][c]);
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 32 * c));
+                sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), u->s[r][c]));
+                IN_REG(sumi[r][t]);
+            }
+        }
+    }
+}
+
+/* Activation rows per pass over the weight blocks: the float accumulators
+ * of a pass live on the stack. */
+#define TILE_NB 64
+
+/* One block of the 16 rows (u[4]) against activation rows y[t], t < T:
+ * the float updates of acc[t][g], accm[t][g] (lane r: row 4g + r). */
+TILE_INLINE void pass_q4_K(const unpacked4 u[4], const block_q8_K *const y[2], __m128 acc[][4], __m128 accm[][4],
+                           const int T)
+{
+    /* one group at a time: unrolled, GCC would interleave the groups' sums and spill */
+#pragma GCC unroll 1
+    for (int g = 0; g < 4; g++) {
+        __m256i sumi[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+        isum4(sumi, &u[g], y, T);
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            const __m128i bsub = bsums_sub(y[t]->bsums);
+            const __m256i rs[4] = {sumi[0][t], sumi[1][t], sumi[2][t], sumi[3][t]};
+            const __m128i mins[4] = {_mm_madd_epi16(u[g].m16[0], bsub), _mm_madd_epi16(u[g].m16[1], bsub),
+                                     _mm_madd_epi16(u[g].m16[2], bsub), _mm_madd_epi16(u[g].m16[3], bsub)};
+            const __m128 yd = _mm_set1_ps(y[t]->d);
+            acc[t][g] = _mm_fmadd_ps(_mm_mul_ps(yd, u[g].d), _mm_cvtepi32_ps(hsum_rows(rs, 4)), acc[t][g]);
+            accm[t][g] = _mm_fmadd_ps(_mm_mul_ps(yd, u[g].dmin), _mm_cvtepi32_ps(hsum_rows128(mins, 4)), accm[t][g]);
+        }
+    }
+}
+
+TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], __m128 acc[][4], __m128 accm[][4],
+                           const int T)
+{
+    (void)accm;
+#pragma GCC unroll 1
+    for (int g = 0; g < 4; g++) {
+        __m256i sumi[4][2];
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[t]->bsums);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                sumi[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                              _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs), 5));
+        }
+        isum4(sumi, &u[g], y, T);
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            const __m256i rs[4] = {sumi[0][t], sumi[1][t], sumi[2][t], sumi[3][t]};
+            acc[t][g] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(y[t]->d), u[g].d), _mm_cvtepi32_ps(hsum_rows(rs, 4)),
+                                     acc[t][g]);
+        }
+    }
+}
+
+/* gemm16 of a type: one activation row (decode) through the 4 x 1 tiles
+ * (the next rows prefetched), more through the prefill passes. */
+#define DEFINE_GEMM16(TYPE)                                                                                \
+static void gemm16_##TYPE(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, \
+                          int nb)                                                                          \
+{                                                                                                          \
+    const uint8_t *x = vx;                                                                                 \
+    if (nb == 1) {                                                                                         \
+        for (int r = 0; r < 16; r += 4) tile_##TYPE(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1); \
+        return;                                                                                            \
+    }                                                                                                      \
+    const int nblk = n / QK_K;                                                                             \
+    unpacked4 u[4];                                                                                        \
+    __m128 acc[TILE_NB][4], accm[TILE_NB][4];                                                              \
+    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {                                                             \
+        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;                                               \
+        const char *yb = (const char *)vy + (size_t)b0 * by;                                               \
+        for (int b = 0; b < m; b++)                                                                        \
+            for (int g = 0; g < 4; g++) acc[b][g] = accm[b][g] = _mm_setzero_ps();                         \
+        for (int i = 0; i < nblk; i++) {                                                                   \
+            const uint8_t *xi = x + (size_t)i * sizeof(block_##TYPE);                                      \
+            for (int g = 0; g < 4; g++) unpack4_##TYPE(&u[g], xi + (size_t)4 * g * bx, bx);                \
+            int b = 0;                                                                                     \
+            for (; b + 2 <= m; b += 2) {                                                                   \
+                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,             \
+                                                (const block_q8_K *)(yb + (size_t)(b + 1) * by) + i};      \
+                pass_##TYPE(u, y, acc + b, accm + b, 2);                                                   \
+            }                                                                                              \
+            if (b < m) {                                                                                   \
+                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i, NULL};      \
+                pass_##TYPE(u, y, acc + b, accm + b, 1);                                                   \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int b = 0; b < m; b++)                                                                        \
+            for (int g = 0; g < 4; g++) {                                                                  \
+                float v[4];                                                                                \
+                _mm_storeu_ps(v, _mm_sub_ps(acc[b][g], accm[b][g]));                                       \
+                memcpy(out + (size_t)(b0 + b) * os + 4 * g, v, sizeof v);                                  \
+            }                                                                                              \
+    }                                                                                                      \
+}
+DEFINE_GEMM16(q4_K)
+DEFINE_GEMM16(q6_K)
 
 /* q5_K x q8_K: q4_K plus the fifth bit from qh (bit 2g: low half of group
  * g, bit 2g+1: high half). */
