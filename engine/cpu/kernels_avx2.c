@@ -311,8 +311,8 @@ static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_
 typedef struct {
     __m256i w[4][8];   /* [row][chunk] quants, unsigned */
     __m256i s[4][8];   /* [row][chunk] the int16 scale of each pair of values */
-    __m128 d, dmin;    /* lane r: row r's d, dmin (Q6_K: d only) */
-    __m128i m16[4];    /* Q4_K: the 8 mins of row r as int16 */
+    __m256 d, dmin;    /* lanes r and 4 + r: row r's d, dmin (Q6_K: d only) */
+    __m256i m16[4];    /* Q4_K: the 8 mins of row r as int16, in both 128-bit lanes */
     __m256i sc16[4];   /* Q6_K: the 16 scales of row r as int16 */
 } unpacked4;
 
@@ -320,14 +320,14 @@ TILE_INLINE void unpack4_q4_K(unpacked4 *u, const uint8_t *xi, size_t bx)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), 4);
-    u->d = half_f32(dd, 0);
-    u->dmin = half_f32(dd, 1);
+    u->d = _mm256_set_m128(half_f32(dd, 0), half_f32(dd, 0));
+    u->dmin = _mm256_set_m128(half_f32(dd, 1), half_f32(dd, 1));
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++) {
         const uint8_t *xr = xi + (size_t)r * bx;
         const __m128i scmin = unpack_scales_k4(xr + offsetof(block_q4_K, scales));
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin));
-        u->m16[r] = _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8));
+        u->m16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8)));
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(xr + offsetof(block_q4_K, qs) + 32 * g));
@@ -343,7 +343,8 @@ TILE_INLINE void unpack4_q6_K(unpacked4 *u, const uint8_t *xi, size_t bx)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m30 = _mm256_set1_epi8(0x30);
-    u->d = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, 4), 1);
+    const __m128 d = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, 4), 1);
+    u->d = _mm256_set_m128(d, d);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++) {
         const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
@@ -368,8 +369,8 @@ TILE_INLINE void unpack4_q6_K(unpacked4 *u, const uint8_t *xi, size_t bx)
 }
 
 /* sumi[r][t] += the scaled quant products of the 4 rows of u against
- * activation rows y[t], t < T. */
-TILE_INLINE void isum4(__m256i sumi[4][2], const unpacked4 *u, const block_q8_K *const y[2], const int T)
+ * activation rows y[t], t < 2. */
+TILE_INLINE void isum4(__m256i sumi[4][2], const unpacked4 *u, const block_q8_K *const y[2])
 {
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
@@ -377,7 +378,7 @@ TILE_INLINE void isum4(__m256i sumi[4][2], const unpacked4 *u, const block_q8_K 
         for (int r = 0; r < 4; r++) {
             const __m256i w = _mm256_load_si256(&u->w[r][c]);
 #pragma GCC unroll 2
-            for (int t = 0; t < T; t++) {
+            for (int t = 0; t < 2; t++) {
                 const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 32 * c));
                 sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), u->s[r][c]));
                 IN_REG(sumi[r][t]);
@@ -390,59 +391,59 @@ TILE_INLINE void isum4(__m256i sumi[4][2], const unpacked4 *u, const block_q8_K 
  * of a pass live on the stack. */
 #define TILE_NB 64
 
-/* One block of the 16 rows (u[4]) against activation rows y[t], t < T:
- * the float updates of acc[t][g], accm[t][g] (lane r: row 4g + r). */
-TILE_INLINE void pass_q4_K(const unpacked4 u[4], const block_q8_K *const y[2], __m128 acc[][4], __m128 accm[][4],
-                           const int T)
+/* The sums of the 8 int32 lanes of s[r][t] (4 rows, 2 activation rows)
+ * in lane 4t + r (exact). */
+TILE_INLINE __m256i hsum_pair(const __m256i s[4][2])
 {
+    const __m256i e = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0][0], s[1][0]), _mm256_hadd_epi32(s[2][0], s[3][0]));
+    const __m256i f = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0][1], s[1][1]), _mm256_hadd_epi32(s[2][1], s[3][1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* One block of the 16 rows (u[4]) against activation rows y[0], y[1]: the
+ * float updates of acc[g], accm[g] (lane 4t + r: row 4g + r against y[t]). */
+TILE_INLINE void pass_q4_K(const unpacked4 u[4], const block_q8_K *const y[2], __m256 acc[4], __m256 accm[4])
+{
+    const __m256i bsub = _mm256_set_m128i(bsums_sub(y[1]->bsums), bsums_sub(y[0]->bsums));
+    const __m256 yd = _mm256_setr_m128(_mm_set1_ps(y[0]->d), _mm_set1_ps(y[1]->d));
     /* one group at a time: unrolled, GCC would interleave the groups' sums and spill */
 #pragma GCC unroll 1
     for (int g = 0; g < 4; g++) {
         __m256i sumi[4][2];
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
-            for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
-        isum4(sumi, &u[g], y, T);
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) {
-            const __m128i bsub = bsums_sub(y[t]->bsums);
-            const __m256i rs[4] = {sumi[0][t], sumi[1][t], sumi[2][t], sumi[3][t]};
-            const __m128i mins[4] = {_mm_madd_epi16(u[g].m16[0], bsub), _mm_madd_epi16(u[g].m16[1], bsub),
-                                     _mm_madd_epi16(u[g].m16[2], bsub), _mm_madd_epi16(u[g].m16[3], bsub)};
-            const __m128 yd = _mm_set1_ps(y[t]->d);
-            acc[t][g] = _mm_fmadd_ps(_mm_mul_ps(yd, u[g].d), _mm_cvtepi32_ps(hsum_rows(rs, 4)), acc[t][g]);
-            accm[t][g] = _mm_fmadd_ps(_mm_mul_ps(yd, u[g].dmin), _mm_cvtepi32_ps(hsum_rows128(mins, 4)), accm[t][g]);
-        }
+        for (int r = 0; r < 4; r++) sumi[r][0] = sumi[r][1] = _mm256_setzero_si256();
+        isum4(sumi, &u[g], y);
+        /* mins: lanes 0..3 of mins[r] against y[0], 4..7 against y[1] */
+        const __m256i p0 = _mm256_madd_epi16(u[g].m16[0], bsub), p1 = _mm256_madd_epi16(u[g].m16[1], bsub);
+        const __m256i p2 = _mm256_madd_epi16(u[g].m16[2], bsub), p3 = _mm256_madd_epi16(u[g].m16[3], bsub);
+        const __m256i imin = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+        acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(yd, u[g].d), _mm256_cvtepi32_ps(hsum_pair(sumi)), acc[g]);
+        accm[g] = _mm256_fmadd_ps(_mm256_mul_ps(yd, u[g].dmin), _mm256_cvtepi32_ps(imin), accm[g]);
     }
 }
 
-TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], __m128 acc[][4], __m128 accm[][4],
-                           const int T)
+TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], __m256 acc[4], __m256 accm[4])
 {
     (void)accm;
+    const __m256 yd = _mm256_setr_m128(_mm_set1_ps(y[0]->d), _mm_set1_ps(y[1]->d));
+    const __m256i bs0 = _mm256_loadu_si256((const __m256i *)y[0]->bsums);
+    const __m256i bs1 = _mm256_loadu_si256((const __m256i *)y[1]->bsums);
 #pragma GCC unroll 1
     for (int g = 0; g < 4; g++) {
         __m256i sumi[4][2];
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[t]->bsums);
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++)
-                sumi[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                              _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs), 5));
+        for (int r = 0; r < 4; r++) {
+            sumi[r][0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs0), 5));
+            sumi[r][1] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs1), 5));
         }
-        isum4(sumi, &u[g], y, T);
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) {
-            const __m256i rs[4] = {sumi[0][t], sumi[1][t], sumi[2][t], sumi[3][t]};
-            acc[t][g] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(y[t]->d), u[g].d), _mm_cvtepi32_ps(hsum_rows(rs, 4)),
-                                     acc[t][g]);
-        }
+        isum4(sumi, &u[g], y);
+        acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(yd, u[g].d), _mm256_cvtepi32_ps(hsum_pair(sumi)), acc[g]);
     }
 }
 
 /* gemm16 of a type: one activation row (decode) through the 4 x 1 tiles
- * (the next rows prefetched), more through the prefill passes. */
+ * (the next rows prefetched), more through the prefill passes, two
+ * activation rows at a time (an odd last one paired with itself). */
 #define DEFINE_GEMM16(TYPE)                                                                                \
 static void gemm16_##TYPE(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, \
                           int nb)                                                                          \
@@ -454,31 +455,27 @@ static void gemm16_##TYPE(int n, float *out, size_t os, const void *vx, size_t b
     }                                                                                                      \
     const int nblk = n / QK_K;                                                                             \
     unpacked4 u[4];                                                                                        \
-    __m128 acc[TILE_NB][4], accm[TILE_NB][4];                                                              \
+    __m256 acc[TILE_NB / 2][4], accm[TILE_NB / 2][4];                                                      \
     for (int b0 = 0; b0 < nb; b0 += TILE_NB) {                                                             \
         const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;                                               \
         const char *yb = (const char *)vy + (size_t)b0 * by;                                               \
-        for (int b = 0; b < m; b++)                                                                        \
-            for (int g = 0; g < 4; g++) acc[b][g] = accm[b][g] = _mm_setzero_ps();                         \
+        for (int p = 0; p < (m + 1) / 2; p++)                                                              \
+            for (int g = 0; g < 4; g++) acc[p][g] = accm[p][g] = _mm256_setzero_ps();                      \
         for (int i = 0; i < nblk; i++) {                                                                   \
             const uint8_t *xi = x + (size_t)i * sizeof(block_##TYPE);                                      \
             for (int g = 0; g < 4; g++) unpack4_##TYPE(&u[g], xi + (size_t)4 * g * bx, bx);                \
-            int b = 0;                                                                                     \
-            for (; b + 2 <= m; b += 2) {                                                                   \
+            for (int b = 0; b < m; b += 2) {                                                               \
+                const int b1 = b + 1 < m ? b + 1 : b;                                                      \
                 const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,             \
-                                                (const block_q8_K *)(yb + (size_t)(b + 1) * by) + i};      \
-                pass_##TYPE(u, y, acc + b, accm + b, 2);                                                   \
-            }                                                                                              \
-            if (b < m) {                                                                                   \
-                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i, NULL};      \
-                pass_##TYPE(u, y, acc + b, accm + b, 1);                                                   \
+                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};           \
+                pass_##TYPE(u, y, acc[b / 2], accm[b / 2]);                                                \
             }                                                                                              \
         }                                                                                                  \
         for (int b = 0; b < m; b++)                                                                        \
             for (int g = 0; g < 4; g++) {                                                                  \
-                float v[4];                                                                                \
-                _mm_storeu_ps(v, _mm_sub_ps(acc[b][g], accm[b][g]));                                       \
-                memcpy(out + (size_t)(b0 + b) * os + 4 * g, v, sizeof v);                                  \
+                float v[8];                                                                                \
+                _mm256_storeu_ps(v, _mm256_sub_ps(acc[b / 2][g], accm[b / 2][g]));                         \
+                memcpy(out + (size_t)(b0 + b) * os + 4 * g, v + 4 * (b % 2), 4 * sizeof(float));           \
             }                                                                                              \
     }                                                                                                      \
 }
