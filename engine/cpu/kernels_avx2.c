@@ -52,6 +52,32 @@ static inline __m128i unpack_scales_k4(const uint8_t *q)
                           (int)(((u[2] >> 4) & k15) | (((u[1] >> 6) & k3) << 4)));  /* m 4..7 */
 }
 
+/* unpack_scales_k4 of R (1..4) Q4_K blocks bx bytes apart (x at their
+ * first byte), two at a time in the two 128-bit lanes: each lane reads its
+ * block's 12 scale bytes and the 4 quant bytes after them (ignored);
+ * dwords u0, u1, u2 give
+ *   sc 0..3 = u0 & 0x3f..,  sc 4..7 = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..),
+ *   m 0..3  = u1 & 0x3f..,  m 4..7  = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..). */
+TILE_INLINE void scales_k4_rows(__m128i scmin[4], const uint8_t *x, size_t bx, const int R)
+{
+    const __m256i mlo = _mm256_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f,
+                                          0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+    const __m256i mhi = _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030);
+    const __m256i shift = _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4);
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r += 2) {
+        const uint8_t *p = x + (size_t)r * bx + offsetof(block_q4_K, scales);
+        const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(r + 1 < R ? p + bx : p)),
+                                           _mm_loadu_si128((const __m128i *)p));
+        const __m256i a = _mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));   /* u0, u2, u1, u2 */
+        const __m256i b = _mm256_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));   /* u0, u0, u1, u1 */
+        const __m256i sm = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(a, shift), mlo),
+                                           _mm256_and_si256(_mm256_srli_epi32(b, 2), mhi));
+        scmin[r] = _mm256_castsi256_si128(sm);
+        if (r + 1 < R) scmin[r + 1] = _mm256_extracti128_si256(sm, 1);
+    }
+}
+
 /* The 8 sub-block sums of a Q8_K block (bsums in pairs) as int16. */
 static inline __m128i bsums_sub(const int16_t *bsums)
 {
@@ -160,9 +186,9 @@ TILE_INLINE void tile_q4_K(int n, float *out, size_t os, const uint8_t *x, size_
         __m256i sc16[4], sumi[4][4];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(vy + (size_t)t * by) + i;
+        scales_k4_rows(scmin, xi, bx, R);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            scmin[r] = unpack_scales_k4(xi + (size_t)r * bx + offsetof(block_q4_K, scales));
             sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin[r]));
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
@@ -322,12 +348,13 @@ TILE_INLINE void unpack4_q4_K(unpacked4 *u, const uint8_t *xi, size_t bx)
     const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), 4);
     u->d = _mm256_set_m128(half_f32(dd, 0), half_f32(dd, 0));
     u->dmin = _mm256_set_m128(half_f32(dd, 1), half_f32(dd, 1));
+    __m128i scmin[4];
+    scales_k4_rows(scmin, xi, bx, 4);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++) {
         const uint8_t *xr = xi + (size_t)r * bx;
-        const __m128i scmin = unpack_scales_k4(xr + offsetof(block_q4_K, scales));
-        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin));
-        u->m16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8)));
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin[r]));
+        u->m16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(scmin[r], 8)));
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(xr + offsetof(block_q4_K, qs) + 32 * g));
