@@ -468,9 +468,10 @@ TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], _
     }
 }
 
-/* gemm16 of a type: one activation row (decode) through the 4 x 1 tiles
- * (the next rows prefetched), more through the prefill passes, two
- * activation rows at a time (an odd last one paired with itself). */
+/* gemm16 of a type: one activation row (decode) through the 4 x 1 tiles,
+ * more through the prefill passes, two activation rows at a time (an odd
+ * last one paired with itself). Both prefetch the rows that follow the 16
+ * (the first reads of each block stalled on memory without). */
 #define DEFINE_GEMM16(TYPE)                                                                                \
 static void gemm16_##TYPE(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, \
                           int nb)                                                                          \
@@ -490,6 +491,7 @@ static void gemm16_##TYPE(int n, float *out, size_t os, const void *vx, size_t b
             for (int g = 0; g < 4; g++) acc[p][g] = accm[p][g] = _mm256_setzero_ps();                      \
         for (int i = 0; i < nblk; i++) {                                                                   \
             const uint8_t *xi = x + (size_t)i * sizeof(block_##TYPE);                                      \
+            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);                                          \
             for (int g = 0; g < 4; g++) unpack4_##TYPE(&u[g], xi + (size_t)4 * g * bx, bx);                \
             for (int b = 0; b < m; b += 2) {                                                               \
                 const int b1 = b + 1 < m ? b + 1 : b;                                                      \
