@@ -324,7 +324,7 @@ static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_
     tile_q6_K(n, s, 1, vx, 0, vy, by, 1, 4, 0);
 }
 
-/* --- prefill tiles (gemm16 with several activation rows) ------------------
+/* --- Q6_K prefill (gemm16 with several activation rows) -------------------
  * Block by block, the 16 weight rows are unpacked once into unsigned bytes
  * and spread scales (chunk c: values 32c..32c+31 and the int16 scale of
  * each of them) for every activation row of the pass, which then goes over
@@ -333,38 +333,13 @@ static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_
  * integer and float operations per (row, activation row) are those of the
  * tiles above, so outputs are bit-identical to vec_dot's. */
 
-/* One block of 4 weight rows, unpacked. */
+/* One Q6_K block of 4 weight rows, unpacked. */
 typedef struct {
     __m256i w[4][8];   /* [row][chunk] quants, unsigned */
     __m256i s[4][8];   /* [row][chunk] the int16 scale of each pair of values */
-    __m256 d, dmin;    /* lanes r and 4 + r: row r's d, dmin (Q6_K: d only) */
-    __m256i m16[4];    /* Q4_K: the 8 mins of row r as int16, in both 128-bit lanes */
-    __m256i sc16[4];   /* Q6_K: the 16 scales of row r as int16 */
+    __m256 d;          /* lanes r and 4 + r: row r's d */
+    __m256i sc16[4];   /* the 16 scales of row r as int16 */
 } unpacked4;
-
-TILE_INLINE void unpack4_q4_K(unpacked4 *u, const uint8_t *xi, size_t bx)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), 4);
-    u->d = _mm256_set_m128(half_f32(dd, 0), half_f32(dd, 0));
-    u->dmin = _mm256_set_m128(half_f32(dd, 1), half_f32(dd, 1));
-    __m128i scmin[4];
-    scales_k4_rows(scmin, xi, bx, 4);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) {
-        const uint8_t *xr = xi + (size_t)r * bx;
-        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin[r]));
-        u->m16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(scmin[r], 8)));
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(xr + offsetof(block_q4_K, qs) + 32 * g));
-            u->w[r][2 * g] = _mm256_and_si256(bits, m4);
-            u->w[r][2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            u->s[r][2 * g] = scale_bcast(sc16, 2 * g);
-            u->s[r][2 * g + 1] = scale_bcast(sc16, 2 * g + 1);
-        }
-    }
-}
 
 TILE_INLINE void unpack4_q6_K(unpacked4 *u, const uint8_t *xi, size_t bx)
 {
@@ -428,30 +403,9 @@ TILE_INLINE __m256i hsum_pair(const __m256i s[4][2])
 }
 
 /* One block of the 16 rows (u[4]) against activation rows y[0], y[1]: the
- * float updates of acc[g], accm[g] (lane 4t + r: row 4g + r against y[t]). */
-TILE_INLINE void pass_q4_K(const unpacked4 u[4], const block_q8_K *const y[2], __m256 acc[4], __m256 accm[4])
+ * float updates of acc[g] (lane 4t + r: row 4g + r against y[t]). */
+TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], __m256 acc[4])
 {
-    const __m256i bsub = _mm256_set_m128i(bsums_sub(y[1]->bsums), bsums_sub(y[0]->bsums));
-    const __m256 yd = _mm256_setr_m128(_mm_set1_ps(y[0]->d), _mm_set1_ps(y[1]->d));
-    /* one group at a time: unrolled, GCC would interleave the groups' sums and spill */
-#pragma GCC unroll 1
-    for (int g = 0; g < 4; g++) {
-        __m256i sumi[4][2];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) sumi[r][0] = sumi[r][1] = _mm256_setzero_si256();
-        isum4(sumi, &u[g], y);
-        /* mins: lanes 0..3 of mins[r] against y[0], 4..7 against y[1] */
-        const __m256i p0 = _mm256_madd_epi16(u[g].m16[0], bsub), p1 = _mm256_madd_epi16(u[g].m16[1], bsub);
-        const __m256i p2 = _mm256_madd_epi16(u[g].m16[2], bsub), p3 = _mm256_madd_epi16(u[g].m16[3], bsub);
-        const __m256i imin = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-        acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(yd, u[g].d), _mm256_cvtepi32_ps(hsum_pair(sumi)), acc[g]);
-        accm[g] = _mm256_fmadd_ps(_mm256_mul_ps(yd, u[g].dmin), _mm256_cvtepi32_ps(imin), accm[g]);
-    }
-}
-
-TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], __m256 acc[4], __m256 accm[4])
-{
-    (void)accm;
     const __m256 yd = _mm256_setr_m128(_mm_set1_ps(y[0]->d), _mm_set1_ps(y[1]->d));
     const __m256i bs0 = _mm256_loadu_si256((const __m256i *)y[0]->bsums);
     const __m256i bs1 = _mm256_loadu_si256((const __m256i *)y[1]->bsums);
@@ -468,48 +422,199 @@ TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], _
     }
 }
 
-/* gemm16 of a type: one activation row (decode) through the 4 x 1 tiles,
+/* gemm16 for Q6_K: one activation row (decode) through the 4 x 1 tiles,
  * more through the prefill passes, two activation rows at a time (an odd
  * last one paired with itself). Both prefetch the rows that follow the 16
  * (the first reads of each block stalled on memory without). */
-#define DEFINE_GEMM16(TYPE)                                                                                \
-static void gemm16_##TYPE(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, \
-                          int nb)                                                                          \
-{                                                                                                          \
-    const uint8_t *x = vx;                                                                                 \
-    if (nb == 1) {                                                                                         \
-        for (int r = 0; r < 16; r += 4) tile_##TYPE(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1); \
-        return;                                                                                            \
-    }                                                                                                      \
-    const int nblk = n / QK_K;                                                                             \
-    unpacked4 u[4];                                                                                        \
-    __m256 acc[TILE_NB / 2][4], accm[TILE_NB / 2][4];                                                      \
-    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {                                                             \
-        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;                                               \
-        const char *yb = (const char *)vy + (size_t)b0 * by;                                               \
-        for (int p = 0; p < (m + 1) / 2; p++)                                                              \
-            for (int g = 0; g < 4; g++) acc[p][g] = accm[p][g] = _mm256_setzero_ps();                      \
-        for (int i = 0; i < nblk; i++) {                                                                   \
-            const uint8_t *xi = x + (size_t)i * sizeof(block_##TYPE);                                      \
-            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);                                          \
-            for (int g = 0; g < 4; g++) unpack4_##TYPE(&u[g], xi + (size_t)4 * g * bx, bx);                \
-            for (int b = 0; b < m; b += 2) {                                                               \
-                const int b1 = b + 1 < m ? b + 1 : b;                                                      \
-                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,             \
-                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};           \
-                pass_##TYPE(u, y, acc[b / 2], accm[b / 2]);                                                \
-            }                                                                                              \
-        }                                                                                                  \
-        for (int b = 0; b < m; b++)                                                                        \
-            for (int g = 0; g < 4; g++) {                                                                  \
-                float v[8];                                                                                \
-                _mm256_storeu_ps(v, _mm256_sub_ps(acc[b / 2][g], accm[b / 2][g]));                         \
-                memcpy(out + (size_t)(b0 + b) * os + 4 * g, v + 4 * (b % 2), 4 * sizeof(float));           \
-            }                                                                                              \
-    }                                                                                                      \
+static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by,
+                        int nb)
+{
+    const uint8_t *x = vx;
+    if (nb == 1) {
+        for (int r = 0; r < 16; r += 4) tile_q6_K(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1);
+        return;
+    }
+    const int nblk = n / QK_K;
+    unpacked4 u[4];
+    __m256 acc[TILE_NB / 2][4];
+    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
+        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
+        const char *yb = (const char *)vy + (size_t)b0 * by;
+        for (int p = 0; p < (m + 1) / 2; p++)
+            for (int g = 0; g < 4; g++) acc[p][g] = _mm256_setzero_ps();
+        for (int i = 0; i < nblk; i++) {
+            const uint8_t *xi = x + (size_t)i * sizeof(block_q6_K);
+            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
+            for (int g = 0; g < 4; g++) unpack4_q6_K(&u[g], xi + (size_t)4 * g * bx, bx);
+            for (int b = 0; b < m; b += 2) {
+                const int b1 = b + 1 < m ? b + 1 : b;
+                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,
+                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};
+                pass_q6_K(u, y, acc[b / 2]);
+            }
+        }
+        for (int b = 0; b < m; b++)
+            for (int g = 0; g < 4; g++) {
+                float v[8];
+                _mm256_storeu_ps(v, acc[b / 2][g]);
+                memcpy(out + (size_t)(b0 + b) * os + 4 * g, v + 4 * (b % 2), 4 * sizeof(float));
+            }
+    }
 }
-DEFINE_GEMM16(q4_K)
-DEFINE_GEMM16(q6_K)
+
+/* --- Q4_K prefill with one weight row per lane -----------------------------
+ * 8 weight rows per register, int32 lane r for row r: a block's quants are
+ * transposed once per pass (W[j][k] lane r: values 4k..4k+3 of sub-block j
+ * of row r), and each activation dword (broadcast) advances the 8 rows by
+ * four products through one vpmaddubsw. The 8 int16 pair sums of a
+ * sub-block (each at most 2 * 15 * 127) add up in int16 (at most 30480),
+ * one vpmaddwd applies the rows' scales: the same exact integer sums as
+ * the tiles above, and the same float updates per row, so the outputs are
+ * bit-identical to vec_dot's with fewer multiplies (9 against 16 per 256
+ * products). */
+
+/* One Q4_K block of 8 rows, one row per lane. */
+typedef struct {
+    __m256i w[8][8];   /* [sub-block][dword] quants, unsigned */
+    __m256i s[8];      /* [sub-block] scale as an int16 pair (sc, sc) */
+    __m256i mp[4];     /* mins as int16 pairs (m[2k], m[2k+1]) */
+    __m256 d, dmin;
+} lanes8_q4_K;
+
+/* Transposes 8 rows of 8 int32: on return r[k] lane i is what r[i] lane k was. */
+TILE_INLINE void transpose8(__m256i r[8])
+{
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        r[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m128i dd0 = dwords(xi, bx, offsetof(block_q4_K, d), 4);
+    const __m128i dd1 = dwords(xi + 4 * bx, bx, offsetof(block_q4_K, d), 4);
+    L->d = _mm256_set_m128(half_f32(dd1, 0), half_f32(dd0, 0));
+    L->dmin = _mm256_set_m128(half_f32(dd1, 1), half_f32(dd0, 1));
+    __m128i scmin[8];
+    scales_k4_rows(scmin, xi, bx, 4);
+    scales_k4_rows(scmin + 4, xi + 4 * bx, bx, 4);
+    uint8_t b[8][16];
+    for (int r = 0; r < 8; r++) _mm_storeu_si128((__m128i *)b[r], scmin[r]);
+    int32_t v[8];
+    for (int j = 0; j < 8; j++) {
+        for (int r = 0; r < 8; r++) v[r] = b[r][j] * 0x10001;
+        L->s[j] = _mm256_loadu_si256((const __m256i *)v);
+    }
+    for (int k = 0; k < 4; k++) {
+        for (int r = 0; r < 8; r++) v[r] = b[r][8 + 2 * k] | b[r][9 + 2 * k] << 16;
+        L->mp[k] = _mm256_loadu_si256((const __m256i *)v);
+    }
+#pragma GCC unroll 1
+    for (int g = 0; g < 4; g++) {
+        __m256i q[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+            q[r] = _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * bx + offsetof(block_q4_K, qs) + 32 * g));
+        transpose8(q);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            L->w[2 * g][k] = _mm256_and_si256(q[k], m4);
+            L->w[2 * g + 1][k] = _mm256_and_si256(_mm256_srli_epi16(q[k], 4), m4);
+        }
+    }
+}
+
+/* The 8 rows of L against activation rows y[0], y[1]: acc[t], accm[t]
+ * (lane r: row r) updated as vec_dot does. */
+TILE_INLINE void lanes8_q4_K_pass(const lanes8_q4_K *L, const block_q8_K *const y[2], __m256 acc[2], __m256 accm[2])
+{
+    const int32_t *a0 = (const int32_t *)y[0]->qs, *a1 = (const int32_t *)y[1]->qs;
+    __m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; j++) {
+        __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i w = _mm256_load_si256(&L->w[j][k]);
+            h0 = _mm256_add_epi16(h0, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a0[8 * j + k])));
+            h1 = _mm256_add_epi16(h1, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a1[8 * j + k])));
+            IN_REG(h0);
+            IN_REG(h1);
+        }
+        is0 = _mm256_add_epi32(is0, _mm256_madd_epi16(h0, L->s[j]));
+        is1 = _mm256_add_epi32(is1, _mm256_madd_epi16(h1, L->s[j]));
+    }
+    const __m256i isum[2] = {is0, is1};
+#pragma GCC unroll 2
+    for (int t = 0; t < 2; t++) {
+        int32_t bp[4];
+        _mm_storeu_si128((__m128i *)bp, bsums_sub(y[t]->bsums));   /* sub-block sums, in pairs */
+        __m256i imin = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[k], _mm256_set1_epi32(bp[k])));
+        const __m256 yd = _mm256_set1_ps(y[t]->d);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->dmin), _mm256_cvtepi32_ps(imin), accm[t]);
+    }
+}
+
+/* gemm16 for Q4_K: one activation row (decode) through the 4 x 1 tiles (the
+ * next rows prefetched), more through the one-row-per-lane passes, two
+ * activation rows at a time (an odd last one paired with itself). */
+static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb)
+{
+    const uint8_t *x = vx;
+    if (nb == 1) {
+        for (int r = 0; r < 16; r += 4) tile_q4_K(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1);
+        return;
+    }
+    const int nblk = n / QK_K;
+    lanes8_q4_K L[2];
+    __m256 acc[TILE_NB][2], accm[TILE_NB][2];   /* [activation row][8-row group] */
+    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
+        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
+        const char *yb = (const char *)vy + (size_t)b0 * by;
+        for (int b = 0; b < m + (m & 1); b++) acc[b][0] = acc[b][1] = accm[b][0] = accm[b][1] = _mm256_setzero_ps();
+        for (int i = 0; i < nblk; i++) {
+            const uint8_t *xi = x + (size_t)i * sizeof(block_q4_K);
+            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
+            lanes8_q4_K_load(&L[0], xi, bx);
+            lanes8_q4_K_load(&L[1], xi + 8 * bx, bx);
+            for (int b = 0; b < m; b += 2) {
+                const int b1 = b + 1 < m ? b + 1 : b;
+                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,
+                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};
+                for (int g = 0; g < 2; g++) {
+                    __m256 a[2] = {acc[b][g], acc[b + 1][g]}, am[2] = {accm[b][g], accm[b + 1][g]};
+                    lanes8_q4_K_pass(&L[g], y, a, am);
+                    acc[b][g] = a[0];
+                    acc[b + 1][g] = a[1];
+                    accm[b][g] = am[0];
+                    accm[b + 1][g] = am[1];
+                }
+            }
+        }
+        for (int b = 0; b < m; b++)
+            for (int g = 0; g < 2; g++)
+                _mm256_storeu_ps(out + (size_t)(b0 + b) * os + 8 * g, _mm256_sub_ps(acc[b][g], accm[b][g]));
+    }
+}
 
 /* q5_K x q8_K: q4_K plus the fifth bit from qh (bit 2g: low half of group
  * g, bit 2g+1: high half). */
