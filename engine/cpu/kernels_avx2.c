@@ -422,6 +422,16 @@ TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], _
     }
 }
 
+/* gemm16's one activation row (decode): the 16 rows through 4 x 1 tiles
+ * that prefetch the rows after them. */
+#define DECODE16(TILE)                                                                                   \
+    do {                                                                                                 \
+        if (nb == 1) {                                                                                   \
+            for (int r = 0; r < 16; r += 4) TILE(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1); \
+            return;                                                                                      \
+        }                                                                                                \
+    } while (0)
+
 /* gemm16 for Q6_K: one activation row (decode) through the 4 x 1 tiles,
  * more through the prefill passes, two activation rows at a time (an odd
  * last one paired with itself). Both prefetch the rows that follow the 16
@@ -430,10 +440,7 @@ static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx,
                         int nb)
 {
     const uint8_t *x = vx;
-    if (nb == 1) {
-        for (int r = 0; r < 16; r += 4) tile_q6_K(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1);
-        return;
-    }
+    DECODE16(tile_q6_K);
     const int nblk = n / QK_K;
     unpacked4 u[4];
     __m256 acc[TILE_NB / 2][4];
@@ -481,21 +488,20 @@ typedef struct {
     __m256 d, dmin;
 } lanes8_q4_K;
 
-/* Transposes 8 rows of 8 int32: on return r[k] lane i is what r[i] lane k was. */
+/* Transposes 8 rows of 8 int32: on return r[k] lane i is what r[i] lane k
+ * was. Rows 4h..4h+3 are first transposed within 128-bit lanes (u[4h + k]:
+ * column k, and 4 + k in the upper lane), then the lanes are exchanged. */
 TILE_INLINE void transpose8(__m256i r[8])
 {
-    __m256i t[8], u[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
-    }
+    __m256i u[8];
 #pragma GCC unroll 2
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    for (int h = 0; h < 8; h += 4) {
+        const __m256i a = _mm256_unpacklo_epi32(r[h], r[h + 1]), b = _mm256_unpackhi_epi32(r[h], r[h + 1]);
+        const __m256i c = _mm256_unpacklo_epi32(r[h + 2], r[h + 3]), d = _mm256_unpackhi_epi32(r[h + 2], r[h + 3]);
+        u[h] = _mm256_unpacklo_epi64(a, c);
+        u[h + 1] = _mm256_unpackhi_epi64(a, c);
+        u[h + 2] = _mm256_unpacklo_epi64(b, d);
+        u[h + 3] = _mm256_unpackhi_epi64(b, d);
     }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
@@ -580,10 +586,7 @@ TILE_INLINE void lanes8_q4_K_pass(const lanes8_q4_K *L, const block_q8_K *const 
 static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb)
 {
     const uint8_t *x = vx;
-    if (nb == 1) {
-        for (int r = 0; r < 16; r += 4) tile_q4_K(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1);
-        return;
-    }
+    DECODE16(tile_q4_K);
     const int nblk = n / QK_K;
     lanes8_q4_K L[2];
     __m256 acc[TILE_NB][2], accm[TILE_NB][2];   /* [activation row][8-row group] */
