@@ -14,7 +14,8 @@
  * - the attention row over an F16 cache (cpu/attn.h): the three-pass form
  *   bit-identical to the one-position-at-a-time reference in every dot
  *   order this CPU has, with and without a score hook;
- * - x86-64: the AVX-512 swiglu bit-identical to its AVX2 emulation.
+ * - x86-64: the AVX-512 swiglu bit-identical to its AVX2 emulation; the
+ *   AVX2 and AVX-512 Q4_K / Q6_K dots bit-identical to each other;
  * A tier the CPU lacks is skipped with a message. Seed: /dev/urandom or
  * TG_SEED, printed first.
  */
@@ -331,6 +332,40 @@ static void test_scalar_tier_is_reference(void **state)
     assert_null(tg_cpu_vec_dot(9999));
 }
 
+/* The AVX2 and AVX-512 VNNI Q4_K and Q6_K kernels share their numerics
+ * (one exact integer sum and one f32 update per block): the same bytes on
+ * every pair (docs/formats.md). */
+static void test_x86_kquant_tiers_agree(void **state)
+{
+    (void)state;
+    const tg_cpu_kernels *a = tg_cpu_kernels_tier("avx2"), *b = tg_cpu_kernels_tier("avx512vnni");
+    if (!a || !b) {
+        printf("  SKIP: avx2 and avx512vnni are not both here\n");
+        skip();
+    }
+    static const uint32_t types[] = {TG_TYPE_Q4_K, TG_TYPE_Q6_K};
+    enum { N = 2816 };
+    float *x = malloc(N * sizeof(float));
+    char *qx = malloc(N * 4), *qy = malloc(N * 4);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const tg_type_traits *tx = tg_traits(types[t]), *ty = tg_traits(tx->vec_dot_type);
+        for (int rep = 0; rep < 64; rep++) {
+            const int n = QK_K * (1 + rep % (N / QK_K));
+            fill(x, n);
+            tx->from_float(x, qx, n);
+            fill(x, n);
+            ty->from_float(x, qy, n);
+            float sa, sb;
+            a->vec_dot[types[t]](n, &sa, qx, qy);
+            b->vec_dot[types[t]](n, &sb, qx, qy);
+            if (memcmp(&sa, &sb, sizeof sa) != 0)
+                fail_msg("%s n=%d: avx2 %.9g, avx512vnni %.9g (must be bit-identical)", tx->name, n, sa, sb);
+        }
+        printf("  %-4s: avx2 and avx512vnni bit-identical on 64 pairs\n", tx->name);
+    }
+    free(x); free(qx); free(qy);
+}
+
 static void test_matmul(void **state)
 {
     (void)state;
@@ -571,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_tier_avx512vnni),
         cmocka_unit_test(test_tier_neon),
         cmocka_unit_test(test_tier_neon_dotprod),
+        cmocka_unit_test(test_x86_kquant_tiers_agree),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_model_rows),
         cmocka_unit_test(test_quantize_row_errors),

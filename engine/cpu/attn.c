@@ -87,6 +87,8 @@ static void scores(int order, int n, int d, const tg_half *k, size_t stride, con
 #if defined(__x86_64__)
     if (order == TG_FA_AVX512 && d % 16 == 0)
         tg_fa_scores_f16_avx512(n, d, k, stride, q, scale, s);
+    else if (order == TG_FA_AVX2 && d % 32 == 0)
+        tg_fa_scores_f16_avx2(n, d, k, stride, q, scale, s);
     else
 #endif
         for (int j = 0; j < n; j++)

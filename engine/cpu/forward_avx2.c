@@ -73,6 +73,37 @@ float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide)
     return (float)sumf;
 }
 
+/* Cache rows ahead of the one in use that tg_fa_scores_f16_avx2 prefetches
+ * (as forward_avx512.c's passes). */
+#define ROWS_AHEAD 8
+
+/* s[j] = tg_fa_dot_f16_avx2(d, k_j, q, 0) * scale for j < n (k rows
+ * `stride` values apart, d a multiple of 32): the same operations, q
+ * converted to floats once for all the rows. */
+void tg_fa_scores_f16_avx2(int n, int d, const tg_half *k, size_t stride, const tg_half *q, float scale, float *s)
+{
+    float qf[d];
+    for (int i = 0; i < d; i += 8)
+        _mm256_storeu_ps(qf + i, ld(q + i));
+    for (int j = 0; j < n; j++) {
+        const tg_half *kj = k + (size_t)j * stride;
+        if (j + ROWS_AHEAD < n)
+            for (int i = 0; i < d; i += 32)
+                _mm_prefetch((const char *)(kj + ROWS_AHEAD * stride + i), _MM_HINT_T0);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < d; i += 32) {
+            a0 = _mm256_fmadd_ps(ld(kj + i), _mm256_loadu_ps(qf + i), a0);
+            a1 = _mm256_fmadd_ps(ld(kj + i + 8), _mm256_loadu_ps(qf + i + 8), a1);
+            a2 = _mm256_fmadd_ps(ld(kj + i + 16), _mm256_loadu_ps(qf + i + 16), a2);
+            a3 = _mm256_fmadd_ps(ld(kj + i + 24), _mm256_loadu_ps(qf + i + 24), a3);
+        }
+        a0 = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+        const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+        const __m128 t1 = _mm_hadd_ps(t0, t0);
+        s[j] = (float)(double)_mm_cvtss_f32(_mm_hadd_ps(t1, t1)) * scale;
+    }
+}
+
 /* y (n, f16) = f16(fma(x, a, y)), x (n, f16). */
 void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a)
 {

@@ -15,6 +15,9 @@
 
 /* Returns x . y over n values, in ggml_vec_dot_f16's order. */
 float tg_fa_dot_f16_avx2(int n, const tg_half *x, const tg_half *y, int wide);
+/* s[j] = tg_fa_dot_f16_avx2(d, k_j, q, 0) * scale for j < n: k rows
+ * `stride` values apart, d a multiple of 32 (q converted once). */
+void tg_fa_scores_f16_avx2(int n, int d, const tg_half *k, size_t stride, const tg_half *q, float scale, float *s);
 /* y (n) = f16(fma(x, a, y)): ggml_vec_mad_f16 into an F16 accumulator. */
 void tg_fa_mad_f16_avx2(int n, tg_half *y, const tg_half *x, float a);
 /* y (n) = f16(y * a): ggml_vec_scale_f16. */

@@ -17,6 +17,7 @@
 #endif
 
 #include "kernels_isa.h"
+#include "kernels_x86.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -37,18 +38,6 @@ static inline float hsum_ps128(__m128 s)
     return _mm_cvtss_f32(s);
 }
 
-static inline int hsum_epi32_128(__m128i v)
-{
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(v);
-}
-
-static inline float half_to_f32(tg_half h)
-{
-    return _cvtsh_ss(h);
-}
-
 /* Unpacks the 12 scale bytes of a Q4_K/Q5_K block into sc[8] (bytes 0..7)
  * and m[8] (bytes 8..15) of one 16-byte value. */
 static inline __m128i unpack_scales_k4(const uint8_t *q)
@@ -63,15 +52,45 @@ static inline __m128i unpack_scales_k4(const uint8_t *q)
                           (int)(((u[2] >> 4) & k15) | (((u[1] >> 6) & k3) << 4)));  /* m 4..7 */
 }
 
+/* unpack_scales_k4 of R (1..4) Q4_K blocks bx bytes apart (x at their
+ * first byte), two at a time in the two 128-bit lanes: each lane reads its
+ * block's 12 scale bytes and the 4 quant bytes after them (ignored);
+ * dwords u0, u1, u2 give
+ *   sc 0..3 = u0 & 0x3f..,  sc 4..7 = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..),
+ *   m 0..3  = u1 & 0x3f..,  m 4..7  = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..). */
+TILE_INLINE void scales_k4_rows(__m128i scmin[4], const uint8_t *x, size_t bx, const int R)
+{
+    const __m256i mlo = _mm256_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f,
+                                          0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+    const __m256i mhi = _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030);
+    const __m256i shift = _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4);
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r += 2) {
+        const uint8_t *p = x + (size_t)r * bx + offsetof(block_q4_K, scales);
+        const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(r + 1 < R ? p + bx : p)),
+                                           _mm_loadu_si128((const __m128i *)p));
+        const __m256i a = _mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));   /* u0, u2, u1, u2 */
+        const __m256i b = _mm256_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));   /* u0, u0, u1, u1 */
+        const __m256i sm = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(a, shift), mlo),
+                                           _mm256_and_si256(_mm256_srli_epi32(b, 2), mhi));
+        scmin[r] = _mm256_castsi256_si128(sm);
+        if (r + 1 < R) scmin[r + 1] = _mm256_extracti128_si256(sm, 1);
+    }
+}
+
+/* The 8 sub-block sums of a Q8_K block (bsums in pairs) as int16. */
+static inline __m128i bsums_sub(const int16_t *bsums)
+{
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    return _mm_hadd_epi16(b0, b1);
+}
+
 /* m[j] * (bsums[2j] + bsums[2j+1]) for the 8 sub-blocks, as 4 int32
  * partial sums (the reference's integer sum, split in lanes). */
 static inline __m128i mins_dot(__m128i scmin, const int16_t *bsums)
 {
-    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
-    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
-    const __m128i pairs = _mm_hadd_epi16(b0, b1);                 /* 8 sub-block sums */
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8));
-    return _mm_madd_epi16(pairs, m16);
+    return _mm_madd_epi16(bsums_sub(bsums), _mm_cvtepu8_epi16(_mm_srli_si128(scmin, 8)));
 }
 
 /* vpshufb controls over 8 int16 scales held in both 128-bit halves:
@@ -100,60 +119,504 @@ static inline __m256i scale_pair(__m256i sc16x2, int k)
     return _mm256_shuffle_epi8(sc16x2, _mm256_loadu_si256((const __m256i *)k_pair[k]));
 }
 
-/* q4_K against NA activation rows (y, y + by, ...): the weight quants are
- * unpacked once per group and used NA times. Every output goes through the
- * same operations as with NA = 1, so s[j] is bit-identical to a single dot.
- * NA is a compile-time constant at each call site. Only NA = 1 is used:
- * a 4-row version measured slower here (register pressure), unlike q6_K. */
-static inline __attribute__((always_inline)) void dot_q4_K_n(int n, float *s, const void *vx,
-                                                             const char *vy, size_t by, const int NA)
+/* --- K-quant tiles (q4_K, q6_K) --------------------------------------------
+ * R (1..4) weight rows bx bytes apart against T (1..4) activation rows by
+ * bytes apart: each 32 weight quants are unpacked once (and their scales
+ * spread once) for the T activation rows, and each activation register is
+ * used for the R weight rows. Numerics are those of the AVX-512 tier
+ * (kernels_avx512.c, "K-quant numerics"): for a weight row x and an
+ * activation row y, block by block, the exact integer dot of the block
+ * (sub-block scales applied, Q6_K's -32 offset folded in) isum and for
+ * Q4_K the exact integer sum of its mins against the activation sums imin,
+ * then in float
+ *   acc  = fmaf(y.d * x.d,    (float)isum, acc)
+ *   accm = fmaf(y.d * x.dmin, (float)imin, accm)     (Q4_K only)
+ * and the dot is acc - accm; lane r of the float vectors does row r's
+ * operations. vec_dot is the 1 x 1 tile, so every tile's outputs are
+ * bit-identical to vec_dot's. Outputs: out[t * os + r]. */
+
+/* Keeps v in a register at this point: without it GCC regroups a tile's
+ * integer sums (reassociation), holds the products of a whole block at
+ * once and spills them to the stack. */
+#define IN_REG(v) __asm__("" : "+x"(v))
+
+/* Sums of the 8 int32 lanes of v[0..R-1] in lanes 0..R-1 (exact). */
+TILE_INLINE __m128i hsum_rows(const __m256i v[4], const int R)
 {
-    const block_q4_K *x = vx;
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i a = _mm256_hadd_epi32(v[0], R > 1 ? v[1] : z);
+    const __m256i b = R > 2 ? _mm256_hadd_epi32(v[2], R > 3 ? v[3] : z) : z;
+    const __m256i c = _mm256_hadd_epi32(a, b);
+    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+
+/* Sums of the 4 int32 lanes of v[0..R-1] in lanes 0..R-1 (exact). */
+TILE_INLINE __m128i hsum_rows128(const __m128i v[4], const int R)
+{
+    const __m128i z = _mm_setzero_si128();
+    return _mm_hadd_epi32(_mm_hadd_epi32(v[0], R > 1 ? v[1] : z),
+                          R > 2 ? _mm_hadd_epi32(v[2], R > 3 ? v[3] : z) : z);
+}
+
+/* Stores lane r of acc[t] at out[t * os + r] for r < R, t < T. */
+TILE_INLINE void store_tile(float *out, size_t os, const __m128 acc[4], const int R, const int T)
+{
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        float v[4];
+        _mm_storeu_ps(v, acc[t]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) out[(size_t)t * os + r] = v[r];
+    }
+}
+
+TILE_INLINE void tile_q4_K(int n, float *out, size_t os, const uint8_t *x, size_t bx, const char *vy, size_t by,
+                           const int R, const int T, const int prefetch)
+{
     const int nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[4];
-    __m128 accm[4];
-    for (int a = 0; a < NA; a++) {
-        acc[a] = _mm256_setzero_ps();
-        accm[a] = _mm_setzero_ps();
-    }
-    for (int i = 0; i < nb; i++) {
-        const float xd = half_to_f32(x[i].d), xdmin = half_to_f32(x[i].dmin);
-        const __m128i scmin = unpack_scales_k4(x[i].scales);
-        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin));
-        const uint8_t *q4 = x[i].qs;
-        __m256i sumi[4];
-        for (int a = 0; a < NA; a++) {
-            const block_q8_K *y = (const block_q8_K *)(vy + a * by) + i;
-            accm[a] = _mm_fmadd_ps(_mm_set1_ps(y->d * xdmin), _mm_cvtepi32_ps(mins_dot(scmin, y->bsums)), accm[a]);
-            sumi[a] = _mm256_setzero_si256();
-        }
+    __m128 acc[4], accm[4];
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(q4 + 32 * g));
-            const __m256i lo = _mm256_and_si256(bits, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            const __m256i s_lo = scale_bcast(sc16, 2 * g), s_hi = scale_bcast(sc16, 2 * g + 1);
-            for (int a = 0; a < NA; a++) {
-                const int8_t *q8 = ((const block_q8_K *)(vy + a * by) + i)->qs;
-                const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g));
-                const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * g + 32));
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s_lo);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s_hi);
-                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(p0, p1));
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *xi = x + (size_t)i * sizeof(block_q4_K);
+        if (prefetch) prefetch_next_rows(x, bx, R, i, nb);
+        const block_q8_K *y[4];
+        __m128i scmin[4];
+        __m256i sc16[4], sumi[4][4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(vy + (size_t)t * by) + i;
+        scales_k4_rows(scmin, xi, bx, R);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmin[r]));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+        }
+        /* sub-block c: the low (c even) or high nibbles of qs bytes 32 (c / 2).. */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * bx + offsetof(block_q4_K, qs) + 32 * (c / 2)));
+                const __m256i w = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(bits, 4) : bits, m4);
+                const __m256i s = scale_bcast(sc16[r], c);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 32 * c));
+                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
+                    IN_REG(sumi[r][t]);
+                }
             }
         }
-        for (int a = 0; a < NA; a++) {
-            const float d = ((const block_q8_K *)(vy + a * by) + i)->d * xd;
-            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[a]), acc[a]);
+        const __m128i dd = dwords(xi, bx, offsetof(block_q4_K, d), R);   /* d, dmin */
+        const __m128 xd = half_f32(dd, 0), xdmin = half_f32(dd, 1);
+        __m128i m16[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) m16[r] = _mm_cvtepu8_epi16(_mm_srli_si128(scmin[r], 8));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m256i rs[4];
+            __m128i mins[4];
+            const __m128i bsub = bsums_sub(y[t]->bsums);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                rs[r] = sumi[r][t];
+                mins[r] = _mm_madd_epi16(m16[r], bsub);
+            }
+            const __m128 yd = _mm_set1_ps(y[t]->d);
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(yd, xd), _mm_cvtepi32_ps(hsum_rows(rs, R)), acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_mul_ps(yd, xdmin), _mm_cvtepi32_ps(hsum_rows128(mins, R)), accm[t]);
         }
     }
-    for (int a = 0; a < NA; a++) s[a] = hsum_ps(acc[a]) - hsum_ps128(accm[a]);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm_sub_ps(acc[t], accm[t]);
+    store_tile(out, os, acc, R, T);
 }
 
 static void vec_dot_q4_K(int n, float *s, const void *vx, const void *vy)
 {
-    dot_q4_K_n(n, s, vx, vy, 0, 1);
+    tile_q4_K(n, s, 1, vx, 0, vy, 0, 1, 1, 0);
+}
+
+/* q6_K tile, as tile_q4_K: quants used unsigned (0..63), the offset folded
+ * in as -32 * sum(scale * bsum). Chunk c (32 values, sub-blocks 2c and
+ * 2c + 1) of half h = c / 4, u = c % 4: the low (u < 2) or high nibbles of
+ * ql bytes 64h + 32 (u % 2).., with qh bits 2u, 2u + 1 of bytes 32h... */
+TILE_INLINE void tile_q6_K(int n, float *out, size_t os, const uint8_t *x, size_t bx, const char *vy, size_t by,
+                           const int R, const int T, const int prefetch)
+{
+    const int nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    __m128 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
+    for (int i = 0; i < nb; i++) {
+        const uint8_t *xi = x + (size_t)i * sizeof(block_q6_K);
+        if (prefetch) prefetch_next_rows(x, bx, R, i, nb);
+        const block_q8_K *y[4];
+        __m256i sumi[4][4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(vy + (size_t)t * by) + i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+            const __m256i sc16all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xr->scales));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)y[t]->bsums);
+                sumi[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16all, bs), 5));
+            }
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i sc16[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+                /* the 8 int16 scales of this half in both 128-bit lanes */
+                sc16[r] = _mm256_broadcastsi128_si256(
+                    _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(xr->scales + 8 * h))));
+            }
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+                    const __m256i Q = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h + 32 * (u % 2)));
+                    const __m256i H = _mm256_loadu_si256((const __m256i *)(xr->qh + 32 * h));
+                    const __m256i lo = _mm256_and_si256(u < 2 ? Q : _mm256_srli_epi16(Q, 4), m4);
+                    const __m256i hb = u == 0 ? _mm256_slli_epi16(H, 4)
+                                     : u == 1 ? _mm256_slli_epi16(H, 2)
+                                     : u == 2 ? H : _mm256_srli_epi16(H, 2);
+                    const __m256i w = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                    const __m256i s = scale_pair(sc16[r], u);
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; t++) {
+                        const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 128 * h + 32 * u));
+                        sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
+                    IN_REG(sumi[r][t]);
+                    }
+                }
+            }
+        }
+        /* d is the block's last two bytes: read with the scale bytes before it */
+        const __m128 xd = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, R), 1);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m256i rs[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) rs[r] = sumi[r][t];
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(y[t]->d), xd), _mm_cvtepi32_ps(hsum_rows(rs, R)), acc[t]);
+        }
+    }
+    store_tile(out, os, acc, R, T);
+}
+
+static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy)
+{
+    tile_q6_K(n, s, 1, vx, 0, vy, 0, 1, 1, 0);
+}
+
+static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_t by)
+{
+    tile_q6_K(n, s, 1, vx, 0, vy, by, 1, 4, 0);
+}
+
+/* --- Q6_K prefill (gemm16 with several activation rows) -------------------
+ * Block by block, the 16 weight rows are unpacked once into unsigned bytes
+ * and spread scales (chunk c: values 32c..32c+31 and the int16 scale of
+ * each of them) for every activation row of the pass, which then goes over
+ * them two at a time: 4 rows x 2 activation rows of int32 sums fill the
+ * registers with the unpacked quants and scales as memory operands. The
+ * integer and float operations per (row, activation row) are those of the
+ * tiles above, so outputs are bit-identical to vec_dot's. */
+
+/* One Q6_K block of 4 weight rows, unpacked. */
+typedef struct {
+    __m256i w[4][8];   /* [row][chunk] quants, unsigned */
+    __m256i s[4][8];   /* [row][chunk] the int16 scale of each pair of values */
+    __m256 d;          /* lanes r and 4 + r: row r's d */
+    __m256i sc16[4];   /* the 16 scales of row r as int16 */
+} unpacked4;
+
+TILE_INLINE void unpack4_q6_K(unpacked4 *u, const uint8_t *xi, size_t bx)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m128 d = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, 4), 1);
+    u->d = _mm256_set_m128(d, d);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+        u->sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xr->scales));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc16 = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(xr->scales + 8 * h))));
+            const __m256i Q0 = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h));
+            const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(xr->qh + 32 * h));
+            __m256i *w = u->w[r] + 4 * h;
+            w[0] = _mm256_or_si256(_mm256_and_si256(Q0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+            w[1] = _mm256_or_si256(_mm256_and_si256(Q1, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+            w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q0, 4), m4), _mm256_and_si256(H, m30));
+            w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) u->s[r][4 * h + k] = scale_pair(sc16, k);
+        }
+    }
+}
+
+/* sumi[r][t] += the scaled quant products of the 4 rows of u against
+ * activation rows y[t], t < 2. */
+TILE_INLINE void isum4(__m256i sumi[4][2], const unpacked4 *u, const block_q8_K *const y[2])
+{
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m256i w = _mm256_load_si256(&u->w[r][c]);
+#pragma GCC unroll 2
+            for (int t = 0; t < 2; t++) {
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 32 * c));
+                sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), u->s[r][c]));
+                IN_REG(sumi[r][t]);
+            }
+        }
+    }
+}
+
+/* Activation rows per pass over the weight blocks: the float accumulators
+ * of a pass live on the stack. */
+#define TILE_NB 64
+
+/* The sums of the 8 int32 lanes of s[r][t] (4 rows, 2 activation rows)
+ * in lane 4t + r (exact). */
+TILE_INLINE __m256i hsum_pair(const __m256i s[4][2])
+{
+    const __m256i e = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0][0], s[1][0]), _mm256_hadd_epi32(s[2][0], s[3][0]));
+    const __m256i f = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0][1], s[1][1]), _mm256_hadd_epi32(s[2][1], s[3][1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* One block of the 16 rows (u[4]) against activation rows y[0], y[1]: the
+ * float updates of acc[g] (lane 4t + r: row 4g + r against y[t]). */
+TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], __m256 acc[4])
+{
+    const __m256 yd = _mm256_setr_m128(_mm_set1_ps(y[0]->d), _mm_set1_ps(y[1]->d));
+    const __m256i bs0 = _mm256_loadu_si256((const __m256i *)y[0]->bsums);
+    const __m256i bs1 = _mm256_loadu_si256((const __m256i *)y[1]->bsums);
+#pragma GCC unroll 1
+    for (int g = 0; g < 4; g++) {
+        __m256i sumi[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            sumi[r][0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs0), 5));
+            sumi[r][1] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs1), 5));
+        }
+        isum4(sumi, &u[g], y);
+        acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(yd, u[g].d), _mm256_cvtepi32_ps(hsum_pair(sumi)), acc[g]);
+    }
+}
+
+/* gemm16's one activation row (decode): the 16 rows through 4 x 1 tiles
+ * that prefetch the rows after them. */
+#define DECODE16(TILE)                                                                                   \
+    do {                                                                                                 \
+        if (nb == 1) {                                                                                   \
+            for (int r = 0; r < 16; r += 4) TILE(n, out + r, os, x + (size_t)r * bx, bx, vy, by, 4, 1, 1); \
+            return;                                                                                      \
+        }                                                                                                \
+    } while (0)
+
+/* gemm16 for Q6_K: one activation row (decode) through the 4 x 1 tiles,
+ * more through the prefill passes, two activation rows at a time (an odd
+ * last one paired with itself). Both prefetch the rows that follow the 16
+ * (the first reads of each block stalled on memory without). */
+static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by,
+                        int nb)
+{
+    const uint8_t *x = vx;
+    DECODE16(tile_q6_K);
+    const int nblk = n / QK_K;
+    unpacked4 u[4];
+    __m256 acc[TILE_NB / 2][4];
+    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
+        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
+        const char *yb = (const char *)vy + (size_t)b0 * by;
+        for (int p = 0; p < (m + 1) / 2; p++)
+            for (int g = 0; g < 4; g++) acc[p][g] = _mm256_setzero_ps();
+        for (int i = 0; i < nblk; i++) {
+            const uint8_t *xi = x + (size_t)i * sizeof(block_q6_K);
+            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
+            for (int g = 0; g < 4; g++) unpack4_q6_K(&u[g], xi + (size_t)4 * g * bx, bx);
+            for (int b = 0; b < m; b += 2) {
+                const int b1 = b + 1 < m ? b + 1 : b;
+                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,
+                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};
+                pass_q6_K(u, y, acc[b / 2]);
+            }
+        }
+        for (int b = 0; b < m; b++)
+            for (int g = 0; g < 4; g++) {
+                float v[8];
+                _mm256_storeu_ps(v, acc[b / 2][g]);
+                memcpy(out + (size_t)(b0 + b) * os + 4 * g, v + 4 * (b % 2), 4 * sizeof(float));
+            }
+    }
+}
+
+/* --- Q4_K prefill with one weight row per lane -----------------------------
+ * 8 weight rows per register, int32 lane r for row r: a block's quants are
+ * transposed once per pass (W[j][k] lane r: values 4k..4k+3 of sub-block j
+ * of row r), and each activation dword (broadcast) advances the 8 rows by
+ * four products through one vpmaddubsw. The 8 int16 pair sums of a
+ * sub-block (each at most 2 * 15 * 127) add up in int16 (at most 30480),
+ * one vpmaddwd applies the rows' scales: the same exact integer sums as
+ * the tiles above, and the same float updates per row, so the outputs are
+ * bit-identical to vec_dot's with fewer multiplies (9 against 16 per 256
+ * products). */
+
+/* One Q4_K block of 8 rows, one row per lane. */
+typedef struct {
+    __m256i w[8][8];   /* [sub-block][dword] quants, unsigned */
+    __m256i s[8];      /* [sub-block] scale as an int16 pair (sc, sc) */
+    __m256i mp[4];     /* mins as int16 pairs (m[2k], m[2k+1]) */
+    __m256 d, dmin;
+} lanes8_q4_K;
+
+/* Transposes 8 rows of 8 int32: on return r[k] lane i is what r[i] lane k
+ * was. Rows 4h..4h+3 are first transposed within 128-bit lanes (u[4h + k]:
+ * column k, and 4 + k in the upper lane), then the lanes are exchanged. */
+TILE_INLINE void transpose8(__m256i r[8])
+{
+    __m256i u[8];
+#pragma GCC unroll 2
+    for (int h = 0; h < 8; h += 4) {
+        const __m256i a = _mm256_unpacklo_epi32(r[h], r[h + 1]), b = _mm256_unpackhi_epi32(r[h], r[h + 1]);
+        const __m256i c = _mm256_unpacklo_epi32(r[h + 2], r[h + 3]), d = _mm256_unpackhi_epi32(r[h + 2], r[h + 3]);
+        u[h] = _mm256_unpacklo_epi64(a, c);
+        u[h + 1] = _mm256_unpackhi_epi64(a, c);
+        u[h + 2] = _mm256_unpacklo_epi64(b, d);
+        u[h + 3] = _mm256_unpackhi_epi64(b, d);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        r[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m128i dd0 = dwords(xi, bx, offsetof(block_q4_K, d), 4);
+    const __m128i dd1 = dwords(xi + 4 * bx, bx, offsetof(block_q4_K, d), 4);
+    L->d = _mm256_set_m128(half_f32(dd1, 0), half_f32(dd0, 0));
+    L->dmin = _mm256_set_m128(half_f32(dd1, 1), half_f32(dd0, 1));
+    __m128i scmin[8];
+    scales_k4_rows(scmin, xi, bx, 4);
+    scales_k4_rows(scmin + 4, xi + 4 * bx, bx, 4);
+    uint8_t b[8][16];
+    for (int r = 0; r < 8; r++) _mm_storeu_si128((__m128i *)b[r], scmin[r]);
+    int32_t v[8];
+    for (int j = 0; j < 8; j++) {
+        for (int r = 0; r < 8; r++) v[r] = b[r][j] * 0x10001;
+        L->s[j] = _mm256_loadu_si256((const __m256i *)v);
+    }
+    for (int k = 0; k < 4; k++) {
+        for (int r = 0; r < 8; r++) v[r] = b[r][8 + 2 * k] | b[r][9 + 2 * k] << 16;
+        L->mp[k] = _mm256_loadu_si256((const __m256i *)v);
+    }
+#pragma GCC unroll 1
+    for (int g = 0; g < 4; g++) {
+        __m256i q[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+            q[r] = _mm256_loadu_si256((const __m256i *)(xi + (size_t)r * bx + offsetof(block_q4_K, qs) + 32 * g));
+        transpose8(q);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            L->w[2 * g][k] = _mm256_and_si256(q[k], m4);
+            L->w[2 * g + 1][k] = _mm256_and_si256(_mm256_srli_epi16(q[k], 4), m4);
+        }
+    }
+}
+
+/* The 8 rows of L against activation rows y[0], y[1]: acc[t], accm[t]
+ * (lane r: row r) updated as vec_dot does. */
+TILE_INLINE void lanes8_q4_K_pass(const lanes8_q4_K *L, const block_q8_K *const y[2], __m256 acc[2], __m256 accm[2])
+{
+    const int32_t *a0 = (const int32_t *)y[0]->qs, *a1 = (const int32_t *)y[1]->qs;
+    __m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; j++) {
+        __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i w = _mm256_load_si256(&L->w[j][k]);
+            h0 = _mm256_add_epi16(h0, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a0[8 * j + k])));
+            h1 = _mm256_add_epi16(h1, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a1[8 * j + k])));
+            IN_REG(h0);
+            IN_REG(h1);
+        }
+        is0 = _mm256_add_epi32(is0, _mm256_madd_epi16(h0, L->s[j]));
+        is1 = _mm256_add_epi32(is1, _mm256_madd_epi16(h1, L->s[j]));
+    }
+    const __m256i isum[2] = {is0, is1};
+#pragma GCC unroll 2
+    for (int t = 0; t < 2; t++) {
+        int32_t bp[4];
+        _mm_storeu_si128((__m128i *)bp, bsums_sub(y[t]->bsums));   /* sub-block sums, in pairs */
+        __m256i imin = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[k], _mm256_set1_epi32(bp[k])));
+        const __m256 yd = _mm256_set1_ps(y[t]->d);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->dmin), _mm256_cvtepi32_ps(imin), accm[t]);
+    }
+}
+
+/* gemm16 for Q4_K: one activation row (decode) through the 4 x 1 tiles (the
+ * next rows prefetched), more through the one-row-per-lane passes, two
+ * activation rows at a time (an odd last one paired with itself). */
+static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb)
+{
+    const uint8_t *x = vx;
+    DECODE16(tile_q4_K);
+    const int nblk = n / QK_K;
+    lanes8_q4_K L[2];
+    __m256 acc[TILE_NB][2], accm[TILE_NB][2];   /* [activation row][8-row group] */
+    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
+        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
+        const char *yb = (const char *)vy + (size_t)b0 * by;
+        for (int b = 0; b < m + (m & 1); b++) acc[b][0] = acc[b][1] = accm[b][0] = accm[b][1] = _mm256_setzero_ps();
+        for (int i = 0; i < nblk; i++) {
+            const uint8_t *xi = x + (size_t)i * sizeof(block_q4_K);
+            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
+            lanes8_q4_K_load(&L[0], xi, bx);
+            lanes8_q4_K_load(&L[1], xi + 8 * bx, bx);
+            for (int b = 0; b < m; b += 2) {
+                const int b1 = b + 1 < m ? b + 1 : b;
+                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,
+                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};
+                for (int g = 0; g < 2; g++) {
+                    __m256 a[2] = {acc[b][g], acc[b + 1][g]}, am[2] = {accm[b][g], accm[b + 1][g]};
+                    lanes8_q4_K_pass(&L[g], y, a, am);
+                    acc[b][g] = a[0];
+                    acc[b + 1][g] = a[1];
+                    accm[b][g] = am[0];
+                    accm[b + 1][g] = am[1];
+                }
+            }
+        }
+        for (int b = 0; b < m; b++)
+            for (int g = 0; g < 2; g++)
+                _mm256_storeu_ps(out + (size_t)(b0 + b) * os + 8 * g, _mm256_sub_ps(acc[b][g], accm[b][g]));
+    }
 }
 
 /* q5_K x q8_K: q4_K plus the fifth bit from qh (bit 2g: low half of group
@@ -195,72 +658,6 @@ static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy)
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = hsum_ps(acc) - hsum_ps128(accm);
-}
-
-/* q6_K against NA activation rows, as dot_q4_K_n: quants used unsigned
- * (0..63); the offset comes back as 32 * sum(scale[j] * bsums[j]). */
-static inline __attribute__((always_inline)) void dot_q6_K_n(int n, float *s, const void *vx,
-                                                             const char *vy, size_t by, const int NA)
-{
-    const block_q6_K *x = vx;
-    const int nb = n / QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[4];
-    for (int a = 0; a < NA; a++) acc[a] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++) {
-        const float xd = half_to_f32(x[i].d);
-        const __m256i sc16all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        __m256i sumi[4];
-        for (int a = 0; a < NA; a++) {
-            const block_q8_K *y = (const block_q8_K *)(vy + a * by) + i;
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
-            sumi[a] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16all, bs), 5));
-        }
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
-            /* 8 int16 scales of this half in both 128-bit lanes */
-            const __m256i sc16 = _mm256_broadcastsi128_si256(
-                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x[i].scales + 8 * h))));
-            const __m256i Q0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i H = _mm256_loadu_si256((const __m256i *)qh);
-            const __m256i v0 = _mm256_or_si256(_mm256_and_si256(Q0, m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-            const __m256i v1 = _mm256_or_si256(_mm256_and_si256(Q1, m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-            const __m256i v2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q0, 4), m4),
-                                               _mm256_and_si256(H, m30));
-            const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q1, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-            const __m256i s0 = scale_pair(sc16, 0), s1 = scale_pair(sc16, 1);
-            const __m256i s2 = scale_pair(sc16, 2), s3 = scale_pair(sc16, 3);
-            for (int a = 0; a < NA; a++) {
-                const int8_t *q8 = ((const block_q8_K *)(vy + a * by) + i)->qs + 128 * h;
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(v0, _mm256_loadu_si256((const __m256i *)q8)), s0);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(q8 + 32))), s1);
-                const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(v2, _mm256_loadu_si256((const __m256i *)(q8 + 64))), s2);
-                const __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(v3, _mm256_loadu_si256((const __m256i *)(q8 + 96))), s3);
-                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
-            }
-        }
-        for (int a = 0; a < NA; a++) {
-            const float d = ((const block_q8_K *)(vy + a * by) + i)->d * xd;
-            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[a]), acc[a]);
-        }
-    }
-    for (int a = 0; a < NA; a++) s[a] = hsum_ps(acc[a]);
-}
-
-static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy)
-{
-    dot_q6_K_n(n, s, vx, vy, 0, 1);
-}
-
-static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_t by)
-{
-    dot_q6_K_n(n, s, vx, vy, by, 4);
 }
 
 /* Products of one Q8_0 block pair as 8 int32 partial sums. */
@@ -470,6 +867,8 @@ void tg_cpu_fill_avx2(tg_cpu_kernels *k)
     k->vec_dot4[TG_TYPE_Q6_K] = vec_dot4_q6_K;
     k->vec_dot[TG_TYPE_Q5_K] = vec_dot_q5_K;
     k->vec_dot[TG_TYPE_Q6_K] = vec_dot_q6_K;
+    k->gemm16[TG_TYPE_Q4_K] = gemm16_q4_K;
+    k->gemm16[TG_TYPE_Q6_K] = gemm16_q6_K;
     k->vec_dot[TG_TYPE_Q8_0] = vec_dot_q8_0;
     k->vec_dot[TG_TYPE_F32] = vec_dot_f32;
     k->vec_dot[TG_TYPE_F16] = vec_dot_f16;
