@@ -70,6 +70,7 @@ struct tg_gpu {
     float *k, *v;                /* (n_batch, n_head_kv*head_dim) */
     float *tmp;                  /* (n_batch, n_embd) projection outputs */
     float *fg, *fu;              /* (n_batch, n_ff) gate, up */
+    void *x16;                   /* (n_batch, widest matmul input) f16: gk_matmul_group's activations */
     float *logits;               /* (n_vocab) */
     int32_t *dparams;            /* device copy of step_params */
     step_params *hparams;        /* pinned host */
@@ -193,6 +194,16 @@ static int widest(const tg_hparams *hp)
     return w;
 }
 
+/* The widest matmul input of a prompt batch row (n_embd, n_head*head_dim
+ * or n_ff). */
+static int mm_widest(const tg_hparams *hp)
+{
+    int w = hp->n_embd;
+    if (hp->n_head * hp->head_dim > w) w = hp->n_head * hp->head_dim;
+    if (hp->n_ff > w) w = hp->n_ff;
+    return w;
+}
+
 /* Whether the fused single-token path serves this model: every mat-vec
  * weight of a type it serves, with whole blocks along its input, gate and up
  * of one type, and the widths multiples of 32. TG_GPU_FUSED=0 turns it off. */
@@ -312,6 +323,7 @@ static int gpu_init(tg_session *ss, tg_err *e)
             dalloc(&g->att, (size_t)nb * qdim * 4, e) || dalloc(&g->k, (size_t)nb * kvdim * 4, e) ||
             dalloc(&g->v, (size_t)nb * kvdim * 4, e) || dalloc(&g->fg, (size_t)nb * hp->n_ff * 4, e) ||
             dalloc(&g->fu, (size_t)nb * hp->n_ff * 4, e) || dalloc(&g->logits, (size_t)hp->n_vocab * 4, e) ||
+            dalloc(&g->x16, (size_t)nb * mm_widest(hp) * 2, e) ||
             dalloc(&g->dparams, sizeof(int32_t) * (nb + 1), e) ||
             dalloc(&g->topk_scratch, topk_bytes, e) ||
             dalloc(&g->att_scratch, gk_attention_scratch(hp->n_head, hp->head_dim), e) ||
@@ -385,7 +397,7 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph_exec) cudaGraphExecDestroy(g->graph_exec);
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
-                   g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest,
+                   g->x16, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest,
                    g->q8_mem, g->dscores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
@@ -642,8 +654,26 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
 static int matmul(tg_gpu *g, int plain, const dweight *w, int rows, int K, const float *x, int n, float *y,
                   tg_ops *ops, tg_err *e)
 {
-    if ((plain ? gk_matmul_plain : gk_matmul)(g->stream, w->type, w->d, rows, K, x, n, y, e)) return -1;
+    if (plain) {
+        if (gk_matmul_plain(g->stream, w->type, w->d, rows, K, x, n, y, e)) return -1;
+    } else {
+        const gk_mm_seg sg = {w->type, w->d, rows, y};
+        if (gk_matmul_group(g->stream, &sg, 1, K, x, n, g->x16, 0, e)) return -1;
+    }
     COUNT(ops, TG_OP_MATMUL, w->type);
+    return 0;
+}
+
+/* The matmuls of weights sharing the input x (q, k, v; gate, up; down
+ * alone) as one gk_matmul_group, x rounded to f16 into g->x16 by the kernel
+ * that wrote x (gk_rmsnorm16, gk_swiglu16). Never for hooked evals: each
+ * stage is hooked after its own matmul there, and a hook may change x.
+ * 0 or -1 with e. */
+static int matmul_shared(tg_gpu *g, const gk_mm_seg *segs, int nseg, int K, const float *x, int n, tg_ops *ops,
+                         tg_err *e)
+{
+    if (gk_matmul_group(g->stream, segs, nseg, K, x, n, g->x16, 1, e)) return -1;
+    for (int i = 0; i < nseg; i++) COUNT(ops, TG_OP_MATMUL, segs[i].type);
     return 0;
 }
 
@@ -668,18 +698,25 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
     /* token embedding */
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, n, g->x, e)) return -1;
     COUNT(ops, TG_OP_EMBED, g->token_embd.type);
+    int normed = 0;   /* g->h (and g->x16) already hold this layer's attention rmsnorm */
     for (int l = 0; l < hp->n_layer; l++) {
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
         void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
-        /* attention rmsnorm */
-        if (gk_rmsnorm(s, g->x, (const float *)L->attn_norm.d, g->h, n, E, hp->eps, e)) return -1;
+        /* attention rmsnorm (done with the previous layer's residual when normed) */
+        if (!normed &&
+            gk_rmsnorm16(s, g->x, (const float *)L->attn_norm.d, g->h, hk ? NULL : g->x16, n, E, hp->eps, e))
+            return -1;
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         if (HOOK(l, TG_RS_ATTN_NORM, g->h, E) || dump_stage(g, l, TG_STAGE_ATTN_NORM, g->h, n, E, e)) return -1;
         /* q, k, v projections */
-        if (MATMUL(L->wq, QD, E, g->h, g->q) || HOOK(l, TG_RS_Q_PROJ, g->q, QD) ||
-            MATMUL(L->wk, KVD, E, g->h, g->k) || HOOK(l, TG_RS_K_PROJ, g->k, KVD) ||
-            MATMUL(L->wv, KVD, E, g->h, g->v) || HOOK(l, TG_RS_V_PROJ, g->v, KVD))
+        if (!hk) {
+            const gk_mm_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q}, {L->wk.type, L->wk.d, KVD, g->k},
+                                      {L->wv.type, L->wv.d, KVD, g->v}};
+            if (matmul_shared(g, qkv, 3, E, g->h, n, ops, e)) return -1;
+        } else if (MATMUL(L->wq, QD, E, g->h, g->q) || HOOK(l, TG_RS_Q_PROJ, g->q, QD) ||
+                   MATMUL(L->wk, KVD, E, g->h, g->k) || HOOK(l, TG_RS_K_PROJ, g->k, KVD) ||
+                   MATMUL(L->wv, KVD, E, g->h, g->v) || HOOK(l, TG_RS_V_PROJ, g->v, KVD))
             return -1;
         /* per-head q/k rmsnorm */
         if (hp->qk_norm) {
@@ -713,24 +750,39 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
         /* output projection and residual */
         if (MATMUL(L->wo, E, QD, g->att, g->tmp) || HOOK(l, TG_RS_ATTN_OUT, g->tmp, E)) return -1;
         if (dump_stage(g, l, TG_STAGE_ATTN_OUT, g->tmp, n, E, e)) return -1;
-        if (gk_add(s, g->x, g->tmp, n * E, e)) return -1;
+        /* residual and ffn rmsnorm (one pass unless hooked: the hook sees the sum first) */
+        if (!hk) {
+            if (gk_add_rmsnorm16(s, g->x, g->tmp, (const float *)L->ffn_norm.d, g->h, g->x16, n, E, hp->eps, e))
+                return -1;
+        } else if (gk_add(s, g->x, g->tmp, n * E, e) || HOOK(l, TG_RS_ATTN_RES, g->x, E) ||
+                   gk_rmsnorm(s, g->x, (const float *)L->ffn_norm.d, g->h, n, E, hp->eps, e))
+            return -1;
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
-        if (HOOK(l, TG_RS_ATTN_RES, g->x, E)) return -1;
-        /* ffn rmsnorm */
-        if (gk_rmsnorm(s, g->x, (const float *)L->ffn_norm.d, g->h, n, E, hp->eps, e)) return -1;
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         if (HOOK(l, TG_RS_FFN_NORM, g->h, E) || dump_stage(g, l, TG_STAGE_FFN_NORM, g->h, n, E, e)) return -1;
         /* swiglu */
-        if (MATMUL(L->gate, FF, E, g->h, g->fg) || HOOK(l, TG_RS_GATE, g->fg, FF) ||
-            MATMUL(L->up, FF, E, g->h, g->fu) || HOOK(l, TG_RS_UP, g->fu, FF))
+        if (!hk) {
+            const gk_mm_seg gu[2] = {{L->gate.type, L->gate.d, FF, g->fg}, {L->up.type, L->up.d, FF, g->fu}};
+            if (matmul_shared(g, gu, 2, E, g->h, n, ops, e)) return -1;
+        } else if (MATMUL(L->gate, FF, E, g->h, g->fg) || HOOK(l, TG_RS_GATE, g->fg, FF) ||
+                   MATMUL(L->up, FF, E, g->h, g->fu) || HOOK(l, TG_RS_UP, g->fu, FF))
             return -1;
-        if (gk_swiglu(s, g->fg, g->fu, g->fg, n * FF, e)) return -1;
+        if (gk_swiglu16(s, g->fg, g->fu, g->fg, hk ? NULL : g->x16, n * FF, e)) return -1;
         COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
         if (HOOK(l, TG_RS_SWIGLU, g->fg, FF)) return -1;
-        if (MATMUL(L->down, E, FF, g->fg, g->tmp) || HOOK(l, TG_RS_FFN_OUT, g->tmp, E)) return -1;
+        if (!hk) {
+            const gk_mm_seg dn = {L->down.type, L->down.d, E, g->tmp};
+            if (matmul_shared(g, &dn, 1, FF, g->fg, n, ops, e)) return -1;
+        } else if (MATMUL(L->down, E, FF, g->fg, g->tmp) || HOOK(l, TG_RS_FFN_OUT, g->tmp, E))
+            return -1;
         if (dump_stage(g, l, TG_STAGE_FFN_OUT, g->tmp, n, E, e)) return -1;
-        /* residual */
-        if (gk_add(s, g->x, g->tmp, n * E, e)) return -1;
+        /* residual, and the next layer's attention rmsnorm in the same pass
+         * unless hooked */
+        normed = !hk && l + 1 < hp->n_layer;
+        if (normed ? gk_add_rmsnorm16(s, g->x, g->tmp, (const float *)g->layers[l + 1].attn_norm.d, g->h, g->x16, n,
+                                      E, hp->eps, e)
+                   : gk_add(s, g->x, g->tmp, n * E, e))
+            return -1;
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         if (HOOK(l, TG_RS_RESIDUAL, g->x, E) || dump_stage(g, l, TG_STAGE_RESIDUAL, g->x, n, E, e)) return -1;
     }

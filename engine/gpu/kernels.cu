@@ -28,6 +28,47 @@ static int env_switch(int *cache, const char *name, int def)
     return *cache;
 }
 
+/* ---- asynchronous copies to shared memory (cp.async; plain copies on HIP
+ * and before sm_80) ---------------------------------------------------- */
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+#if defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+    *(uint4 *)smem = *(const uint4 *)gmem;
+#else
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+#if !(defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800))
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits until at most N of this thread's copy groups are pending. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+#if !(defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800))
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* cp_async16 that fills the 16 bytes with zeros instead when ok is false
+ * (gmem is not read then). */
+__device__ __forceinline__ void cp_async16_zf(void *smem, const void *gmem, bool ok)
+{
+#if defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+    *(uint4 *)smem = ok ? *(const uint4 *)gmem : make_uint4(0, 0, 0, 0);
+#else
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
+#endif
+}
+
 /* ---- block decoding traits --------------------------------------------- */
 
 /* One thread's share ("part") of a block: NRUN runs of RUNLEN consecutive
@@ -560,6 +601,18 @@ static void launch_mv_q8(cudaStream_t s, uint32_t type, const void *W, int nrows
  * tests/gpu). Rows past nrows read the last row again and are not stored;
  * tokens past ncols are zeros. HIP builds have no WMMA here and keep the
  * CUDA-core kernel above. */
+/* Up to three weights of one type multiplied by one input in one launch
+ * (gk_matmul_group). */
+struct tc_seg {
+    const uint8_t *W;
+    float *y;
+    int nrows, rb0;   /* rows; the first row block of the launch that is this weight's */
+};
+struct tc_segs {
+    tc_seg s[3];
+    int n;
+};
+
 #define TC_BK 128                     /* values of K per slice */
 #define TC_LD (TC_BK + 8)             /* f16 row stride in shared memory (skews the banks) */
 #define TC_MIN_COLS 16                /* fewer tokens: the CUDA-core kernel */
@@ -658,6 +711,152 @@ k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__rest
     }
 }
 
+/* The pipelined tile (gk_matmul_group): the same arithmetic as k_matmul_tc
+ * (each weight and activation rounded to f16 once, the same 16x16x16
+ * fragments in the same order, so the same bits), with the activations
+ * converted to f16 beforehand (k_to_f16) and copied into shared memory
+ * asynchronously: the next slice's copy is issued before this slice's
+ * weights are decoded and multiplied, into the other of two buffers. The
+ * launch serves up to three weights of one type and one input (q, k and v;
+ * gate and up): thread block (x, y) takes token block x and row block y of
+ * the concatenated rows (blocks of one weight tile are launched together).
+ * At most 104 KiB of shared memory a block, so two blocks share an SM and
+ * one decodes while the other multiplies. */
+#define TC2_SMEM(BM, BN) ((size_t)((BM) + 2 * (BN)) * TC_LD * 2)
+
+template <typename T, int BM, int BN>
+__global__ void __launch_bounds__(256, 2)
+k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int K, int ncols)
+{
+    using namespace nvcuda;
+    constexpr int FM = BM / 64, FN = BN / 32;
+    constexpr int HALVES = T::QK > TC_BK ? T::QK / TC_BK : 1;
+    constexpr int BPS = T::QK > TC_BK ? 1 : TC_BK / T::QK;
+    constexpr int PPS = T::PARTS / HALVES;
+    constexpr int TASKS = BM * BPS * PPS;
+    constexpr int LDC = BM + 4;
+    static_assert(BM % 64 == 0 && BN % 32 == 0, "tile");
+    static_assert((size_t)BN * LDC * 4 <= TC2_SMEM(BM, BN), "the output staging fits the operand tiles");
+    extern __shared__ __align__(128) uint8_t tc_sm[];
+    __half *ws = (__half *)tc_sm;   /* (BM, TC_LD) weights of the slice */
+    __half *xb = ws + BM * TC_LD;   /* two (BN, TC_LD) activation slices */
+    const int rb = blockIdx.y;   /* token blocks vary fastest: the blocks sharing a weight tile run together */
+    const int si = rb < segs.s[1].rb0 ? 0 : rb < segs.s[2].rb0 ? 1 : 2;   /* unused: rb0 past the grid */
+    const tc_seg sg = si == 0 ? segs.s[0] : si == 1 ? segs.s[1] : segs.s[2];   /* no local-memory indexing */
+    const int nrows = sg.nrows;
+    const uint8_t *W = sg.W;
+    const int row0 = (rb - sg.rb0) * BM, col0 = blockIdx.x * BN;
+    const int tid = threadIdx.x, wid = tid / 32;
+    const int wr = (wid % 4) * FM, wc = (wid / 4) * FN;
+    auto load_x = [&](int k0, __half *dst) {
+        for (int t = tid; t < BN * TC_BK / 8; t += 256) {
+            const int c = t / (TC_BK / 8), i8 = t % (TC_BK / 8);
+            const bool ok = col0 + c < ncols;
+            cp_async16_zf(dst + c * TC_LD + 8 * i8, xh + (size_t)(ok ? col0 + c : 0) * K + k0 + 8 * i8, ok);
+        }
+        cp_async_commit();
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    load_x(0, xb);
+    for (int k0 = 0, sl = 0; k0 < K; k0 += TC_BK, sl ^= 1) {
+        if (k0 + TC_BK < K) load_x(k0 + TC_BK, xb + (sl ^ 1) * BN * TC_LD);
+        else cp_async_commit();   /* an empty group: the wait below counts the same */
+        const int half = HALVES > 1 ? (k0 / TC_BK) % HALVES : 0;
+        for (int t = tid; t < TASKS; t += 256) {
+            const int r = t / (BPS * PPS), rem = t % (BPS * PPS);
+            const int ib = rem / PPS, part = half * PPS + rem % PPS;
+            const int row = row0 + r < nrows ? row0 + r : nrows - 1;
+            float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
+            T::deq(W + (size_t)row * row_bytes + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
+            __half *dst = ws + r * TC_LD + ib * T::QK - half * TC_BK;
+#pragma unroll
+            for (int rr = 0; rr < T::NRUN; rr++)
+                store_f16_run<T::RUNLEN, T::HAS_MIN>(dst + T::off(part, rr), v + rr * T::RUNLEN, a[rr],
+                                                     T::HAS_MIN ? m[rr] : 0.0f);
+        }
+        cp_async_wait<1>();   /* this slice's activations (the next slice's may be in flight) */
+        __syncthreads();
+        const __half *xs = xb + sl * BN * TC_LD;
+#pragma unroll 2
+        for (int kk = 0; kk < TC_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[FN];
+#pragma unroll
+            for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], ws + (wr + i) * 16 * TC_LD + kk, TC_LD);
+#pragma unroll
+            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], xs + (wc + j) * 16 * TC_LD + kk, TC_LD);
+#pragma unroll
+            for (int i = 0; i < FM; i++)
+#pragma unroll
+                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    float *cs = (float *)tc_sm;   /* (BN, LDC): the tile, token-major */
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++)
+            wmma::store_matrix_sync(cs + (wc + j) * 16 * LDC + (wr + i) * 16, acc[i][j], LDC, wmma::mem_col_major);
+    __syncthreads();
+    float *y = sg.y;
+    for (int t = tid; t < BM * BN; t += 256) {
+        const int c = t / BM, r = t % BM;
+        if (col0 + c < ncols && row0 + r < nrows) y[(size_t)(col0 + c) * nrows + row0 + r] = cs[c * LDC + r];
+    }
+}
+
+static int tc2_small = -1;   /* TG_GPU_TC2_SMALL: the tile of small launches (1 64x128, the default; 2 128x64; 0 none) */
+static int tc2_thresh = 2;   /* TG_GPU_TC2_WAVES: a launch is small below this many 128x128 blocks per SM */
+
+/* The pipelined tile's shape: 128 weight rows x 128 tokens when the launch
+ * has at least tc2_thresh such blocks per SM, else the small tile. */
+template <typename T>
+static void launch_mm_tc2(cudaStream_t s, const tc_segs &segs, int K, const __half *xh, int ncols, int n_sm)
+{
+    const size_t row_bytes = (size_t)(K / T::QK) * T::BYTES;
+    int rb128 = 0;
+    for (int i = 0; i < segs.n; i++) rb128 += (segs.s[i].nrows + 127) / 128;
+    const int small = rb128 * ((ncols + 127) / 128) < tc2_thresh * n_sm ? tc2_small : 0;
+    const int bm = small == 1 ? 64 : 128, bn = small == 2 ? 64 : 128;
+    tc_segs sg = segs;
+    int rb = 0;
+    for (int i = 0; i < sg.n; i++) {
+        sg.s[i].rb0 = rb;
+        rb += (sg.s[i].nrows + bm - 1) / bm;
+    }
+    for (int i = sg.n; i < 3; i++) sg.s[i].rb0 = rb;
+    dim3 grid((ncols + bn - 1) / bn, rb);
+    if (small == 1) k_matmul_tc2<T, 64, 128><<<grid, 256, TC2_SMEM(64, 128), s>>>(sg, row_bytes, xh, K, ncols);
+    else if (small == 2) k_matmul_tc2<T, 128, 64><<<grid, 256, TC2_SMEM(128, 64), s>>>(sg, row_bytes, xh, K, ncols);
+    else k_matmul_tc2<T, 128, 128><<<grid, 256, TC2_SMEM(128, 128), s>>>(sg, row_bytes, xh, K, ncols);
+}
+
+template <typename T>
+static cudaError_t tc2_optin(void)
+{
+    if (tc2_small < 0) {
+        const char *v = getenv("TG_GPU_TC2_SMALL");
+        tc2_small = v && v[0] == '0' ? 0 : v && v[0] == '2' ? 2 : 1;
+        const char *w = getenv("TG_GPU_TC2_WAVES");
+        if (w && w[0] >= '1' && w[0] <= '9') tc2_thresh = w[0] - '0';
+    }
+    cudaError_t rc = cudaFuncSetAttribute((const void *)k_matmul_tc2<T, 128, 128>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC2_SMEM(128, 128));
+    if (rc == cudaSuccess)
+        rc = cudaFuncSetAttribute((const void *)k_matmul_tc2<T, 64, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)TC2_SMEM(64, 128));
+    if (rc == cudaSuccess)
+        rc = cudaFuncSetAttribute((const void *)k_matmul_tc2<T, 128, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)TC2_SMEM(128, 64));
+    return rc;
+}
+
 /* The tile: 128 weight rows x 128 tokens (on the H200, run 8: 6,900
  * prefill tok/s at 8b against 5,960 for 64 x 64 and 6,880 for 128 x 64). */
 #define TC_BM 128
@@ -680,9 +879,21 @@ static cudaError_t tc_optin(void)
                                 (int)TC_SMEM(TC_BM, TC_BN));
 }
 #define TC_LAUNCH(T) launch_mm_tc<T>
+#define TC2_LAUNCH(T) launch_mm_tc2<T>
 #else
 #define TC_LAUNCH(T) NULL
+#define TC2_LAUNCH(T) NULL
 #endif
+
+/* x (n values, n a multiple of 4) rounded to f16. */
+__global__ void k_to_f16(const float4 *__restrict__ x, uint2 *__restrict__ y, size_t n4)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 f = x[i];
+        __half2 h[2] = {__floats2half2_rn(f.x, f.y), __floats2half2_rn(f.z, f.w)};
+        y[i] = *(const uint2 *)h;
+    }
+}
 
 static int tc_ready;   /* gk_init: the tensor-core kernels may use their TC_SMEM of shared memory */
 
@@ -690,21 +901,23 @@ static int tc_ready;   /* gk_init: the tensor-core kernels may use their TC_SMEM
  * where there are none). */
 typedef void (*mm_fn)(cudaStream_t, const void *, int, int, const float *, int, float *);
 typedef void (*rows_fn)(cudaStream_t, const void *, int, const int32_t *, int, float *);
+typedef void (*mm2_fn)(cudaStream_t, const tc_segs &, int, const __half *, int, int);
 struct gk_type_entry {
     uint32_t type;
     int qk;
     mm_fn mm;
     rows_fn rows;
     mm_fn tc;
+    mm2_fn tc2;   /* the pipelined tile over f16 activations (gk_matmul_group) */
 };
 static const gk_type_entry gk_types[] = {
-    {TG_TYPE_F32, tr_f32::QK, launch_mm_cols<tr_f32>, launch_get_rows<tr_f32>, TC_LAUNCH(tr_f32)},
-    {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>, TC_LAUNCH(tr_f16)},
-    {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>, TC_LAUNCH(tr_bf16)},
-    {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>, TC_LAUNCH(tr_q8_0)},
-    {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>, TC_LAUNCH(tr_q4_K)},
-    {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>, TC_LAUNCH(tr_q5_K)},
-    {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>, TC_LAUNCH(tr_q6_K)},
+    {TG_TYPE_F32, tr_f32::QK, launch_mm_cols<tr_f32>, launch_get_rows<tr_f32>, TC_LAUNCH(tr_f32), TC2_LAUNCH(tr_f32)},
+    {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>, TC_LAUNCH(tr_f16), TC2_LAUNCH(tr_f16)},
+    {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>, TC_LAUNCH(tr_bf16), TC2_LAUNCH(tr_bf16)},
+    {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>, TC_LAUNCH(tr_q8_0), TC2_LAUNCH(tr_q8_0)},
+    {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>, TC_LAUNCH(tr_q4_K), TC2_LAUNCH(tr_q4_K)},
+    {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>, TC_LAUNCH(tr_q5_K), TC2_LAUNCH(tr_q5_K)},
+    {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>, TC_LAUNCH(tr_q6_K), TC2_LAUNCH(tr_q6_K)},
 };
 
 static const gk_type_entry *gk_find(uint32_t type)
@@ -758,6 +971,52 @@ int gk_matmul_plain(cudaStream_t s, uint32_t type, const void *W, int nrows, int
     return matmul(s, type, W, nrows, K, x, ncols, y, 1, e);
 }
 
+static int tc2_enabled(void)
+{
+    static int on = -1;
+    return env_switch(&on, "TG_GPU_TC2", 1);
+}
+
+static int n_sm;   /* gk_init: the device's multiprocessor count */
+
+int gk_matmul_group(cudaStream_t s, const gk_mm_seg *segs, int nseg, int K, const float *x, int ncols, void *x16,
+                    int x16_ready, tg_err *e)
+{
+    if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu matmul_group: %d weights: expected 1..3", nseg);
+    int tc2 = x16 != NULL && tc2_enabled() && n_sm > 0;
+    for (int i = 0; i < nseg && tc2; i++) {
+        const gk_type_entry *t = gk_find(segs[i].type);
+        tc2 = t && t->tc2 && !gk_matmul_q8(segs[i].type, K, ncols) && gk_matmul_tc(segs[i].type, K, ncols) &&
+              segs[i].nrows > 0;
+    }
+    if (!tc2) {
+        for (int i = 0; i < nseg; i++)
+            if (matmul(s, segs[i].type, segs[i].W, segs[i].nrows, K, x, ncols, segs[i].y, 0, e)) return -1;
+        return 0;
+    }
+    if (!x16_ready) {
+        const size_t n4 = (size_t)ncols * K / 4;   /* K is a multiple of 128 here */
+        const int cb = (int)((n4 + 255) / 256);
+        k_to_f16<<<cb < 4096 ? cb : 4096, 256, 0, s>>>((const float4 *)x, (uint2 *)x16, n4);
+        GPU_CHECK_LAUNCH(e, "matmul_group f16 activations");
+    }
+    for (int i = 0; i < nseg;) {   /* one launch per run of weights of one type */
+        tc_segs ts;
+        ts.n = 0;
+        int j = i;
+        for (; j < nseg && segs[j].type == segs[i].type; j++) {
+            ts.s[ts.n].W = (const uint8_t *)segs[j].W;
+            ts.s[ts.n].y = segs[j].y;
+            ts.s[ts.n].nrows = segs[j].nrows;
+            ts.n++;
+        }
+        gk_find(segs[i].type)->tc2(s, ts, K, (const __half *)x16, ncols, n_sm);
+        GPU_CHECK_LAUNCH(e, "matmul_group");
+        i = j;
+    }
+    return 0;
+}
+
 int gk_get_rows(cudaStream_t s, uint32_t type, const void *W, int K,
                 const int32_t *ids, int n, float *y, tg_err *e)
 {
@@ -799,25 +1058,77 @@ __device__ float block_max(float v, float *sh)
     return warp_max(v);
 }
 
-__global__ void k_rmsnorm(const float *x, const float *w, float *y, int n, float eps)
+__global__ void k_rmsnorm(const float *x, const float *w, float *y, __half *y16, int n, float eps)
 {
     __shared__ float sh[32];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
     float ss = 0.0f;
+#pragma unroll 4
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, sh);
     const float scale = 1.0f / sqrtf(ss / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+    if (y16) {
+        __half *hr = y16 + (size_t)blockIdx.x * n;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = xr[i] * scale * w[i];
+            yr[i] = v;
+            hr[i] = __float2half_rn(v);
+        }
+    } else {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+    }
 }
 
-int gk_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y,
-               int nrows, int n, float eps, tg_err *e)
+int gk_rmsnorm16(cudaStream_t s, const float *x, const float *w, float *y, void *y16, int nrows, int n, float eps,
+                 tg_err *e)
 {
     if (nrows <= 0 || n <= 0) return tg_errf(e, "gpu rmsnorm: nrows=%d n=%d: expected both > 0", nrows, n);
     const int threads = n >= NORM_THREADS ? NORM_THREADS : ((n + TG_WARP - 1) / TG_WARP) * TG_WARP;
-    k_rmsnorm<<<nrows, threads, 0, s>>>(x, w, y, n, eps);
+    k_rmsnorm<<<nrows, threads, 0, s>>>(x, w, y, (__half *)y16, n, eps);
     GPU_CHECK_LAUNCH(e, "rmsnorm");
+    return 0;
+}
+
+int gk_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int nrows, int n, float eps, tg_err *e)
+{
+    return gk_rmsnorm16(s, x, w, y, NULL, nrows, n, eps, e);
+}
+
+/* x += t, then k_rmsnorm over the new x, in one pass over each row: each
+ * thread sums the squares of the values it added, in k_rmsnorm's order. */
+__global__ void k_add_rmsnorm(float *x, const float *t, const float *w, float *y, __half *y16, int n, float eps)
+{
+    __shared__ float sh[32];
+    float *xr = x + (size_t)blockIdx.x * n;
+    const float *tr = t + (size_t)blockIdx.x * n;
+    float *yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] + tr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / n + eps);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] * scale * w[i];
+        yr[i] = v;
+        if (y16) y16[(size_t)blockIdx.x * n + i] = __float2half_rn(v);
+    }
+}
+
+int gk_add_rmsnorm16(cudaStream_t s, float *x, const float *t, const float *w, float *y, void *y16, int nrows, int n,
+                     float eps, tg_err *e)
+{
+    if (nrows <= 0 || n <= 0) return tg_errf(e, "gpu add_rmsnorm: nrows=%d n=%d: expected both > 0", nrows, n);
+    const int threads = n >= NORM_THREADS ? NORM_THREADS : ((n + TG_WARP - 1) / TG_WARP) * TG_WARP;
+    k_add_rmsnorm<<<nrows, threads, 0, s>>>(x, t, w, y, (__half *)y16, n, eps);
+    GPU_CHECK_LAUNCH(e, "add_rmsnorm");
     return 0;
 }
 
@@ -1349,20 +1660,27 @@ int gk_attention_scores(cudaStream_t s, const float *q, const void *kc, const vo
                      s_stride, e);
 }
 
-__global__ void k_swiglu(const float *g, const float *u, float *y, int n)
+__global__ void k_swiglu(const float *g, const float *u, float *y, __half *y16, int n)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const float x = g[i];
-        y[i] = x / (1.0f + expf(-x)) * u[i];
+        const float v = x / (1.0f + expf(-x)) * u[i];
+        y[i] = v;
+        if (y16) y16[i] = __float2half_rn(v);
     }
+}
+
+int gk_swiglu16(cudaStream_t s, const float *g, const float *u, float *y, void *y16, int n, tg_err *e)
+{
+    if (n <= 0) return tg_errf(e, "gpu swiglu: n=%d: expected > 0", n);
+    k_swiglu<<<(n + 255) / 256, 256, 0, s>>>(g, u, y, (__half *)y16, n);
+    GPU_CHECK_LAUNCH(e, "swiglu");
+    return 0;
 }
 
 int gk_swiglu(cudaStream_t s, const float *g, const float *u, float *y, int n, tg_err *e)
 {
-    if (n <= 0) return tg_errf(e, "gpu swiglu: n=%d: expected > 0", n);
-    k_swiglu<<<(n + 255) / 256, 256, 0, s>>>(g, u, y, n);
-    GPU_CHECK_LAUNCH(e, "swiglu");
-    return 0;
+    return gk_swiglu16(s, g, u, y, NULL, n, e);
 }
 
 __global__ void k_add(float *x, const float *y, int n)
@@ -1906,32 +2224,6 @@ template <int TYPE> struct fz_chunk {
     static_assert(ITERS * TG_WARP == CB * fz_fmt<TYPE>::PARTS, "chunk of whole warp iterations");
 };
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
-{
-#if defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
-    *(uint4 *)smem = *(const uint4 *)gmem;
-#else
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-#if !(defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800))
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-/* Waits until at most N of this thread's copy groups are pending. */
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-#if !(defined(TG_GPU_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800))
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
 /* Whether rows of K values of type stream in whole chunks. */
 __host__ __device__ inline int fz_streams(uint32_t type, int K)
 {
@@ -2081,6 +2373,13 @@ int gk_init(tg_err *e)
     GPU_CHECK(e, tc_optin<tr_q4_K>());
     GPU_CHECK(e, tc_optin<tr_q5_K>());
     GPU_CHECK(e, tc_optin<tr_q6_K>());
+    GPU_CHECK(e, tc2_optin<tr_f32>());
+    GPU_CHECK(e, tc2_optin<tr_f16>());
+    GPU_CHECK(e, tc2_optin<tr_bf16>());
+    GPU_CHECK(e, tc2_optin<tr_q8_0>());
+    GPU_CHECK(e, tc2_optin<tr_q4_K>());
+    GPU_CHECK(e, tc2_optin<tr_q5_K>());
+    GPU_CHECK(e, tc2_optin<tr_q6_K>());
     GPU_CHECK(e, (attention_tc_optin<0, 64>()));
     GPU_CHECK(e, (attention_tc_optin<1, 64>()));
     GPU_CHECK(e, (attention_tc_optin<0, 128>()));
@@ -2088,6 +2387,7 @@ int gk_init(tg_err *e)
     int dev = 0, major = 0;
     GPU_CHECK(e, cudaGetDevice(&dev));
     GPU_CHECK(e, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    GPU_CHECK(e, cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     /* TG_GPU_PDL=1 (the default since device session 9): on, each kernel
      * lets the next start at once, whose blocks then issue their constant
      * reads (weights, the attention's cached rows) while this one finishes:
@@ -2472,7 +2772,15 @@ void gk_describe(char *buf, size_t n)
     const char *tile = "";
 #else
     const int att_tc = at_tc_enabled() && tc_ready;
-    const char *tile = tc ? "128x128" : "";
+    char tile[64] = "";
+    if (tc && tc2_enabled() && n_sm > 0)
+        if (tc2_small)
+            snprintf(tile, sizeof tile, "pipelined f16 128x128 (%s under %d waves)",
+                     tc2_small == 1 ? "64x128" : "128x64", tc2_thresh);
+        else
+            snprintf(tile, sizeof tile, "pipelined f16 128x128");
+    else if (tc)
+        snprintf(tile, sizeof tile, "128x128");
 #endif
     snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,

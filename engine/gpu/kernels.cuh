@@ -41,6 +41,24 @@ int gk_matmul(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
 int gk_matmul_plain(cudaStream_t s, uint32_t type, const void *W, int nrows, int K,
                     const float *x, int ncols, float *y, tg_err *e);
 
+/* One weight of gk_matmul_group: y (ncols, nrows) = W x. */
+typedef struct {
+    uint32_t type;
+    const void *W;
+    int nrows;
+    float *y;
+} gk_mm_seg;
+
+/* gk_matmul for up to 3 weights of one input x (q, k and v; gate and up).
+ * Where every weight's call would run on tensor cores (gk_matmul_tc) and
+ * x16 is not NULL (scratch of ncols * K f16 values), x is rounded to f16
+ * into x16 once (x16_ready: the kernel that wrote x wrote x16 too, as
+ * gk_rmsnorm16 and gk_swiglu16 do) and each run of weights of one type is one launch of the
+ * pipelined tile (unless TG_GPU_TC2=0): the same numerics, and the same
+ * bits, as gk_matmul. Otherwise one gk_matmul each. */
+int gk_matmul_group(cudaStream_t s, const gk_mm_seg *segs, int nseg, int K, const float *x, int ncols, void *x16,
+                    int x16_ready, tg_err *e);
+
 /* Whether gk_matmul quantizes x to 8 bits for this call (single-token Q4_K
  * and Q6_K mat-vecs, unless TG_GPU_MMVQ=0): then, per 32 values of x,
  * d = max|x| / 127 (f32 division), q = round-half-even(x / d) (0 when d is
@@ -63,6 +81,15 @@ int gk_get_rows(cudaStream_t s, uint32_t type, const void *W, int K,
  * tokens * heads. y may equal x. */
 int gk_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y,
                int nrows, int n, float eps, tg_err *e);
+/* x += t (nrows rows of n), then gk_rmsnorm16 over the new x, in one pass:
+ * the same bits as gk_add then gk_rmsnorm16. y must not alias x or t. */
+int gk_add_rmsnorm16(cudaStream_t s, float *x, const float *t, const float *w, float *y, void *y16, int nrows, int n,
+                     float eps, tg_err *e);
+
+/* gk_rmsnorm that also stores y rounded to f16 into y16 (when not NULL:
+ * nrows * n values), for gk_matmul_group's x16. */
+int gk_rmsnorm16(cudaStream_t s, const float *x, const float *w, float *y, void *y16, int nrows, int n, float eps,
+                 tg_err *e);
 
 /* In-place rotary embedding of x: [n_tok][n_head][head_dim]; token t is at
  * position *pos0 + t. neox: pairs (i, i + head_dim/2); else adjacent pairs
@@ -105,6 +132,8 @@ size_t gk_attention_scratch(int n_head, int head_dim);
 /* y[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)); n values. */
 int gk_swiglu(cudaStream_t s, const float *g, const float *u, float *y, int n,
               tg_err *e);
+/* gk_swiglu that also stores y rounded to f16 into y16 (when not NULL). */
+int gk_swiglu16(cudaStream_t s, const float *g, const float *u, float *y, void *y16, int n, tg_err *e);
 
 /* x[i] += y[i]; n values. */
 int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e);

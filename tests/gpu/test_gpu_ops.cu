@@ -186,6 +186,70 @@ static void test_matmul(uint32_t t, int K, int rows, int ncols)
     cudaFree(dw); cudaFree(dx); cudaFree(dy);
 }
 
+/* gk_matmul_group over nseg weights of types ts[] and rows[] sharing one
+ * input: each output must be gk_matmul's bit for bit (the pipelined tile
+ * promises the same numerics; gk_matmul is held to the f64 reference
+ * above). with_ref: also judged against the f64 reference (small shapes). */
+static void test_matmul_group(const uint32_t *ts, const int *rows, int nseg, int K, int ncols, int with_ref)
+{
+    char name[160];
+    int n = snprintf(name, sizeof name, "matmul_group(K=%d,cols=%d:", K, ncols);
+    for (int i = 0; i < nseg; i++)
+        n += snprintf(name + n, sizeof name - n, "%s%s x %d", i ? "," : "", tg_type_name(ts[i]), rows[i]);
+    snprintf(name + n, sizeof name - n, "%s)", gk_matmul_tc(ts[0], K, ncols) ? ",tc" : "");
+    std::vector<float> x((size_t)K * ncols);
+    fill(x, 1.0f);
+    float *dx = dev_upload(x.data(), x.size());
+    void *x16 = NULL;
+    CK(cudaMalloc(&x16, (size_t)K * ncols * 2));
+    gk_mm_seg segs[3];
+    std::vector<float> wd[3];
+    uint8_t *dw[3] = {NULL, NULL, NULL};
+    float *dy[3] = {NULL, NULL, NULL}, *dref[3] = {NULL, NULL, NULL};
+    tg_err e = {{0}};
+    int rc = 0;
+    for (int i = 0; i < nseg; i++) {
+        std::vector<uint8_t> w = make_weights(ts[i], K, rows[i], wd[i]);
+        dw[i] = dev_upload(w.data(), w.size());
+        dy[i] = dev_poisoned((size_t)rows[i] * ncols);
+        dref[i] = dev_poisoned((size_t)rows[i] * ncols);
+        segs[i] = {ts[i], dw[i], rows[i], dy[i]};
+        if (!rc) rc = gk_matmul(0, ts[i], dw[i], rows[i], K, dx, ncols, dref[i], &e);
+    }
+    if (!rc) rc = gk_matmul_group(0, segs, nseg, K, dx, ncols, x16, 0, &e);
+    if (rc) check_gk(rc, &e, name);
+    for (int i = 0; i < nseg && !rc; i++) {
+        const size_t cnt = (size_t)rows[i] * ncols;
+        std::vector<float> got = dev_download(dy[i], cnt), want = dev_download(dref[i], cnt);
+        size_t bad = 0, first = 0;
+        for (size_t j = 0; j < cnt; j++)
+            if (memcmp(&got[j], &want[j], 4) && !bad++) first = j;
+        char nm[200];
+        snprintf(nm, sizeof nm, "%s[%d]", name, i);
+        if (bad) {
+            printf("FAIL %s: %zu of %zu outputs differ from gk_matmul's bits (first at %zu: %.9g, expected %.9g)\n",
+                   nm, bad, cnt, first, got[first], want[first]);
+            n_fail++;
+        } else if (with_ref) {
+            std::vector<double> ref(cnt);
+            for (int c = 0; c < ncols; c++)
+                for (int r = 0; r < rows[i]; r++) {
+                    double sum = 0;
+                    for (int k = 0; k < K; k++) sum += (double)wd[i][(size_t)r * K + k] * x[(size_t)c * K + k];
+                    ref[(size_t)c * rows[i] + r] = sum;
+                }
+            judge(nm, got, ref, gk_matmul_tc(ts[i], K, ncols) ? NMSE_MATMUL_TC : NMSE_MATMUL);
+        } else {
+            printf("OK   %s (bit-identical to gk_matmul)\n", nm);
+            n_ok++;
+        }
+    }
+    for (int i = 0; i < nseg; i++) {
+        cudaFree(dw[i]); cudaFree(dy[i]); cudaFree(dref[i]);
+    }
+    cudaFree(dx); cudaFree(x16);
+}
+
 static void test_get_rows(uint32_t t, int K, int rows, int n)
 {
     char name[128];
@@ -437,6 +501,91 @@ static void test_swiglu_add(int n)
     if (!rc) judge(name, dev_download(dg, n), refa, NMSE_ADD);
     else check_gk(rc, &e, name);
     cudaFree(dg); cudaFree(du); cudaFree(dy);
+}
+
+/* gk_rmsnorm16 and gk_swiglu16: y as gk_rmsnorm's and gk_swiglu's, bit for
+ * bit, and y16 the f16 rounding of y; then gk_matmul_group with x16_ready
+ * over the swiglu's y16 gives gk_matmul's bits over its y. */
+static void test_f16_outputs(int rows, int n)
+{
+    char name[96];
+    snprintf(name, sizeof name, "rmsnorm16+add_rmsnorm16+swiglu16+group(rows=%d,n=%d)", rows, n);
+    const size_t cnt = (size_t)rows * n;
+    std::vector<float> x(cnt), w(n), u(cnt);
+    fill(x, 3.0f); fill(w, 1.0f); fill(u, 2.0f);
+    float *dx = dev_upload(x.data(), cnt), *dw = dev_upload(w.data(), (size_t)n), *du = dev_upload(u.data(), cnt);
+    float *dy = dev_poisoned(cnt), *dy2 = dev_poisoned(cnt);
+    void *d16 = NULL;
+    CK(cudaMalloc(&d16, cnt * 2));
+    tg_err e = {{0}};
+    int bad = 0;
+    auto check16 = [&](const char *what, const std::vector<float> &y, const std::vector<float> &y2) {
+        std::vector<uint16_t> h(cnt);
+        CK(cudaMemcpy(h.data(), d16, cnt * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < cnt; i++) {
+            const __half r = __float2half_rn(y[i]);
+            uint16_t rb;
+            memcpy(&rb, &r, 2);
+            if (memcmp(&y[i], &y2[i], 4) || h[i] != rb) {
+                if (!bad++)
+                    printf("FAIL %s: %s at %zu: y %.9g (plain %.9g), f16 bits %04x, expected %04x\n", name, what, i,
+                           y[i], y2[i], h[i], rb);
+            }
+        }
+    };
+    int rc = gk_rmsnorm16(0, dx, dw, dy, d16, rows, n, 1e-6f, &e);
+    if (!rc) rc = gk_rmsnorm(0, dx, dw, dy2, rows, n, 1e-6f, &e);
+    if (!rc) check16("rmsnorm16", dev_download(dy, cnt), dev_download(dy2, cnt));
+    if (!rc) rc = gk_swiglu16(0, dx, du, dy, d16, (int)cnt, &e);
+    if (!rc) rc = gk_swiglu(0, dx, du, dy2, (int)cnt, &e);
+    std::vector<float> sw;
+    if (!rc) {
+        sw = dev_download(dy, cnt);
+        check16("swiglu16", sw, dev_download(dy2, cnt));
+    }
+    /* gk_add_rmsnorm16 against gk_add then gk_rmsnorm16 (x and y of both kept) */
+    float *dxa = dev_upload(x.data(), cnt), *dxb = dev_upload(x.data(), cnt);
+    void *d16b = NULL;
+    CK(cudaMalloc(&d16b, cnt * 2));
+    if (!rc) rc = gk_add_rmsnorm16(0, dxa, du, dw, dy, d16b, rows, n, 1e-6f, &e);
+    if (!rc) rc = gk_add(0, dxb, du, (int)cnt, &e);
+    if (!rc) rc = gk_rmsnorm16(0, dxb, dw, dy2, d16, rows, n, 1e-6f, &e);
+    if (!rc) {
+        std::vector<float> xa = dev_download(dxa, cnt), xb = dev_download(dxb, cnt);
+        std::vector<float> ya = dev_download(dy, cnt), yb = dev_download(dy2, cnt);
+        std::vector<uint16_t> ha(cnt), hb(cnt);
+        CK(cudaMemcpy(ha.data(), d16b, cnt * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hb.data(), d16, cnt * 2, cudaMemcpyDeviceToHost));
+        if ((memcmp(xa.data(), xb.data(), cnt * 4) || memcmp(ya.data(), yb.data(), cnt * 4) ||
+             memcmp(ha.data(), hb.data(), cnt * 2)) && !bad++)
+            printf("FAIL %s: add_rmsnorm16 differs from add then rmsnorm16\n", name);
+    }
+    cudaFree(dxa); cudaFree(dxb); cudaFree(d16b);
+    /* the swiglu's output as a batch of rows tokens of n values into a Q4_K weight */
+    if (!rc) rc = gk_swiglu16(0, dx, du, dy, d16, (int)cnt, &e);
+    const int wrows = 192;
+    std::vector<float> wd;
+    std::vector<uint8_t> wq = make_weights(TG_TYPE_Q4_K, n, wrows, wd);
+    uint8_t *dwq = dev_upload(wq.data(), wq.size());
+    float *dm = dev_poisoned((size_t)wrows * rows), *dm2 = dev_poisoned((size_t)wrows * rows);
+    if (!rc) {
+        const gk_mm_seg sg = {TG_TYPE_Q4_K, dwq, wrows, dm};
+        rc = gk_matmul_group(0, &sg, 1, n, dy, rows, d16, 1, &e);
+        if (!rc) rc = gk_matmul(0, TG_TYPE_Q4_K, dwq, wrows, n, dy, rows, dm2, &e);
+        if (!rc) {
+            std::vector<float> a = dev_download(dm, (size_t)wrows * rows), b = dev_download(dm2, (size_t)wrows * rows);
+            if (memcmp(a.data(), b.data(), a.size() * 4) && !bad++)
+                printf("FAIL %s: the group over the swiglu's f16 output differs from gk_matmul\n", name);
+        }
+    }
+    if (rc) check_gk(rc, &e, name);
+    else if (bad) n_fail++;
+    else {
+        printf("OK   %s (bit-identical)\n", name);
+        n_ok++;
+    }
+    cudaFree(dx); cudaFree(dw); cudaFree(du); cudaFree(dy); cudaFree(dy2); cudaFree(d16);
+    cudaFree(dwq); cudaFree(dm); cudaFree(dm2);
 }
 
 /* Top-k must equal util.c's tg_topk exactly (ids and logit bits), on data
@@ -812,6 +961,32 @@ int main(void)
         test_get_rows(t, 256, 50, 3);
         test_get_rows(t, 1024, 300, 7);
     }
+    /* the pipelined tile of gk_matmul_group: one to three weights, runs
+     * of one type, partial row and token tiles, both tile heights (64 for
+     * small launches, 128 for at least two blocks per SM), and a batch
+     * below the tensor-core width (one gk_matmul each) */
+    for (uint32_t t : types) {
+        const uint32_t t3[3] = {t, t, t};
+        const int r3[3] = {130, 64, 77};
+        test_matmul_group(t3, r3, 3, 256, 100, 1);
+        test_matmul_group(t3, r3, 1, 1024, 16, 1);
+    }
+    {
+        const uint32_t mix[3] = {TG_TYPE_Q4_K, TG_TYPE_Q4_K, TG_TYPE_Q6_K};
+        const int rmix[3] = {200, 64, 64};
+        test_matmul_group(mix, rmix, 3, 768, 300, 1);
+        test_matmul_group(mix, rmix, 3, 768, 8, 1);
+        const int big[3] = {4096, 1024, 1024};   /* q, k, v of the 8b shape at a 512-token batch */
+        test_matmul_group(mix, big, 3, 4096, 512, 0);
+        const uint32_t gu[2] = {TG_TYPE_Q4_K, TG_TYPE_Q4_K};
+        const int rgu[2] = {12288, 12288};   /* gate and up: 128-row tiles */
+        test_matmul_group(gu, rgu, 2, 4096, 300, 0);
+        const uint32_t dn[1] = {TG_TYPE_Q6_K};
+        const int rdn[1] = {4096};
+        test_matmul_group(dn, rdn, 1, 12288, 512, 0);
+    }
+    test_f16_outputs(100, 1024);
+    test_f16_outputs(8, 768);   /* below the tensor-core width: the group multiplies x itself */
     /* the single-token shapes of the 8-bit mat-vec: several rows per warp,
      * the widest activation vectors of the 8b shape */
     for (uint32_t t : {TG_TYPE_Q4_K, TG_TYPE_Q6_K}) {
