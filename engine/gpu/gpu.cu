@@ -71,6 +71,7 @@ struct tg_gpu {
     float *tmp;                  /* (n_batch, n_embd) projection outputs */
     float *fg, *fu;              /* (n_batch, n_ff) gate, up */
     void *x16;                   /* (n_batch, widest matmul input) f16: gk_matmul_group's activations */
+    void *x16b;                  /* (n_batch, n_ff) f16: gk_matmul_swiglu's output, the down projection's input */
     float *logits;               /* (n_vocab) */
     int32_t *dparams;            /* device copy of step_params */
     step_params *hparams;        /* pinned host */
@@ -323,7 +324,7 @@ static int gpu_init(tg_session *ss, tg_err *e)
             dalloc(&g->att, (size_t)nb * qdim * 4, e) || dalloc(&g->k, (size_t)nb * kvdim * 4, e) ||
             dalloc(&g->v, (size_t)nb * kvdim * 4, e) || dalloc(&g->fg, (size_t)nb * hp->n_ff * 4, e) ||
             dalloc(&g->fu, (size_t)nb * hp->n_ff * 4, e) || dalloc(&g->logits, (size_t)hp->n_vocab * 4, e) ||
-            dalloc(&g->x16, (size_t)nb * mm_widest(hp) * 2, e) ||
+            dalloc(&g->x16, (size_t)nb * mm_widest(hp) * 2, e) || dalloc(&g->x16b, (size_t)nb * hp->n_ff * 2, e) ||
             dalloc(&g->dparams, sizeof(int32_t) * (nb + 1), e) ||
             dalloc(&g->topk_scratch, topk_bytes, e) ||
             dalloc(&g->att_scratch, gk_attention_scratch(hp->n_head, hp->head_dim), e) ||
@@ -397,7 +398,7 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph_exec) cudaGraphExecDestroy(g->graph_exec);
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
-                   g->x16, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest,
+                   g->x16, g->x16b, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch, g->dtop, g->ddigest,
                    g->q8_mem, g->dscores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
@@ -669,10 +670,10 @@ static int matmul(tg_gpu *g, int plain, const dweight *w, int rows, int K, const
  * that wrote x (gk_rmsnorm16, gk_swiglu16). Never for hooked evals: each
  * stage is hooked after its own matmul there, and a hook may change x.
  * 0 or -1 with e. */
-static int matmul_shared(tg_gpu *g, const gk_mm_seg *segs, int nseg, int K, const float *x, int n, tg_ops *ops,
-                         tg_err *e)
+static int matmul_shared(tg_gpu *g, const gk_mm_seg *segs, int nseg, int K, const float *x, void *x16, int n,
+                         tg_ops *ops, tg_err *e)
 {
-    if (gk_matmul_group(g->stream, segs, nseg, K, x, n, g->x16, 1, e)) return -1;
+    if (gk_matmul_group(g->stream, segs, nseg, K, x, n, x16, 1, e)) return -1;
     for (int i = 0; i < nseg; i++) COUNT(ops, TG_OP_MATMUL, segs[i].type);
     return 0;
 }
@@ -713,32 +714,48 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
         if (!hk) {
             const gk_mm_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q}, {L->wk.type, L->wk.d, KVD, g->k},
                                       {L->wv.type, L->wv.d, KVD, g->v}};
-            if (matmul_shared(g, qkv, 3, E, g->h, n, ops, e)) return -1;
+            if (matmul_shared(g, qkv, 3, E, g->h, g->x16, n, ops, e)) return -1;
         } else if (MATMUL(L->wq, QD, E, g->h, g->q) || HOOK(l, TG_RS_Q_PROJ, g->q, QD) ||
                    MATMUL(L->wk, KVD, E, g->h, g->k) || HOOK(l, TG_RS_K_PROJ, g->k, KVD) ||
                    MATMUL(L->wv, KVD, E, g->h, g->v) || HOOK(l, TG_RS_V_PROJ, g->v, KVD))
             return -1;
-        /* per-head q/k rmsnorm */
-        if (hp->qk_norm) {
-            if (gk_rmsnorm(s, g->q, (const float *)L->q_norm.d, g->q, n * hp->n_head, HD, hp->eps, e)) return -1;
-            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-            if (gk_rmsnorm(s, g->k, (const float *)L->k_norm.d, g->k, n * hp->n_head_kv, HD, hp->eps, e))
+        /* per-head q/k rmsnorm, rope and the cache store in one launch
+         * unless hooked (a hook sees each stage) */
+        if (!hk && hp->qk_norm) {
+            if (gk_qk_norm_rope_store(s, g->q, g->k, g->v, (const float *)L->q_norm.d, (const float *)L->k_norm.d, n,
+                                      hp->n_head, hp->n_head_kv, HD, pos0, hp->rope_base, hp->rope_neox, hp->eps, kc,
+                                      vc, f16, e))
                 return -1;
             COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-            if (HOOK(l, TG_RS_Q_NORM, g->q, QD) || HOOK(l, TG_RS_K_NORM, g->k, KVD)) return -1;
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+            COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+            COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+            if (dump_stage(g, l, TG_STAGE_Q, g->q, n, QD, e) || dump_stage(g, l, TG_STAGE_K, g->k, n, KVD, e) ||
+                dump_stage(g, l, TG_STAGE_V, g->v, n, KVD, e))
+                return -1;
+            COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
+        } else {
+            if (hp->qk_norm) {
+                if (gk_rmsnorm(s, g->q, (const float *)L->q_norm.d, g->q, n * hp->n_head, HD, hp->eps, e)) return -1;
+                COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+                if (gk_rmsnorm(s, g->k, (const float *)L->k_norm.d, g->k, n * hp->n_head_kv, HD, hp->eps, e))
+                    return -1;
+                COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+                if (HOOK(l, TG_RS_Q_NORM, g->q, QD) || HOOK(l, TG_RS_K_NORM, g->k, KVD)) return -1;
+            }
+            /* rope */
+            if (gk_rope(s, g->q, n, hp->n_head, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
+            COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+            if (gk_rope(s, g->k, n, hp->n_head_kv, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
+            COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+            if (HOOK(l, TG_RS_Q_ROPE, g->q, QD) || HOOK(l, TG_RS_K_ROPE, g->k, KVD)) return -1;
+            if (dump_stage(g, l, TG_STAGE_Q, g->q, n, QD, e) || dump_stage(g, l, TG_STAGE_K, g->k, n, KVD, e) ||
+                dump_stage(g, l, TG_STAGE_V, g->v, n, KVD, e))
+                return -1;
+            /* append k, v to the cache */
+            if (gk_kv_store(s, g->k, g->v, kc, vc, f16, n, KVD, pos0, e)) return -1;
+            COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
         }
-        /* rope */
-        if (gk_rope(s, g->q, n, hp->n_head, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
-        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
-        if (gk_rope(s, g->k, n, hp->n_head_kv, HD, pos0, hp->rope_base, hp->rope_neox, e)) return -1;
-        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
-        if (HOOK(l, TG_RS_Q_ROPE, g->q, QD) || HOOK(l, TG_RS_K_ROPE, g->k, KVD)) return -1;
-        if (dump_stage(g, l, TG_STAGE_Q, g->q, n, QD, e) || dump_stage(g, l, TG_STAGE_K, g->k, n, KVD, e) ||
-            dump_stage(g, l, TG_STAGE_V, g->v, n, KVD, e))
-            return -1;
-        /* append k, v to the cache */
-        if (gk_kv_store(s, g->k, g->v, kc, vc, f16, n, KVD, pos0, e)) return -1;
-        COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
         if (hook_cache(g, l, kc, vc, n, p0, e)) return -1;
         /* attention */
         if (hk ? attention_hooked(g, l, kc, vc, n, p0, e)
@@ -760,19 +777,27 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         if (HOOK(l, TG_RS_FFN_NORM, g->h, E) || dump_stage(g, l, TG_STAGE_FFN_NORM, g->h, n, E, e)) return -1;
-        /* swiglu */
-        if (!hk) {
+        /* swiglu: gate, up and the product in one launch where the f16
+         * tile serves gate, up and down (the product then exists only in
+         * f16, g->x16b, which is all the down projection reads) */
+        const int swi = !hk && L->gate.type == L->up.type && gk_matmul_swiglu_ok(L->gate.type, E, n) &&
+                        gk_matmul_group_f16(L->down.type, FF, n);
+        if (swi) {
+            if (gk_matmul_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->x16, n, g->x16b, e)) return -1;
+            COUNT(ops, TG_OP_MATMUL, L->gate.type);
+            COUNT(ops, TG_OP_MATMUL, L->up.type);
+        } else if (!hk) {
             const gk_mm_seg gu[2] = {{L->gate.type, L->gate.d, FF, g->fg}, {L->up.type, L->up.d, FF, g->fu}};
-            if (matmul_shared(g, gu, 2, E, g->h, n, ops, e)) return -1;
+            if (matmul_shared(g, gu, 2, E, g->h, g->x16, n, ops, e)) return -1;
         } else if (MATMUL(L->gate, FF, E, g->h, g->fg) || HOOK(l, TG_RS_GATE, g->fg, FF) ||
                    MATMUL(L->up, FF, E, g->h, g->fu) || HOOK(l, TG_RS_UP, g->fu, FF))
             return -1;
-        if (gk_swiglu16(s, g->fg, g->fu, g->fg, hk ? NULL : g->x16, n * FF, e)) return -1;
+        if (!swi && gk_swiglu16(s, g->fg, g->fu, g->fg, hk ? NULL : g->x16b, n * FF, e)) return -1;
         COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
         if (HOOK(l, TG_RS_SWIGLU, g->fg, FF)) return -1;
         if (!hk) {
             const gk_mm_seg dn = {L->down.type, L->down.d, E, g->tmp};
-            if (matmul_shared(g, &dn, 1, FF, g->fg, n, ops, e)) return -1;
+            if (matmul_shared(g, &dn, 1, FF, g->fg, g->x16b, n, ops, e)) return -1;
         } else if (MATMUL(L->down, E, FF, g->fg, g->tmp) || HOOK(l, TG_RS_FFN_OUT, g->tmp, E))
             return -1;
         if (dump_stage(g, l, TG_STAGE_FFN_OUT, g->tmp, n, E, e)) return -1;

@@ -611,12 +611,19 @@ struct tc_seg {
 struct tc_segs {
     tc_seg s[3];
     int n;
+    __half *y16;   /* the SwiGLU tile's output (k_matmul_tc2 with SWI) */
 };
 
 #define TC_BK 128                     /* values of K per slice */
 #define TC_LD (TC_BK + 8)             /* f16 row stride in shared memory (skews the banks) */
 #define TC_MIN_COLS 16                /* fewer tokens: the CUDA-core kernel */
 #define TC_SMEM(BM, BN) ((size_t)((BM) + (BN)) * TC_LD * 2)
+
+/* silu(g) * u as k_swiglu computes it (one expression for both kernels). */
+__device__ __forceinline__ float swiglu1(float g, float u)
+{
+    return g / (1.0f + expf(-g)) * u;
+}
 
 #ifndef TG_GPU_HIP
 #include <mma.h>
@@ -724,7 +731,12 @@ k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__rest
  * one decodes while the other multiplies. */
 #define TC2_SMEM(BM, BN) ((size_t)((BM) + 2 * (BN)) * TC_LD * 2)
 
-template <typename T, int BM, int BN>
+/* With SWI, the launch is gate (segs.s[0]) and up (segs.s[1]) of one type
+ * and row count: row block y takes BM/2 rows of each (the gate's above the
+ * up's, the same rows), and the output is silu(gate) * up rounded to f16
+ * into segs.y16 (ncols x nrows), k_swiglu's arithmetic on the tile's f32
+ * sums; the gate and up values themselves are not stored. */
+template <typename T, int BM, int BN, bool SWI>
 __global__ void __launch_bounds__(256, 2)
 k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int K, int ncols)
 {
@@ -741,11 +753,12 @@ k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int 
     __half *ws = (__half *)tc_sm;   /* (BM, TC_LD) weights of the slice */
     __half *xb = ws + BM * TC_LD;   /* two (BN, TC_LD) activation slices */
     const int rb = blockIdx.y;   /* token blocks vary fastest: the blocks sharing a weight tile run together */
-    const int si = rb < segs.s[1].rb0 ? 0 : rb < segs.s[2].rb0 ? 1 : 2;   /* unused: rb0 past the grid */
+    const int si = SWI ? 0 : rb < segs.s[1].rb0 ? 0 : rb < segs.s[2].rb0 ? 1 : 2;   /* unused: rb0 past the grid */
     const tc_seg sg = si == 0 ? segs.s[0] : si == 1 ? segs.s[1] : segs.s[2];   /* no local-memory indexing */
     const int nrows = sg.nrows;
     const uint8_t *W = sg.W;
-    const int row0 = (rb - sg.rb0) * BM, col0 = blockIdx.x * BN;
+    constexpr int RPW = SWI ? BM / 2 : BM;   /* rows of one weight in the block */
+    const int row0 = (rb - sg.rb0) * RPW, col0 = blockIdx.x * BN;
     const int tid = threadIdx.x, wid = tid / 32;
     const int wr = (wid % 4) * FM, wc = (wid / 4) * FN;
     auto load_x = [&](int k0, __half *dst) {
@@ -769,9 +782,11 @@ k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int 
         for (int t = tid; t < TASKS; t += 256) {
             const int r = t / (BPS * PPS), rem = t % (BPS * PPS);
             const int ib = rem / PPS, part = half * PPS + rem % PPS;
-            const int row = row0 + r < nrows ? row0 + r : nrows - 1;
+            const int rw = SWI ? r % RPW : r;
+            const int row = row0 + rw < nrows ? row0 + rw : nrows - 1;
+            const uint8_t *Wr = SWI && r >= RPW ? segs.s[1].W : W;
             float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
-            T::deq(W + (size_t)row * row_bytes + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
+            T::deq(Wr + (size_t)row * row_bytes + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
             __half *dst = ws + r * TC_LD + ib * T::QK - half * TC_BK;
 #pragma unroll
             for (int rr = 0; rr < T::NRUN; rr++)
@@ -804,6 +819,15 @@ k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int 
         for (int j = 0; j < FN; j++)
             wmma::store_matrix_sync(cs + (wc + j) * 16 * LDC + (wr + i) * 16, acc[i][j], LDC, wmma::mem_col_major);
     __syncthreads();
+    if (SWI) {
+        for (int t = tid; t < RPW * BN; t += 256) {
+            const int c = t / RPW, r = t % RPW;
+            if (col0 + c < ncols && row0 + r < nrows)
+                segs.y16[(size_t)(col0 + c) * nrows + row0 + r] =
+                    __float2half_rn(swiglu1(cs[c * LDC + r], cs[c * LDC + RPW + r]));
+        }
+        return;
+    }
     float *y = sg.y;
     for (int t = tid; t < BM * BN; t += 256) {
         const int c = t / BM, r = t % BM;
@@ -817,24 +841,38 @@ static int tc2_thresh = 2;   /* TG_GPU_TC2_WAVES: a launch is small below this m
 /* The pipelined tile's shape: 128 weight rows x 128 tokens when the launch
  * has at least tc2_thresh such blocks per SM, else the small tile. */
 template <typename T>
-static void launch_mm_tc2(cudaStream_t s, const tc_segs &segs, int K, const __half *xh, int ncols, int n_sm)
+static void launch_mm_tc2(cudaStream_t s, const tc_segs &segs, int K, const __half *xh, int ncols, int n_sm, int swi)
 {
     const size_t row_bytes = (size_t)(K / T::QK) * T::BYTES;
     int rb128 = 0;
     for (int i = 0; i < segs.n; i++) rb128 += (segs.s[i].nrows + 127) / 128;
-    const int small = rb128 * ((ncols + 127) / 128) < tc2_thresh * n_sm ? tc2_small : 0;
+    int small = rb128 * ((ncols + 127) / 128) < tc2_thresh * n_sm ? tc2_small : 0;
+    if (swi && small == 2) small = 0;   /* the SwiGLU tile comes in 128 x 128 and 64 x 128 only */
     const int bm = small == 1 ? 64 : 128, bn = small == 2 ? 64 : 128;
     tc_segs sg = segs;
     int rb = 0;
-    for (int i = 0; i < sg.n; i++) {
-        sg.s[i].rb0 = rb;
-        rb += (sg.s[i].nrows + bm - 1) / bm;
+    if (swi) {   /* gate and up side by side in each row block */
+        rb = (sg.s[0].nrows + bm / 2 - 1) / (bm / 2);
+        sg.s[0].rb0 = 0;
+        sg.s[1].rb0 = sg.s[2].rb0 = rb;
+    } else {
+        for (int i = 0; i < sg.n; i++) {
+            sg.s[i].rb0 = rb;
+            rb += (sg.s[i].nrows + bm - 1) / bm;
+        }
+        for (int i = sg.n; i < 3; i++) sg.s[i].rb0 = rb;
     }
-    for (int i = sg.n; i < 3; i++) sg.s[i].rb0 = rb;
     dim3 grid((ncols + bn - 1) / bn, rb);
-    if (small == 1) k_matmul_tc2<T, 64, 128><<<grid, 256, TC2_SMEM(64, 128), s>>>(sg, row_bytes, xh, K, ncols);
-    else if (small == 2) k_matmul_tc2<T, 128, 64><<<grid, 256, TC2_SMEM(128, 64), s>>>(sg, row_bytes, xh, K, ncols);
-    else k_matmul_tc2<T, 128, 128><<<grid, 256, TC2_SMEM(128, 128), s>>>(sg, row_bytes, xh, K, ncols);
+    if (swi && small == 1)
+        k_matmul_tc2<T, 64, 128, true><<<grid, 256, TC2_SMEM(64, 128), s>>>(sg, row_bytes, xh, K, ncols);
+    else if (swi)
+        k_matmul_tc2<T, 128, 128, true><<<grid, 256, TC2_SMEM(128, 128), s>>>(sg, row_bytes, xh, K, ncols);
+    else if (small == 1)
+        k_matmul_tc2<T, 64, 128, false><<<grid, 256, TC2_SMEM(64, 128), s>>>(sg, row_bytes, xh, K, ncols);
+    else if (small == 2)
+        k_matmul_tc2<T, 128, 64, false><<<grid, 256, TC2_SMEM(128, 64), s>>>(sg, row_bytes, xh, K, ncols);
+    else
+        k_matmul_tc2<T, 128, 128, false><<<grid, 256, TC2_SMEM(128, 128), s>>>(sg, row_bytes, xh, K, ncols);
 }
 
 template <typename T>
@@ -846,14 +884,14 @@ static cudaError_t tc2_optin(void)
         const char *w = getenv("TG_GPU_TC2_WAVES");
         if (w && w[0] >= '1' && w[0] <= '9') tc2_thresh = w[0] - '0';
     }
-    cudaError_t rc = cudaFuncSetAttribute((const void *)k_matmul_tc2<T, 128, 128>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC2_SMEM(128, 128));
-    if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute((const void *)k_matmul_tc2<T, 64, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)TC2_SMEM(64, 128));
-    if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute((const void *)k_matmul_tc2<T, 128, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)TC2_SMEM(128, 64));
+    const void *fn[] = {(const void *)k_matmul_tc2<T, 128, 128, false>, (const void *)k_matmul_tc2<T, 64, 128, false>,
+                        (const void *)k_matmul_tc2<T, 128, 64, false>, (const void *)k_matmul_tc2<T, 128, 128, true>,
+                        (const void *)k_matmul_tc2<T, 64, 128, true>};
+    const size_t smem[] = {TC2_SMEM(128, 128), TC2_SMEM(64, 128), TC2_SMEM(128, 64), TC2_SMEM(128, 128),
+                           TC2_SMEM(64, 128)};
+    cudaError_t rc = cudaSuccess;
+    for (int i = 0; i < 5 && rc == cudaSuccess; i++)
+        rc = cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem[i]);
     return rc;
 }
 
@@ -901,7 +939,7 @@ static int tc_ready;   /* gk_init: the tensor-core kernels may use their TC_SMEM
  * where there are none). */
 typedef void (*mm_fn)(cudaStream_t, const void *, int, int, const float *, int, float *);
 typedef void (*rows_fn)(cudaStream_t, const void *, int, const int32_t *, int, float *);
-typedef void (*mm2_fn)(cudaStream_t, const tc_segs &, int, const __half *, int, int);
+typedef void (*mm2_fn)(cudaStream_t, const tc_segs &, int, const __half *, int, int, int);
 struct gk_type_entry {
     uint32_t type;
     int qk;
@@ -979,16 +1017,47 @@ static int tc2_enabled(void)
 
 static int n_sm;   /* gk_init: the device's multiprocessor count */
 
+int gk_matmul_group_f16(uint32_t type, int K, int ncols)
+{
+    const gk_type_entry *t = gk_find(type);
+    return tc2_enabled() && n_sm > 0 && t && t->tc2 && !gk_matmul_q8(type, K, ncols) && gk_matmul_tc(type, K, ncols);
+}
+
+static int tc2_swiglu_enabled(void)
+{
+    static int on = -1;
+    return env_switch(&on, "TG_GPU_TC2_SWIGLU", 1);
+}
+
+int gk_matmul_swiglu_ok(uint32_t type, int K, int ncols)
+{
+    return tc2_swiglu_enabled() && gk_matmul_group_f16(type, K, ncols);
+}
+
+int gk_matmul_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int nrows, int K, const void *x16,
+                     int ncols, void *y16, tg_err *e)
+{
+    if (!gk_matmul_swiglu_ok(type, K, ncols) || nrows <= 0 || !x16 || !y16)
+        return tg_errf(e, "gpu matmul_swiglu: type %u, K=%d, %d tokens, %d rows: not served by the tensor-core tile "
+                       "(check gk_matmul_swiglu_ok)", type, K, ncols, nrows);
+    tc_segs ts;
+    ts.n = 2;
+    ts.s[0].W = (const uint8_t *)Wg;
+    ts.s[1].W = (const uint8_t *)Wu;
+    ts.s[0].y = ts.s[1].y = NULL;
+    ts.s[0].nrows = ts.s[1].nrows = nrows;
+    ts.y16 = (__half *)y16;
+    gk_find(type)->tc2(s, ts, K, (const __half *)x16, ncols, n_sm, 1);
+    GPU_CHECK_LAUNCH(e, "matmul_swiglu");
+    return 0;
+}
+
 int gk_matmul_group(cudaStream_t s, const gk_mm_seg *segs, int nseg, int K, const float *x, int ncols, void *x16,
                     int x16_ready, tg_err *e)
 {
     if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu matmul_group: %d weights: expected 1..3", nseg);
-    int tc2 = x16 != NULL && tc2_enabled() && n_sm > 0;
-    for (int i = 0; i < nseg && tc2; i++) {
-        const gk_type_entry *t = gk_find(segs[i].type);
-        tc2 = t && t->tc2 && !gk_matmul_q8(segs[i].type, K, ncols) && gk_matmul_tc(segs[i].type, K, ncols) &&
-              segs[i].nrows > 0;
-    }
+    int tc2 = x16 != NULL;
+    for (int i = 0; i < nseg && tc2; i++) tc2 = gk_matmul_group_f16(segs[i].type, K, ncols) && segs[i].nrows > 0;
     if (!tc2) {
         for (int i = 0; i < nseg; i++)
             if (matmul(s, segs[i].type, segs[i].W, segs[i].nrows, K, x, ncols, segs[i].y, 0, e)) return -1;
@@ -1010,7 +1079,8 @@ int gk_matmul_group(cudaStream_t s, const gk_mm_seg *segs, int nseg, int K, cons
             ts.s[ts.n].nrows = segs[j].nrows;
             ts.n++;
         }
-        gk_find(segs[i].type)->tc2(s, ts, K, (const __half *)x16, ncols, n_sm);
+        ts.y16 = NULL;
+        gk_find(segs[i].type)->tc2(s, ts, K, (const __half *)x16, ncols, n_sm, 0);
         GPU_CHECK_LAUNCH(e, "matmul_group");
         i = j;
     }
@@ -1147,6 +1217,15 @@ __device__ __forceinline__ void rope_cs(int pos, float theta_scale, int i, float
     *sn = (float)sin((double)theta);
 }
 
+/* One rotated pair: (a c - b sn, a sn + b c), the one expression every rope
+ * kernel uses (so they contract to the same FMAs). */
+__device__ __forceinline__ void rope_pair(float a, float b, float c, float sn, float *o0, float *o1)
+{
+    const float r0 = a * c - b * sn, r1 = a * sn + b * c;
+    *o0 = r0;
+    *o1 = r1;
+}
+
 __global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos0, float theta_scale, int neox)
 {
     const int t = blockIdx.y, h = blockIdx.x;
@@ -1157,9 +1236,7 @@ __global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos0, 
         float c, sn;
         rope_cs(pos, theta_scale, i, &c, &sn);
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        const float a = xh[i0], b = xh[i1];
-        xh[i0] = a * c - b * sn;
-        xh[i1] = a * sn + b * c;
+        rope_pair(xh[i0], xh[i1], c, sn, &xh[i0], &xh[i1]);
     }
 }
 
@@ -1201,6 +1278,86 @@ int gk_kv_store(cudaStream_t s, const float *k, const float *v, void *kc,
     dim3 grid((row + 255) / 256, n_tok);
     k_kv_store<<<grid, 256, 0, s>>>(k, v, kc, vc, kv_f16, row, pos0);
     GPU_CHECK_LAUNCH(e, "kv_store");
+    return 0;
+}
+
+#define QKR_MAX_HD 256   /* gk_qk_norm_rope_store's one-block-per-head limit (k_rmsnorm's block) */
+
+/* k_rmsnorm over one head (blockDim.x = head_dim rounded up to a warp, as
+ * gk_rmsnorm launches it for rows of head_dim <= NORM_THREADS values), then
+ * k_rope's pairs over the normed values, then k_kv_store's conversion of k
+ * and v: one block per head (q heads, k heads, v heads along x) and token
+ * (y). q and k are normed and rotated in place. */
+__global__ void k_qk_norm_rope_store(float *q, float *k, const float *v, const float *wq, const float *wk,
+                                     int n_head, int n_head_kv, int head_dim, const int32_t *pos0,
+                                     float theta_scale, int neox, float eps, void *kc, void *vc, int kv_f16)
+{
+    __shared__ float sh[32];
+    __shared__ float xs[QKR_MAX_HD];
+    const int t = blockIdx.y, h = blockIdx.x, i = threadIdx.x;
+    const int row = n_head_kv * head_dim;
+    const size_t dst = (size_t)(*pos0 + t) * row;
+    if (h >= n_head + n_head_kv) {   /* a v head: only stored */
+        const int o = (h - n_head - n_head_kv) * head_dim + i;
+        if (i < head_dim) {
+            const float val = v[(size_t)t * row + o];
+            if (kv_f16) ((uint16_t *)vc)[dst + o] = f2h(val);
+            else ((float *)vc)[dst + o] = val;
+        }
+        return;
+    }
+    const int isk = h >= n_head, hh = isk ? h - n_head : h;
+    float *xh = isk ? k + ((size_t)t * n_head_kv + hh) * head_dim : q + ((size_t)t * n_head + hh) * head_dim;
+    const float *w = isk ? wk : wq;
+    const float xv = i < head_dim ? xh[i] : 0.0f;
+    float ss = 0.0f;
+    if (i < head_dim) ss += xv * xv;
+    ss = block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / head_dim + eps);
+    if (i < head_dim) xs[i] = xv * scale * w[i];
+    __syncthreads();
+    const int half = head_dim / 2, pos = *pos0 + t;
+    for (int p = i; p < half; p += blockDim.x) {
+        float c, sn, o0, o1;
+        rope_cs(pos, theta_scale, p, &c, &sn);
+        const int i0 = neox ? p : 2 * p, i1 = neox ? p + half : 2 * p + 1;
+        rope_pair(xs[i0], xs[i1], c, sn, &o0, &o1);
+        xh[i0] = o0;
+        xh[i1] = o1;
+        if (isk) {
+            const size_t c0 = dst + (size_t)hh * head_dim + i0, c1 = dst + (size_t)hh * head_dim + i1;
+            if (kv_f16) {
+                ((uint16_t *)kc)[c0] = f2h(o0);
+                ((uint16_t *)kc)[c1] = f2h(o1);
+            } else {
+                ((float *)kc)[c0] = o0;
+                ((float *)kc)[c1] = o1;
+            }
+        }
+    }
+}
+
+int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, const float *wq, const float *wk,
+                          int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base,
+                          int neox, float eps, void *kc, void *vc, int kv_f16, tg_err *e)
+{
+    if (n_tok <= 0 || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 || head_dim % 2)
+        return tg_errf(e, "gpu qk_norm_rope_store: n_tok=%d n_head=%d n_head_kv=%d head_dim=%d: expected positive, "
+                       "head_dim even", n_tok, n_head, n_head_kv, head_dim);
+    if (head_dim > QKR_MAX_HD) {   /* the separate kernels, whose norm loops over wider rows */
+        if (gk_rmsnorm(s, q, wq, q, n_tok * n_head, head_dim, eps, e) ||
+            gk_rmsnorm(s, k, wk, k, n_tok * n_head_kv, head_dim, eps, e) ||
+            gk_rope(s, q, n_tok, n_head, head_dim, pos0, base, neox, e) ||
+            gk_rope(s, k, n_tok, n_head_kv, head_dim, pos0, base, neox, e))
+            return -1;
+        return gk_kv_store(s, k, v, kc, vc, kv_f16, n_tok, n_head_kv * head_dim, pos0, e);
+    }
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);
+    const int threads = ((head_dim + TG_WARP - 1) / TG_WARP) * TG_WARP;
+    dim3 grid(n_head + 2 * n_head_kv, n_tok);
+    k_qk_norm_rope_store<<<grid, threads, 0, s>>>(q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale,
+                                                  neox, eps, kc, vc, kv_f16);
+    GPU_CHECK_LAUNCH(e, "qk_norm_rope_store");
     return 0;
 }
 
@@ -1663,8 +1820,7 @@ int gk_attention_scores(cudaStream_t s, const float *q, const void *kc, const vo
 __global__ void k_swiglu(const float *g, const float *u, float *y, __half *y16, int n)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float x = g[i];
-        const float v = x / (1.0f + expf(-x)) * u[i];
+        const float v = swiglu1(g[i], u[i]);
         y[i] = v;
         if (y16) y16[i] = __float2half_rn(v);
     }
@@ -2668,14 +2824,12 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
 {
     if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu mv_fused: %d segments: expected 1..3", nseg);
     fz_segs fs;
-    int rows = 0;
     fs.n = nseg;
     for (int i = 0; i < nseg; i++) {
         if (!gk_fused_type_supported(segs[i].type) || !fz_k_ok(segs[i].type, K) || segs[i].nrows <= 0)
             return tg_errf(e, "gpu mv_fused: segment %d: type %u, K=%d, %d rows: expected q4_K/q6_K with K a "
                            "multiple of 256 or q8_0 with K a multiple of 32", i, segs[i].type, K, segs[i].nrows);
         fs.s[i] = segs[i];
-        rows += segs[i].nrows;
     }
     int stream = fz_stream_on();
     int chunk_max = 0;

@@ -59,6 +59,20 @@ typedef struct {
 int gk_matmul_group(cudaStream_t s, const gk_mm_seg *segs, int nseg, int K, const float *x, int ncols, void *x16,
                     int x16_ready, tg_err *e);
 
+/* Whether gk_matmul_group runs a weight of this type on the f16 tile (so
+ * that, given x16 ready, it never reads the f32 x). */
+int gk_matmul_group_f16(uint32_t type, int K, int ncols);
+
+/* silu(Wg x) * (Wu x) for ncols tokens, rounded to f16 into y16 (ncols x
+ * nrows), from x16 (ncols x K f16, as gk_rmsnorm16 writes it): gate and up
+ * in one launch of the f16 tile, the SwiGLU in its epilogue; the same bits
+ * as gk_matmul_group of gate and up then gk_swiglu16's y16. Only where
+ * gk_matmul_swiglu_ok (the tile serves the type, unless
+ * TG_GPU_TC2_SWIGLU=0); otherwise an error. */
+int gk_matmul_swiglu_ok(uint32_t type, int K, int ncols);
+int gk_matmul_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int nrows, int K, const void *x16,
+                     int ncols, void *y16, tg_err *e);
+
 /* Whether gk_matmul quantizes x to 8 bits for this call (single-token Q4_K
  * and Q6_K mat-vecs, unless TG_GPU_MMVQ=0): then, per 32 values of x,
  * d = max|x| / 127 (f32 division), q = round-half-even(x / d) (0 when d is
@@ -90,6 +104,14 @@ int gk_add_rmsnorm16(cudaStream_t s, float *x, const float *t, const float *w, f
  * nrows * n values), for gk_matmul_group's x16. */
 int gk_rmsnorm16(cudaStream_t s, const float *x, const float *w, float *y, void *y16, int nrows, int n, float eps,
                  tg_err *e);
+
+/* A prompt's per-head q and k RMSNorm (weights wq, wk), RoPE, and k and v
+ * appended to the cache, in one launch: the same bits as gk_rmsnorm over
+ * the heads of q and of k, gk_rope of each, then gk_kv_store. q and k are
+ * normed and rotated in place; v is read only. */
+int gk_qk_norm_rope_store(cudaStream_t s, float *q, float *k, const float *v, const float *wq, const float *wk,
+                          int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t *pos0, float base,
+                          int neox, float eps, void *kc, void *vc, int kv_f16, tg_err *e);
 
 /* In-place rotary embedding of x: [n_tok][n_head][head_dim]; token t is at
  * position *pos0 + t. neox: pairs (i, i + head_dim/2); else adjacent pairs

@@ -97,6 +97,14 @@ static std::vector<float> dev_download(const float *d, size_t n)
     return h;
 }
 
+static std::vector<uint8_t> dev_bytes(const void *d, size_t n)
+{
+    std::vector<uint8_t> h(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
+    return h;
+}
+
 /* One case's verdict: non-finite first, then NMSE against limit. */
 static void judge(const char *name, const std::vector<float> &out, const std::vector<double> &ref, double limit)
 {
@@ -248,6 +256,53 @@ static void test_matmul_group(const uint32_t *ts, const int *rows, int nseg, int
         cudaFree(dw[i]); cudaFree(dy[i]); cudaFree(dref[i]);
     }
     cudaFree(dx); cudaFree(x16);
+}
+
+/* gk_matmul_swiglu against gk_matmul_group of gate and up then
+ * gk_swiglu16: the same f16 bits. */
+static void test_matmul_swiglu(uint32_t t, int rows, int K, int ncols)
+{
+    char name[128];
+    snprintf(name, sizeof name, "matmul_swiglu(%s,rows=%d,K=%d,cols=%d)", tg_type_name(t), rows, K, ncols);
+    if (!gk_matmul_swiglu_ok(t, K, ncols)) {
+        printf("SKIP %s: not served by the f16 tile here\n", name);
+        return;
+    }
+    std::vector<float> x((size_t)K * ncols), wdg, wdu;
+    fill(x, 1.0f);
+    std::vector<uint8_t> wg = make_weights(t, K, rows, wdg), wu = make_weights(t, K, rows, wdu);
+    uint8_t *dwg = dev_upload(wg.data(), wg.size()), *dwu = dev_upload(wu.data(), wu.size());
+    float *dx = dev_upload(x.data(), x.size());
+    const size_t cnt = (size_t)rows * ncols;
+    float *dg = dev_poisoned(cnt), *du = dev_poisoned(cnt), *dy = dev_poisoned(cnt);
+    void *x16, *ya, *yb;
+    CK(cudaMalloc(&x16, (size_t)K * ncols * 2));
+    CK(cudaMalloc(&ya, cnt * 2));
+    CK(cudaMalloc(&yb, cnt * 2));
+    CK(cudaMemset(ya, 0xFF, cnt * 2));
+    tg_err e = {{0}};
+    const gk_mm_seg gu[2] = {{t, dwg, rows, dg}, {t, dwu, rows, du}};
+    int rc = gk_matmul_group(0, gu, 2, K, dx, ncols, x16, 0, &e);   /* also leaves x in f16 in x16 */
+    if (!rc) rc = gk_swiglu16(0, dg, du, dy, yb, (int)cnt, &e);
+    if (!rc) rc = gk_matmul_swiglu(0, t, dwg, dwu, rows, K, x16, ncols, ya, &e);
+    if (rc) {
+        check_gk(rc, &e, name);
+    } else {
+        std::vector<uint8_t> a = dev_bytes(ya, cnt * 2), b = dev_bytes(yb, cnt * 2);
+        size_t bad = 0, first = 0;
+        for (size_t j = 0; j < cnt; j++)
+            if (memcmp(&a[2 * j], &b[2 * j], 2) && !bad++) first = j;
+        if (bad) {
+            printf("FAIL %s: %zu of %zu outputs differ from the group then swiglu16 (first at %zu)\n", name, bad, cnt,
+                   first);
+            n_fail++;
+        } else {
+            printf("OK   %s (bit-identical)\n", name);
+            n_ok++;
+        }
+    }
+    cudaFree(dwg); cudaFree(dwu); cudaFree(dx); cudaFree(dg); cudaFree(du); cudaFree(dy);
+    cudaFree(x16); cudaFree(ya); cudaFree(yb);
 }
 
 static void test_get_rows(uint32_t t, int K, int rows, int n)
@@ -506,6 +561,60 @@ static void test_swiglu_add(int n)
 /* gk_rmsnorm16 and gk_swiglu16: y as gk_rmsnorm's and gk_swiglu's, bit for
  * bit, and y16 the f16 rounding of y; then gk_matmul_group with x16_ready
  * over the swiglu's y16 gives gk_matmul's bits over its y. */
+/* gk_qk_norm_rope_store against its parts (gk_rmsnorm over the heads of q
+ * and of k, gk_rope of each, gk_kv_store): the same bits in q, k and both
+ * caches. */
+static void test_qk_norm_rope_store(int n_tok, int n_head, int n_head_kv, int hd, int neox, int kv_f16, int pos0)
+{
+    char name[128];
+    snprintf(name, sizeof name, "qk_norm_rope_store(tok=%d,heads=%d/%d,hd=%d,%s,%s,pos=%d)", n_tok, n_head,
+             n_head_kv, hd, neox ? "neox" : "norm", kv_f16 ? "f16" : "f32", pos0);
+    const size_t nq = (size_t)n_tok * n_head * hd, nk = (size_t)n_tok * n_head_kv * hd;
+    const int row = n_head_kv * hd, n_ctx = pos0 + n_tok + 3;
+    const size_t el = kv_f16 ? 2 : 4, cache = (size_t)n_ctx * row * el;
+    std::vector<float> q(nq), k(nk), v(nk), wq(hd), wk(hd);
+    fill(q, 4.0f); fill(k, 4.0f); fill(v, 2.0f); fill(wq, 1.5f); fill(wk, 1.5f);
+    float *dqa = dev_upload(q.data(), nq), *dqb = dev_upload(q.data(), nq);
+    float *dka = dev_upload(k.data(), nk), *dkb = dev_upload(k.data(), nk), *dv = dev_upload(v.data(), nk);
+    float *dwq = dev_upload(wq.data(), (size_t)hd), *dwk = dev_upload(wk.data(), (size_t)hd);
+    int32_t *dp = dev_upload(&pos0, 1);
+    void *kca, *vca, *kcb, *vcb;
+    CK(cudaMalloc(&kca, cache)); CK(cudaMalloc(&vca, cache)); CK(cudaMalloc(&kcb, cache)); CK(cudaMalloc(&vcb, cache));
+    CK(cudaMemset(kca, 0x5a, cache)); CK(cudaMemset(vca, 0x5a, cache));
+    CK(cudaMemset(kcb, 0x5a, cache)); CK(cudaMemset(vcb, 0x5a, cache));
+    tg_err e = {{0}};
+    const float base = 1000000.0f, eps = 1e-6f;
+    int rc = gk_qk_norm_rope_store(0, dqa, dka, dv, dwq, dwk, n_tok, n_head, n_head_kv, hd, dp, base, neox, eps, kca,
+                                   vca, kv_f16, &e);
+    if (!rc) rc = gk_rmsnorm(0, dqb, dwq, dqb, n_tok * n_head, hd, eps, &e);
+    if (!rc) rc = gk_rmsnorm(0, dkb, dwk, dkb, n_tok * n_head_kv, hd, eps, &e);
+    if (!rc) rc = gk_rope(0, dqb, n_tok, n_head, hd, dp, base, neox, &e);
+    if (!rc) rc = gk_rope(0, dkb, n_tok, n_head_kv, hd, dp, base, neox, &e);
+    if (!rc) rc = gk_kv_store(0, dkb, dv, kcb, vcb, kv_f16, n_tok, row, dp, &e);
+    if (rc) {
+        check_gk(rc, &e, name);
+    } else {
+        const char *what = NULL;
+        if (memcmp(dev_download(dqa, nq).data(), dev_download(dqb, nq).data(), nq * 4)) what = "q";
+        else if (memcmp(dev_download(dka, nk).data(), dev_download(dkb, nk).data(), nk * 4)) what = "k";
+        else {
+            std::vector<uint8_t> a = dev_bytes(kca, cache), b = dev_bytes(kcb, cache);
+            std::vector<uint8_t> c = dev_bytes(vca, cache), d = dev_bytes(vcb, cache);
+            if (a != b) what = "k cache";
+            else if (c != d) what = "v cache";
+        }
+        if (what) {
+            printf("FAIL %s: %s differs from the separate kernels'\n", name, what);
+            n_fail++;
+        } else {
+            printf("OK   %s (bit-identical)\n", name);
+            n_ok++;
+        }
+    }
+    cudaFree(dqa); cudaFree(dqb); cudaFree(dka); cudaFree(dkb); cudaFree(dv); cudaFree(dwq); cudaFree(dwk);
+    cudaFree(dp); cudaFree(kca); cudaFree(vca); cudaFree(kcb); cudaFree(vcb);
+}
+
 static void test_f16_outputs(int rows, int n)
 {
     char name[96];
@@ -985,8 +1094,19 @@ int main(void)
         const int rdn[1] = {4096};
         test_matmul_group(dn, rdn, 1, 12288, 512, 0);
     }
+    /* gate, up and SwiGLU in one launch: partial row blocks (of 32 and 64
+     * rows a weight), both tiles (64 x 128 small, 128 x 128 at 8b's width) */
+    for (uint32_t t : types) test_matmul_swiglu(t, 200, 256, 100);
+    test_matmul_swiglu(TG_TYPE_Q4_K, 77, 512, 16);
+    test_matmul_swiglu(TG_TYPE_Q4_K, 12288, 4096, 300);
+    test_matmul_swiglu(TG_TYPE_Q6_K, 14336, 4096, 512);
     test_f16_outputs(100, 1024);
     test_f16_outputs(8, 768);   /* below the tensor-core width: the group multiplies x itself */
+    test_qk_norm_rope_store(37, 32, 8, 128, 1, 1, 0);   /* Qwen3-8B's heads, a prompt at 0 */
+    test_qk_norm_rope_store(5, 16, 8, 128, 1, 0, 9);    /* f32 cache, a later batch */
+    test_qk_norm_rope_store(3, 4, 2, 64, 0, 1, 2);      /* adjacent pairs, head_dim 64 */
+    test_qk_norm_rope_store(2, 2, 1, 80, 1, 1, 1);      /* head_dim not a multiple of the warp */
+    test_qk_norm_rope_store(2, 2, 1, 512, 1, 1, 4);     /* over QKR_MAX_HD: the separate kernels */
     /* the single-token shapes of the 8-bit mat-vec: several rows per warp,
      * the widest activation vectors of the 8b shape */
     for (uint32_t t : {TG_TYPE_Q4_K, TG_TYPE_Q6_K}) {
