@@ -204,7 +204,7 @@ static void mm_chunk(void *ctx, int chunk, int ith)
                 if (fa_simd() == 2)
                     tg_swiglu_ggml_avx512(r0, r1, jb->w->rows, g, u);
                 else
-                    tg_swiglu_ggml_avx2(r0, r1, jb->w->rows, g, u, 0);
+                    tg_swiglu_ggml_avx2(r0, r1, jb->w->rows, g, u);
                 continue;
             }
 #endif
