@@ -296,7 +296,7 @@ TILE_INLINE void tile_q6_K(int n, float *out, size_t os, const uint8_t *x, size_
                     for (int t = 0; t < T; t++) {
                         const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 128 * h + 32 * u));
                         sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
-                    IN_REG(sumi[r][t]);
+                        IN_REG(sumi[r][t]);
                     }
                 }
             }
