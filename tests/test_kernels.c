@@ -240,7 +240,7 @@ static void check_dot4(const tg_cpu_kernels *k)
 static void check_gemm16(const tg_cpu_kernels *k)
 {
     static const int ns[] = {256, 1024, 2816};
-    static const int nbs[] = {1, 2, 5, 64, 70};
+    static const int nbs[] = {1, 2, 3, 4, 5, 7, 64, 70};   /* every tail of the 4-row passes */
     enum { NBMAX = 70, OS = 19 };
     for (size_t t = 0; t < sizeof weight_types / sizeof weight_types[0]; t++) {
         const uint32_t type = weight_types[t];

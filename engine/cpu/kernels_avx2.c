@@ -478,7 +478,8 @@ static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx,
  * one vpmaddwd applies the rows' scales: the same exact integer sums as
  * the tiles above, and the same float updates per row, so the outputs are
  * bit-identical to vec_dot's with fewer multiplies (9 against 16 per 256
- * products). */
+ * products). Each quant register, once loaded, serves four activation rows
+ * (tokens), so a pass reads the unpacked block once per four tokens. */
 
 /* One Q4_K block of 8 rows, one row per lane. */
 typedef struct {
@@ -517,19 +518,23 @@ TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
     const __m128i dd1 = dwords(xi + 4 * bx, bx, offsetof(block_q4_K, d), 4);
     L->d = _mm256_set_m128(half_f32(dd1, 0), half_f32(dd0, 0));
     L->dmin = _mm256_set_m128(half_f32(dd1, 1), half_f32(dd0, 1));
+    /* row r's scales and mins as int16: dwords (sc 2k, sc 2k+1) for k < 4,
+     * then (m 2k, m 2k+1); transposed, t[k] lane r is row r's dword k */
     __m128i scmin[8];
     scales_k4_rows(scmin, xi, bx, 4);
     scales_k4_rows(scmin + 4, xi + 4 * bx, bx, 4);
-    uint8_t b[8][16];
-    for (int r = 0; r < 8; r++) _mm_storeu_si128((__m128i *)b[r], scmin[r]);
-    int32_t v[8];
-    for (int j = 0; j < 8; j++) {
-        for (int r = 0; r < 8; r++) v[r] = b[r][j] * 0x10001;
-        L->s[j] = _mm256_loadu_si256((const __m256i *)v);
-    }
+    __m256i t[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) t[r] = _mm256_cvtepu8_epi16(scmin[r]);
+    transpose8(t);
+    const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                                            0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        for (int r = 0; r < 8; r++) v[r] = b[r][8 + 2 * k] | b[r][9 + 2 * k] << 16;
-        L->mp[k] = _mm256_loadu_si256((const __m256i *)v);
+        L->s[2 * k] = _mm256_shuffle_epi8(t[k], dup_lo);
+        L->s[2 * k + 1] = _mm256_shuffle_epi8(t[k], dup_hi);
+        L->mp[k] = t[4 + k];
     }
 #pragma GCC unroll 1
     for (int g = 0; g < 4; g++) {
@@ -546,43 +551,77 @@ TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
     }
 }
 
-/* The 8 rows of L against activation rows y[0], y[1]: acc[t], accm[t]
- * (lane r: row r) updated as vec_dot does. */
-TILE_INLINE void lanes8_q4_K_pass(const lanes8_q4_K *L, const block_q8_K *const y[2], __m256 acc[2], __m256 accm[2])
+/* The 8 rows of L against activation rows y[0..T-1] (T 1..4): acc[t],
+ * accm[t] (lane r: row r) updated as vec_dot does. */
+TILE_INLINE void lanes8_q4_K_pass(const lanes8_q4_K *L, const block_q8_K *const y[4], __m256 acc[4], __m256 accm[4],
+                                  const int T)
 {
-    const int32_t *a0 = (const int32_t *)y[0]->qs, *a1 = (const int32_t *)y[1]->qs;
-    __m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+    const int32_t *a[4];
+    __m256i is[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        a[t] = (const int32_t *)y[t]->qs;
+        is[t] = _mm256_setzero_si256();
+    }
 #pragma GCC unroll 1
     for (int j = 0; j < 8; j++) {
-        __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
+        __m256i h[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) h[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m256i w = _mm256_load_si256(&L->w[j][k]);
-            h0 = _mm256_add_epi16(h0, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a0[8 * j + k])));
-            h1 = _mm256_add_epi16(h1, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a1[8 * j + k])));
-            IN_REG(h0);
-            IN_REG(h1);
-        }
-        is0 = _mm256_add_epi32(is0, _mm256_madd_epi16(h0, L->s[j]));
-        is1 = _mm256_add_epi32(is1, _mm256_madd_epi16(h1, L->s[j]));
-    }
-    const __m256i isum[2] = {is0, is1};
-#pragma GCC unroll 2
-    for (int t = 0; t < 2; t++) {
-        int32_t bp[4];
-        _mm_storeu_si128((__m128i *)bp, bsums_sub(y[t]->bsums));   /* sub-block sums, in pairs */
-        __m256i imin = _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[k], _mm256_set1_epi32(bp[k])));
+            for (int t = 0; t < T; t++) {
+                h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(w, _mm256_set1_epi32(a[t][8 * j + k])));
+                IN_REG(h[t]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(h[t], L->s[j]));
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        /* the sub-block sums in pairs (b 2k, b 2k+1), pair k in every lane */
+        const __m256i bp = _mm256_broadcastsi128_si256(bsums_sub(y[t]->bsums));
+        __m256i imin = _mm256_madd_epi16(L->mp[0], _mm256_shuffle_epi32(bp, 0x00));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[1], _mm256_shuffle_epi32(bp, 0x55)));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[2], _mm256_shuffle_epi32(bp, 0xaa)));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[3], _mm256_shuffle_epi32(bp, 0xff)));
         const __m256 yd = _mm256_set1_ps(y[t]->d);
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->d), _mm256_cvtepi32_ps(is[t]), acc[t]);
         accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->dmin), _mm256_cvtepi32_ps(imin), accm[t]);
     }
 }
 
+/* Activation rows b .. b+T-1 (T 1..4) of a pass against the 8-row groups
+ * of one block: the float accumulators acc[b + t][g], accm[b + t][g]. */
+TILE_INLINE void lanes8_q4_K_rows(const lanes8_q4_K L[2], const char *yb, size_t by, int i, int b,
+                                  __m256 acc[][2], __m256 accm[][2], const int T)
+{
+    const block_q8_K *y[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(yb + (size_t)(b + t) * by) + i;
+#pragma GCC unroll 1
+    for (int g = 0; g < 2; g++) {
+        __m256 a[4], am[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            a[t] = acc[b + t][g];
+            am[t] = accm[b + t][g];
+        }
+        lanes8_q4_K_pass(&L[g], y, a, am, T);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            acc[b + t][g] = a[t];
+            accm[b + t][g] = am[t];
+        }
+    }
+}
+
 /* gemm16 for Q4_K: one activation row (decode) through the 4 x 1 tiles (the
- * next rows prefetched), more through the one-row-per-lane passes, two
- * activation rows at a time (an odd last one paired with itself). */
+ * next rows prefetched), more through the one-row-per-lane passes, four
+ * activation rows at a time (the last one to three on their own). */
 static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb)
 {
     const uint8_t *x = vx;
@@ -593,24 +632,19 @@ static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx,
     for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
         const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
         const char *yb = (const char *)vy + (size_t)b0 * by;
-        for (int b = 0; b < m + (m & 1); b++) acc[b][0] = acc[b][1] = accm[b][0] = accm[b][1] = _mm256_setzero_ps();
+        for (int b = 0; b < m; b++) acc[b][0] = acc[b][1] = accm[b][0] = accm[b][1] = _mm256_setzero_ps();
         for (int i = 0; i < nblk; i++) {
             const uint8_t *xi = x + (size_t)i * sizeof(block_q4_K);
             if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
             lanes8_q4_K_load(&L[0], xi, bx);
             lanes8_q4_K_load(&L[1], xi + 8 * bx, bx);
-            for (int b = 0; b < m; b += 2) {
-                const int b1 = b + 1 < m ? b + 1 : b;
-                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,
-                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};
-                for (int g = 0; g < 2; g++) {
-                    __m256 a[2] = {acc[b][g], acc[b + 1][g]}, am[2] = {accm[b][g], accm[b + 1][g]};
-                    lanes8_q4_K_pass(&L[g], y, a, am);
-                    acc[b][g] = a[0];
-                    acc[b + 1][g] = a[1];
-                    accm[b][g] = am[0];
-                    accm[b + 1][g] = am[1];
-                }
+            int b = 0;
+            for (; b + 4 <= m; b += 4) lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 4);
+            switch (m - b) {
+            case 3: lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 3); break;
+            case 2: lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 2); break;
+            case 1: lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 1); break;
+            default: break;
             }
         }
         for (int b = 0; b < m; b++)
