@@ -499,40 +499,38 @@ typedef struct tok_step {
  * a pool job would cost more than the step. */
 #define POOL_MIN_TOKENS 8
 
-/* Runs fn over the tokens [0, nb) of the batch. */
-static void for_tokens(tg_session *s, int nb, tg_pool_range_fn fn, const tok_step *t)
+/* Runs fn(ctx, ...) over the tokens [0, nb) of the batch. */
+static void for_tokens(tg_session *s, int nb, tg_pool_range_fn fn, void *ctx)
 {
     cpu_state *c = s->tier;
     if (nb >= POOL_MIN_TOKENS)
-        tg_pool_run_ranges(c->pool, nb, fn, (void *)t);
+        tg_pool_run_ranges(c->pool, nb, fn, ctx);
     else
-        fn((void *)t, 0, nb, 0);
+        fn(ctx, 0, nb, 0);
 }
 
-/* h = rmsnorm(x) * attn_norm for tokens [b0, b1). */
-static void attn_norm_tokens(void *ctx, int b0, int b1, int ith)
+/* A block's input rmsnorm: h = rmsnorm(x) * w, n values per token. */
+typedef struct norm_step {
+    cpu_state *c;
+    const float *w;   /* (n) */
+    int n;
+    float eps;
+} norm_step;
+
+static void norm_rows(void *ctx, int b0, int b1, int ith)
 {
     (void)ith;
-    const tok_step *t = ctx;
-    const cpu_state *c = t->s->tier;
-    const tg_layer *L = t->L;
-    const tg_hparams *hp = &t->s->m->hp;
-    const int E = hp->n_embd;
+    const norm_step *t = ctx;
+    const size_t n = (size_t)t->n;
     for (int b = b0; b < b1; b++)
-        rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->attn_norm.data, E, hp->eps);
+        rmsnorm(t->c->h + b * n, t->c->x + b * n, t->w, t->n, t->eps);
 }
 
-/* h = rmsnorm(x) * ffn_norm for tokens [b0, b1). */
-static void ffn_norm_tokens(void *ctx, int b0, int b1, int ith)
+/* h = rmsnorm(x) * w for the batch's nb tokens. */
+static void norm_tokens(tg_session *s, int nb, const float *w, float eps)
 {
-    (void)ith;
-    const tok_step *t = ctx;
-    const cpu_state *c = t->s->tier;
-    const tg_layer *L = t->L;
-    const tg_hparams *hp = &t->s->m->hp;
-    const int E = hp->n_embd;
-    for (int b = b0; b < b1; b++)
-        rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->ffn_norm.data, E, hp->eps);
+    norm_step t = {s->tier, w, s->m->hp.n_embd, eps};
+    for_tokens(s, nb, norm_rows, &t);
 }
 
 /* Per-head q/k rmsnorm (qwen3) for tokens [b0, b1). */
@@ -622,11 +620,11 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
 
     for (int il = 0; il < hp->n_layer; il++) {
         const tg_layer *L = &m->layers[il];
-        const tok_step ts = {s, L, il};
+        tok_step ts = {s, L, il};
         c->layer = il;
 
         // attention rmsnorm
-        for_tokens(s, nb, attn_norm_tokens, &ts);
+        norm_tokens(s, nb, L->attn_norm.data, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
         tg_hook(s, il, TG_RS_ATTN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_NORM, c->h + (size_t)last * E, E, e))
@@ -696,7 +694,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         tg_hook(s, il, TG_RS_ATTN_RES, pos0, nb, c->x, E, 0, E);
 
         // ffn rmsnorm
-        for_tokens(s, nb, ffn_norm_tokens, &ts);
+        norm_tokens(s, nb, L->ffn_norm.data, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
         tg_hook(s, il, TG_RS_FFN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_NORM, c->h + (size_t)last * E, E, e))
