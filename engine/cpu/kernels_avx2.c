@@ -382,6 +382,23 @@ TILE_INLINE void transpose8(__m256i r[8])
     }
 }
 
+/* t[r]: 16 int16 scales (or scales and mins) of row r of 8. On return t[k]
+ * lane r is row r's dword k (values 2k, 2k + 1), and for k < NK, s[2k] and
+ * s[2k + 1] lane r the int16 pairs (v 2k, v 2k) and (v 2k+1, v 2k+1): each
+ * row's scale of a sub-block in its lane, as vpmaddwd applies it. */
+TILE_INLINE void scale_lanes(__m256i t[8], __m256i *s, const int NK)
+{
+    transpose8(t);
+    const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                                            0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; k++) {
+        s[2 * k] = _mm256_shuffle_epi8(t[k], dup_lo);
+        s[2 * k + 1] = _mm256_shuffle_epi8(t[k], dup_hi);
+    }
+}
+
 TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -397,16 +414,9 @@ TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
     __m256i t[8];
 #pragma GCC unroll 8
     for (int r = 0; r < 8; r++) t[r] = _mm256_cvtepu8_epi16(scmin[r]);
-    transpose8(t);
-    const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
-                                            0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
-    const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+    scale_lanes(t, L->s, 4);
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        L->s[2 * k] = _mm256_shuffle_epi8(t[k], dup_lo);
-        L->s[2 * k + 1] = _mm256_shuffle_epi8(t[k], dup_hi);
-        L->mp[k] = t[4 + k];
-    }
+    for (int k = 0; k < 4; k++) L->mp[k] = t[4 + k];
 #pragma GCC unroll 1
     for (int g = 0; g < 4; g++) {
         __m256i q[8];
@@ -492,7 +502,7 @@ TILE_INLINE void lanes8_q4_K_rows(const lanes8_q4_K L[2], const char *yb, size_t
 
 /* gemm16 for Q4_K: one activation row (decode) through the 4 x 1 tiles (the
  * next rows prefetched), more through the one-row-per-lane passes, four
- * activation rows at a time (the last one to three on their own). */
+ * activation rows at a time (the last one to three one by one). */
 static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb)
 {
     const uint8_t *x = vx;
@@ -511,12 +521,7 @@ static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx,
             lanes8_q4_K_load(&L[1], xi + 8 * bx, bx);
             int b = 0;
             for (; b + 4 <= m; b += 4) lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 4);
-            switch (m - b) {
-            case 3: lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 3); break;
-            case 2: lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 2); break;
-            case 1: lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 1); break;
-            default: break;
-            }
+            for (; b < m; b++) lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 1);
         }
         for (int b = 0; b < m; b++)
             for (int g = 0; g < 2; g++)
@@ -557,16 +562,9 @@ TILE_INLINE void lanes8_q6_K_load(lanes8_q6_K *L, const uint8_t *xi, size_t bx)
     for (int r = 0; r < 8; r++)
         t[r] = _mm256_cvtepi8_epi16(
             _mm_loadu_si128((const __m128i *)(xi + (size_t)r * bx + offsetof(block_q6_K, scales))));
-    transpose8(t);
-    const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
-                                            0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
-    const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+    scale_lanes(t, L->s, 8);
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        L->s[2 * k] = _mm256_shuffle_epi8(t[k], dup_lo);
-        L->s[2 * k + 1] = _mm256_shuffle_epi8(t[k], dup_hi);
-        L->sp[k] = t[k];
-    }
+    for (int k = 0; k < 8; k++) L->sp[k] = t[k];
     /* chunk c = 4h + u (values 32c.., sub-blocks 2c, 2c + 1): the low
      * (u < 2) or high nibbles of ql bytes 64h + 32 (u % 2).., with qh bits
      * 2u, 2u + 1 of bytes 32h.. */
@@ -660,7 +658,7 @@ TILE_INLINE void lanes8_q6_K_rows(const lanes8_q6_K L[2], const char *yb, size_t
 
 /* gemm16 for Q6_K: one activation row (decode) through the 4 x 1 tiles,
  * more through the one-row-per-lane passes, four activation rows at a
- * time (the last one to three on their own). Both prefetch the rows that
+ * time (the last one to three one by one). Both prefetch the rows that
  * follow the 16 (the first reads of each block stalled on memory
  * without). */
 static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by,
@@ -682,12 +680,7 @@ static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx,
             lanes8_q6_K_load(&L[1], xi + 8 * bx, bx);
             int b = 0;
             for (; b + 4 <= m; b += 4) lanes8_q6_K_rows(L, yb, by, i, b, acc, 4);
-            switch (m - b) {
-            case 3: lanes8_q6_K_rows(L, yb, by, i, b, acc, 3); break;
-            case 2: lanes8_q6_K_rows(L, yb, by, i, b, acc, 2); break;
-            case 1: lanes8_q6_K_rows(L, yb, by, i, b, acc, 1); break;
-            default: break;
-            }
+            for (; b < m; b++) lanes8_q6_K_rows(L, yb, by, i, b, acc, 1);
         }
         for (int b = 0; b < m; b++)
             for (int g = 0; g < 2; g++) _mm256_storeu_ps(out + (size_t)(b0 + b) * os + 8 * g, acc[b][g]);
