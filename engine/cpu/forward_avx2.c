@@ -258,20 +258,28 @@ static inline __m256 v_expf(__m256 x)
     return _mm256_blendv_ps(_mm256_fmadd_ps(j, k, k), slow, c);
 }
 
-/* tg_swiglu_ggml_ref (wide 0) 8 lanes at a time: the same operations per
- * element, so the same bytes. */
+/* Rows [r0, r1) of a row of n through vec, w = 8 (wide 0) or 16 values
+ * at a time where whole vectors of the row's first n / w * w values fall,
+ * the others through tg_swiglu_ggml_ref: the same bytes as the reference
+ * when vec computes its elements as it does. */
+void tg_swiglu_rows(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide, tg_swiglu_vec_fn vec)
+{
+    const int64_t w = wide ? 16 : 8, nv = n / w * w;
+    int64_t i = r0;
+    for (; i < r1 && i % w; i++) tg_swiglu_ggml_ref(i, i + 1, n, g, u, wide);
+    for (; i + w <= r1 && i + w <= nv; i += w) vec(g + i, u + i);
+    tg_swiglu_ggml_ref(i, r1, n, g, u, wide);
+}
+
+/* g[0..8) = silu(g) * u, ggml's AVX2 expf. */
+static void swiglu8(float *g, const float *u)
+{
+    const __m256 x = _mm256_loadu_ps(g);
+    const __m256 ex = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    _mm256_storeu_ps(g, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ex)), _mm256_loadu_ps(u)));
+}
+
 void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u)
 {
-    const int64_t nv = n / 8 * 8;
-    int64_t i = r0;
-    for (; i < r1 && i % 8; i++)
-        g[i] = g[i] / (1.0f + (i < nv ? tg_ggml_expf_avx2(0.0f - g[i]) : __builtin_expf(-g[i]))) * u[i];
-    for (; i + 8 <= r1 && i + 8 <= nv; i += 8) {
-        const __m256 x = _mm256_loadu_ps(g + i);
-        const __m256 ex = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ex)),
-                                              _mm256_loadu_ps(u + i)));
-    }
-    for (; i < r1; i++)
-        g[i] = g[i] / (1.0f + (i < nv ? tg_ggml_expf_avx2(0.0f - g[i]) : __builtin_expf(-g[i]))) * u[i];
+    tg_swiglu_rows(r0, r1, n, g, u, 0, swiglu8);
 }
