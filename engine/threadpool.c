@@ -9,7 +9,9 @@
  * and a claim names the job's generation: a late thread that still holds a
  * word of an earlier job fails its swap. While a claimed piece runs, its
  * job cannot finish, so fn/ctx are stable for the claimant. `done` counts
- * finished items of the current job; the caller returns when it reaches n.
+ * finished items of the current job, each thread adding what it ran once
+ * it finds nothing left (one atomic add per thread and job, on a cache
+ * line of its own); the caller returns when it reaches n.
  *
  * Workers wait for a new generation: a short spin, then a sleep on `cond`
  * (the publisher broadcasts only when someone sleeps). The caller waits for
@@ -59,6 +61,7 @@ struct tg_pool {
     tg_pool_range_fn fn;        /* the current job */
     void *ctx;
     _Atomic uint32_t gen;       /* the current job's generation (16 bits) */
+    char pad[64];               /* done apart from what claims read */
     atomic_int done;            /* items of the current job finished */
     atomic_int sleeping;        /* workers blocked on cond */
     atomic_int stop;
@@ -68,7 +71,7 @@ struct tg_pool {
 
 /* Claims a quarter (at least one) of what is left of share s of job gen,
  * from the front (own share) or the back (stealing), and runs it. Returns
- * 1 after running a piece, 0 when the share is empty or of another job. */
+ * the items run, 0 when the share is empty or of another job. */
 static int claim_run(tg_pool *p, share *s, uint32_t gen, int front, int ith)
 {
     uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
@@ -81,8 +84,7 @@ static int claim_run(tg_pool *p, share *s, uint32_t gen, int front, int ith)
         if (atomic_compare_exchange_weak_explicit(&s->word, &w, nw, memory_order_acq_rel, memory_order_acquire)) {
             const int i0 = front ? lo : hi - k;
             p->fn(p->ctx, i0, i0 + k, ith);
-            atomic_fetch_add_explicit(&p->done, k, memory_order_release);
-            return 1;
+            return k;
         }
     }
 }
@@ -91,13 +93,16 @@ static int claim_run(tg_pool *p, share *s, uint32_t gen, int front, int ith)
  * every share is empty. */
 static void work(tg_pool *p, int ith, uint32_t gen)
 {
-    while (claim_run(p, &p->shares[ith], gen, 1, ith))
-        ;
+    int ran = 0, k;
+    while ((k = claim_run(p, &p->shares[ith], gen, 1, ith)) > 0)
+        ran += k;
     for (int j = 1; j < p->nth; j++) {
         share *v = &p->shares[(ith + j) % p->nth];
-        while (claim_run(p, v, gen, 0, ith))
-            ;
+        while ((k = claim_run(p, v, gen, 0, ith)) > 0)
+            ran += k;
     }
+    if (ran)
+        atomic_fetch_add_explicit(&p->done, ran, memory_order_release);
 }
 
 /* Waits for a generation other than seen; returns it. */
