@@ -18,11 +18,14 @@
  *
  * A prompt is evaluated in batches: each weight row is streamed once per
  * batch and dotted with every token's activations. Matmuls hand chunks of
- * output rows to the thread pool (gate and up together, with the swiglu of
- * the chunk's rows); each output value is one dot product whichever thread
+ * 16 output rows to the thread pool (gate and up together, with the swiglu
+ * of the chunk's rows), which gives each thread runs of consecutive chunks
+ * (threadpool.h); each output value is one dot product whichever thread
  * computes it, so the bytes depend neither on the thread count nor on
  * timing. Attention hands out (token, KV head) pairs the same way, each
- * query head computed whole by one thread.
+ * query head computed whole by one thread. In batches of 8 tokens or more
+ * the elementwise steps (norms, rope, cache stores, residual adds) go to
+ * the pool too, whole tokens at a time.
  *
  * The tier's table, tg_tier_cpu (tier.h), is at the end of the file.
  */
@@ -153,23 +156,15 @@ typedef struct mm_dispatch {
     int n_jobs;
     int nb;
     int swiglu;        /* jobs[0] gate, jobs[1] up, chunked together: g = silu(g) * u */
-    int64_t chunk_rows[3];
     int first_chunk[4]; /* chunk index where job j starts; [n_jobs] = total */
 } mm_dispatch;
 
-/* Rows per chunk: about two chunks per thread, multiples of 16 rows. Any
- * split gives the same bytes (each output is one dot product). Few long
- * chunks keep each thread's stream of weight rows long (its prefetch runs
- * ahead within a chunk only); two rather than one leave room to even out a
- * slower thread. Measured on the 0.6b-shape file, 2 threads, decode of 64
- * steps after 128 tokens: 691 ms with four chunks per thread, 656 with two,
- * 653 with one. */
-static int64_t rows_per_chunk(int64_t rows, int nth)
-{
-    int64_t c = (rows + 2 * nth - 1) / (2 * nth);
-    c = (c + 15) & ~(int64_t)15;
-    return c < 16 ? 16 : c;
-}
+/* Rows per chunk, the pool's unit of matmul work: whole gemm16 tiles.
+ * Any split gives the same bytes (each output is one dot product); the
+ * pool hands each thread runs of consecutive chunks (a quarter of what is
+ * left of a share at a time), so a thread's weight rows stream in order
+ * and its prefetch runs ahead across chunk boundaries. */
+#define MM_CHUNK_ROWS 16
 
 static void mm_rows(const mm_dispatch *d, const mm_job *jb, int64_t r0, int64_t r1)
 {
@@ -177,41 +172,55 @@ static void mm_rows(const mm_dispatch *d, const mm_job *jb, int64_t r0, int64_t 
              jb->out, jb->out_stride, jb->w->rows);
 }
 
-static void mm_chunk(void *ctx, int chunk, int ith)
+/* Rows [r0, r1) of job j of the dispatch; with swiglu, the up projection
+ * of the same rows and then g = silu(g) * u over them. */
+static void mm_job_rows(const mm_dispatch *d, int j, int64_t r0, int64_t r1)
+{
+    const mm_job *jb = &d->jobs[j];
+    mm_rows(d, jb, r0, r1);
+    if (!d->swiglu)
+        return;
+    const cpu_state *c = d->s->tier;
+    tg_hook(d->s, c->layer, TG_RS_GATE, c->pos0, d->nb, jb->out, jb->out_stride, r0, r1);
+    // up projection of the same rows, then swiglu: silu(x) = x / (1 + exp(-x))
+    const mm_job *uj = &d->jobs[1];
+    mm_rows(d, uj, r0, r1);
+    tg_hook(d->s, c->layer, TG_RS_UP, c->pos0, d->nb, uj->out, uj->out_stride, r0, r1);
+    for (int b = 0; b < d->nb; b++) {
+        float *g = jb->out + b * jb->out_stride;
+        const float *u = uj->out + b * uj->out_stride;
+#if defined(__x86_64__)
+        if (fa_simd()) {
+            // ggml's vectorized expf, as llama.cpp's swiglu on this ISA
+            if (fa_simd() == 2)
+                tg_swiglu_ggml_avx512(r0, r1, jb->w->rows, g, u);
+            else
+                tg_swiglu_ggml_avx2(r0, r1, jb->w->rows, g, u);
+            continue;
+        }
+#endif
+        for (int64_t r = r0; r < r1; r++)
+            g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+    }
+    tg_hook(d->s, c->layer, TG_RS_SWIGLU, c->pos0, d->nb, jb->out, jb->out_stride, r0, r1);
+}
+
+/* Chunks [c0, c1) of the dispatch (a pool run): the rows of each job that
+ * the run covers, job by job. */
+static void mm_chunks(void *ctx, int c0, int c1, int ith)
 {
     (void)ith;
-    mm_dispatch *d = ctx;
+    const mm_dispatch *d = ctx;
     int j = 0;
-    while (chunk >= d->first_chunk[j + 1])
-        j++;
-    const mm_job *jb = &d->jobs[j];
-    int64_t r0 = (int64_t)(chunk - d->first_chunk[j]) * d->chunk_rows[j];
-    int64_t r1 = r0 + d->chunk_rows[j] < jb->w->rows ? r0 + d->chunk_rows[j] : jb->w->rows;
-    mm_rows(d, jb, r0, r1);
-    if (d->swiglu) {
-        const cpu_state *c = d->s->tier;
-        tg_hook(d->s, c->layer, TG_RS_GATE, c->pos0, d->nb, jb->out, jb->out_stride, r0, r1);
-        // up projection of the same rows, then swiglu: silu(x) = x / (1 + exp(-x))
-        const mm_job *uj = &d->jobs[1];
-        mm_rows(d, uj, r0, r1);
-        tg_hook(d->s, c->layer, TG_RS_UP, c->pos0, d->nb, uj->out, uj->out_stride, r0, r1);
-        for (int b = 0; b < d->nb; b++) {
-            float *g = jb->out + b * jb->out_stride;
-            const float *u = uj->out + b * uj->out_stride;
-#if defined(__x86_64__)
-            if (fa_simd()) {
-                // ggml's vectorized expf, as llama.cpp's swiglu on this ISA
-                if (fa_simd() == 2)
-                    tg_swiglu_ggml_avx512(r0, r1, jb->w->rows, g, u);
-                else
-                    tg_swiglu_ggml_avx2(r0, r1, jb->w->rows, g, u, 0);
-                continue;
-            }
-#endif
-            for (int64_t r = r0; r < r1; r++)
-                g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
-        }
-        tg_hook(d->s, c->layer, TG_RS_SWIGLU, c->pos0, d->nb, jb->out, jb->out_stride, r0, r1);
+    while (c0 < c1) {
+        while (c0 >= d->first_chunk[j + 1])
+            j++;
+        const int ce = c1 < d->first_chunk[j + 1] ? c1 : d->first_chunk[j + 1];
+        const int64_t rows = d->jobs[j].w->rows;
+        const int64_t r0 = (int64_t)(c0 - d->first_chunk[j]) * MM_CHUNK_ROWS;
+        const int64_t r1 = (int64_t)(ce - d->first_chunk[j]) * MM_CHUNK_ROWS;
+        mm_job_rows(d, j, r0, r1 < rows ? r1 : rows);
+        c0 = ce;
     }
 }
 
@@ -247,14 +256,13 @@ static void run_dispatch(tg_session *s, mm_dispatch *d)
     int n_chunked = d->swiglu ? 1 : d->n_jobs;
     int total = 0;
     for (int j = 0; j < n_chunked; j++) {
-        d->chunk_rows[j] = rows_per_chunk(d->jobs[j].w->rows, c->nth);
         d->first_chunk[j] = total;
-        total += (int)((d->jobs[j].w->rows + d->chunk_rows[j] - 1) / d->chunk_rows[j]);
+        total += (int)((d->jobs[j].w->rows + MM_CHUNK_ROWS - 1) / MM_CHUNK_ROWS);
     }
     d->first_chunk[n_chunked] = total;
     if (d->swiglu)
         assert(d->n_jobs == 2 && d->jobs[0].w->rows == d->jobs[1].w->rows);
-    tg_pool_run(c->pool, total, mm_chunk, d);
+    tg_pool_run_ranges(c->pool, total, mm_chunks, d);
     for (int j = 0; j < d->n_jobs; j++)
         tg_ops_count(&s->ops, TG_OP_MATMUL, d->jobs[j].w->type, TG_TIER_CPU);
     if (d->swiglu)
@@ -473,6 +481,121 @@ static int dump(tg_session *s, int want, int layer, int stage, const float *x, i
     return want ? tg_dump(s, layer, stage, x, n, e) : 0;
 }
 
+/* --- elementwise steps over the batch's tokens ---------------------------
+ * Each step works on whole tokens (rows of the batch), so a run of tokens
+ * [b0, b1) is a pool item range and the bytes do not depend on who runs
+ * it.
+ */
+
+/* The layer a step belongs to. */
+typedef struct tok_step {
+    tg_session *s;
+    const tg_layer *L;
+    int il;
+} tok_step;
+
+/* Batches of at least this many tokens run their elementwise steps on the
+ * pool; smaller ones (decode's single token) on the caller's thread, where
+ * a pool job would cost more than the step. */
+#define POOL_MIN_TOKENS 8
+
+/* Runs fn(ctx, ...) over the tokens [0, nb) of the batch. */
+static void for_tokens(tg_session *s, int nb, tg_pool_range_fn fn, void *ctx)
+{
+    cpu_state *c = s->tier;
+    if (nb >= POOL_MIN_TOKENS)
+        tg_pool_run_ranges(c->pool, nb, fn, ctx);
+    else
+        fn(ctx, 0, nb, 0);
+}
+
+/* A block's input rmsnorm: h = rmsnorm(x) * w, n values per token. */
+typedef struct norm_step {
+    cpu_state *c;
+    const float *w;   /* (n) */
+    int n;
+    float eps;
+} norm_step;
+
+static void norm_rows(void *ctx, int b0, int b1, int ith)
+{
+    (void)ith;
+    const norm_step *t = ctx;
+    const size_t n = (size_t)t->n;
+    for (int b = b0; b < b1; b++)
+        rmsnorm(t->c->h + b * n, t->c->x + b * n, t->w, t->n, t->eps);
+}
+
+/* h = rmsnorm(x) * w for the batch's nb tokens. */
+static void norm_tokens(tg_session *s, int nb, const float *w, float eps)
+{
+    norm_step t = {s->tier, w, s->m->hp.n_embd, eps};
+    for_tokens(s, nb, norm_rows, &t);
+}
+
+/* Per-head q/k rmsnorm (qwen3) for tokens [b0, b1). */
+static void qk_norm_tokens(void *ctx, int b0, int b1, int ith)
+{
+    (void)ith;
+    const tok_step *t = ctx;
+    const cpu_state *c = t->s->tier;
+    const tg_layer *L = t->L;
+    const tg_hparams *hp = &t->s->m->hp;
+    const int il = t->il, d = hp->head_dim, KV = hp->n_head_kv * d, Qd = hp->n_head * d;
+    (void)il;   /* in scope for the mutation suites' per-layer bugs */
+    for (int b = b0; b < b1; b++) {
+        float *qb = c->q + (size_t)b * Qd, *kb = c->k + (size_t)b * KV;
+        for (int h = 0; h < hp->n_head; h++)
+            rmsnorm(qb + (size_t)h * d, qb + (size_t)h * d, L->q_norm.data, d, hp->eps);
+        for (int h = 0; h < hp->n_head_kv; h++)
+            rmsnorm(kb + (size_t)h * d, kb + (size_t)h * d, L->k_norm.data, d, hp->eps);
+    }
+}
+
+/* Rope of q and k for tokens [b0, b1). */
+static void rope_tokens(void *ctx, int b0, int b1, int ith)
+{
+    (void)ith;
+    const tok_step *t = ctx;
+    const cpu_state *c = t->s->tier;
+    const tg_hparams *hp = &t->s->m->hp;
+    const int d = hp->head_dim, KV = hp->n_head_kv * d, Qd = hp->n_head * d;
+    for (int b = b0; b < b1; b++) {
+        float *qb = c->q + (size_t)b * Qd, *kb = c->k + (size_t)b * KV;
+        rope(qb, hp->n_head, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
+        rope(kb, hp->n_head_kv, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
+    }
+}
+
+/* k, v of tokens [b0, b1) into the cache (in the cache type), head by
+ * head. */
+static void kv_store_tokens(void *ctx, int b0, int b1, int ith)
+{
+    (void)ith;
+    const tok_step *t = ctx;
+    tg_session *s = t->s;
+    cpu_state *c = s->tier;
+    const tg_hparams *hp = &s->m->hp;
+    const int il = t->il, d = hp->head_dim, KV = hp->n_head_kv * d;
+    for (int b = b0; b < b1; b++)
+        for (int g = 0; g < hp->n_head_kv; g++) {
+            const size_t off = kv_off(s, il, c->pos0 + b, g);
+            k_quantize_row(c->kv_type, c->k + (size_t)b * KV + (size_t)g * d, (char *)c->kc + off, d);
+            k_quantize_row(c->kv_type, c->v + (size_t)b * KV + (size_t)g * d, (char *)c->vc + off, d);
+        }
+}
+
+/* x += o (the residual) for tokens [b0, b1). */
+static void residual_tokens(void *ctx, int b0, int b1, int ith)
+{
+    (void)ith;
+    const tok_step *t = ctx;
+    cpu_state *c = t->s->tier;
+    const size_t E = (size_t)t->s->m->hp.n_embd;
+    for (size_t i = (size_t)b0 * E; i < (size_t)b1 * E; i++)
+        c->x[i] += c->o[i];
+}
+
 static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags, tg_err *e)
 {
     const int want = (flags & TG_EVAL_DUMP) != 0;
@@ -497,11 +620,11 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
 
     for (int il = 0; il < hp->n_layer; il++) {
         const tg_layer *L = &m->layers[il];
+        tok_step ts = {s, L, il};
         c->layer = il;
 
         // attention rmsnorm
-        for (int b = 0; b < nb; b++)
-            rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->attn_norm.data, E, hp->eps);
+        norm_tokens(s, nb, L->attn_norm.data, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
         tg_hook(s, il, TG_RS_ATTN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_ATTN_NORM, c->h + (size_t)last * E, E, e))
@@ -519,22 +642,12 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         tg_hook(s, il, TG_RS_V_PROJ, pos0, nb, c->v, KV, 0, KV);
 
         // per-head q/k rmsnorm (qwen3), then rope
-        for (int b = 0; b < nb && hp->qk_norm; b++) {
-            float *qb = c->q + (size_t)b * Qd, *kb = c->k + (size_t)b * KV;
-            for (int h = 0; h < hp->n_head; h++)
-                rmsnorm(qb + (size_t)h * d, qb + (size_t)h * d, L->q_norm.data, d, hp->eps);
-            for (int h = 0; h < hp->n_head_kv; h++)
-                rmsnorm(kb + (size_t)h * d, kb + (size_t)h * d, L->k_norm.data, d, hp->eps);
-        }
         if (hp->qk_norm) {
+            for_tokens(s, nb, qk_norm_tokens, &ts);
             tg_hook(s, il, TG_RS_Q_NORM, pos0, nb, c->q, Qd, 0, Qd);
             tg_hook(s, il, TG_RS_K_NORM, pos0, nb, c->k, KV, 0, KV);
         }
-        for (int b = 0; b < nb; b++) {
-            float *qb = c->q + (size_t)b * Qd, *kb = c->k + (size_t)b * KV;
-            rope(qb, hp->n_head, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
-            rope(kb, hp->n_head_kv, d, hp->rope_neox, c->rope_cs + (size_t)b * d);
-        }
+        for_tokens(s, nb, rope_tokens, &ts);
         if (hp->qk_norm) {
             tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
             tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
@@ -550,12 +663,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
 
         // append k, v to the cache (in the cache type), head by head
         {
-            for (int b = 0; b < nb; b++)
-                for (int g = 0; g < hp->n_head_kv; g++) {
-                    const size_t off = kv_off(s, il, pos0 + b, g);
-                    k_quantize_row(c->kv_type, c->k + (size_t)b * KV + (size_t)g * d, (char *)c->kc + off, d);
-                    k_quantize_row(c->kv_type, c->v + (size_t)b * KV + (size_t)g * d, (char *)c->vc + off, d);
-                }
+            for_tokens(s, nb, kv_store_tokens, &ts);
             tg_ops_count(&s->ops, TG_OP_KV_STORE, 0, TG_TIER_CPU);
             if (s->replay)
                 replay_cache(s, il, pos0, nb);
@@ -581,14 +689,12 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             return -1;
 
         // residual
-        for (size_t i = 0; i < (size_t)nb * E; i++)
-            c->x[i] += c->o[i];
+        for_tokens(s, nb, residual_tokens, &ts);
         tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_CPU);
         tg_hook(s, il, TG_RS_ATTN_RES, pos0, nb, c->x, E, 0, E);
 
         // ffn rmsnorm
-        for (int b = 0; b < nb; b++)
-            rmsnorm(c->h + (size_t)b * E, c->x + (size_t)b * E, L->ffn_norm.data, E, hp->eps);
+        norm_tokens(s, nb, L->ffn_norm.data, hp->eps);
         tg_ops_count(&s->ops, TG_OP_RMSNORM, 0, TG_TIER_CPU);
         tg_hook(s, il, TG_RS_FFN_NORM, pos0, nb, c->h, E, 0, E);
         if (dump(s, want, il, TG_STAGE_FFN_NORM, c->h + (size_t)last * E, E, e))
@@ -614,8 +720,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
             return -1;
 
         // residual
-        for (size_t i = 0; i < (size_t)nb * E; i++)
-            c->x[i] += c->o[i];
+        for_tokens(s, nb, residual_tokens, &ts);
         tg_ops_count(&s->ops, TG_OP_ADD, 0, TG_TIER_CPU);
         tg_hook(s, il, TG_RS_RESIDUAL, pos0, nb, c->x, E, 0, E);
         if (dump(s, want, il, TG_STAGE_RESIDUAL, c->x + (size_t)last * E, E, e))

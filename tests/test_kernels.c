@@ -14,7 +14,8 @@
  * - the attention row over an F16 cache (cpu/attn.h): the three-pass form
  *   bit-identical to the one-position-at-a-time reference in every dot
  *   order this CPU has, with and without a score hook;
- * - x86-64: the AVX-512 swiglu bit-identical to its AVX2 emulation; the
+ * - x86-64: the AVX2 and AVX-512 swiglus bit-identical to their
+ *   one-element references; the
  *   AVX2 and AVX-512 Q4_K / Q6_K dots bit-identical to each other;
  * A tier the CPU lacks is skipped with a message. Seed: /dev/urandom or
  * TG_SEED, printed first.
@@ -239,7 +240,7 @@ static void check_dot4(const tg_cpu_kernels *k)
 static void check_gemm16(const tg_cpu_kernels *k)
 {
     static const int ns[] = {256, 1024, 2816};
-    static const int nbs[] = {1, 2, 5, 64, 70};
+    static const int nbs[] = {1, 2, 3, 4, 5, 7, 64, 70};   /* every tail of the 4-row passes */
     enum { NBMAX = 70, OS = 19 };
     for (size_t t = 0; t < sizeof weight_types / sizeof weight_types[0]; t++) {
         const uint32_t type = weight_types[t];
@@ -570,33 +571,46 @@ static void test_attn_row(void **state)
     free(v);
 }
 
-static void test_swiglu_avx512(void **state)
+/* The vector swiglus (forward_avx2.c, forward_avx512.c) against the one
+ * element at a time reference of their ISA's expf: bit-identical (the same
+ * operations per element), on random rows with the big-argument path taken
+ * and rows ranges that start and end off the vector width. */
+static void check_swiglu(const char *tier, int wide)
 {
-    (void)state;
 #if defined(__x86_64__)
-    if (!tg_cpu_kernels_tier("avx512vnni")) {
+    if (!tg_cpu_kernels_tier(tier)) {
+        printf("  SKIP swiglu %s: this build or this CPU does not have it\n", tier);
         skip();
         return;
     }
     enum { N = 1000 };
     float g[N], u[N], want[N], got[N];
-    for (int rep = 0; rep < 20; rep++) {
+    for (int rep = 0; rep < 40; rep++) {
         fill(g, N);
         fill(u, N);
         for (int i = 0; i < N; i += 37) g[i] = (float)((rng_uniform() - 0.5) * 500);   /* the big-argument path */
         const int64_t n = rep % 2 ? N : 992, r0 = (int64_t)(rng_next() % 50), r1 = n - (int64_t)(rng_next() % 50);
         memcpy(want, g, sizeof g);
         memcpy(got, g, sizeof g);
-        tg_swiglu_ggml_avx2(r0, r1, n, want, u, 1);
-        tg_swiglu_ggml_avx512(r0, r1, n, got, u);
+        tg_swiglu_ggml_ref(r0, r1, n, want, u, wide);
+        if (wide)
+            tg_swiglu_ggml_avx512(r0, r1, n, got, u);
+        else
+            tg_swiglu_ggml_avx2(r0, r1, n, got, u);
         if (!same_bits(want, got, N))
-            fail_msg("swiglu, row of %lld, rows [%lld, %lld): AVX-512 differs from its AVX2 emulation",
+            fail_msg("swiglu %s, row of %lld, rows [%lld, %lld): differs from the one-element reference", tier,
                      (long long)n, (long long)r0, (long long)r1);
     }
+    printf("  swiglu %s: 40 rows bit-identical to the reference\n", tier);
 #else
+    (void)tier;
+    (void)wide;
     skip();
 #endif
 }
+
+static void test_swiglu_avx2(void **state) { (void)state; check_swiglu("avx2", 0); }
+static void test_swiglu_avx512(void **state) { (void)state; check_swiglu("avx512vnni", 1); }
 
 int main(void)
 {
@@ -611,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_model_rows),
         cmocka_unit_test(test_quantize_row_errors),
         cmocka_unit_test(test_attn_row),
+        cmocka_unit_test(test_swiglu_avx2),
         cmocka_unit_test(test_swiglu_avx512),
     };
     return cmocka_run_group_tests(tests, setup_seed, NULL);

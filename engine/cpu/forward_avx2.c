@@ -216,8 +216,9 @@ float tg_ggml_expf_avx512(float x)
     return __builtin_ldexpf(j, (int)n);   /* scalef: j * 2^n, rounded once */
 }
 
-/* g[r] = silu(g[r]) * u[r] for r in [r0, r1) of a row of n values. */
-void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide)
+/* g[r] = silu(g[r]) * u[r] for r in [r0, r1) of a row of n values, one
+ * element at a time (the reference of the vector forms). */
+void tg_swiglu_ggml_ref(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide)
 {
     const int64_t w = wide ? 16 : 8, nv = n / w * w;
     for (int64_t i = r0; i < r1; i++) {
@@ -226,4 +227,59 @@ void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const floa
                                 : __builtin_expf(-x);
         g[i] = x / (1.0f + ex) * u[i];
     }
+}
+
+/* ggml_v_expf, AVX2 form: tg_ggml_expf_avx2 in 8 lanes, operation for
+ * operation (the slow path only when a lane has |n| > 126, as ggml). */
+static inline __m256 v_expf(__m256 x)
+{
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+    const __m256 absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 c = _mm256_cmp_ps(absn, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(c))
+        return _mm256_fmadd_ps(j, k, k);
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 big = _mm256_cmp_ps(absn, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m256 slow = _mm256_blendv_ps(_mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1), _mm256_mul_ps(s1, s1), big);
+    return _mm256_blendv_ps(_mm256_fmadd_ps(j, k, k), slow, c);
+}
+
+/* Rows [r0, r1) of a row of n through vec, w = 8 (wide 0) or 16 values
+ * at a time where whole vectors of the row's first n / w * w values fall,
+ * the others through tg_swiglu_ggml_ref: the same bytes as the reference
+ * when vec computes its elements as it does. */
+void tg_swiglu_rows(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide, tg_swiglu_vec_fn vec)
+{
+    const int64_t w = wide ? 16 : 8, nv = n / w * w;
+    int64_t i = r0;
+    for (; i < r1 && i % w; i++) tg_swiglu_ggml_ref(i, i + 1, n, g, u, wide);
+    for (; i + w <= r1 && i + w <= nv; i += w) vec(g + i, u + i);
+    tg_swiglu_ggml_ref(i, r1, n, g, u, wide);
+}
+
+/* g[0..8) = silu(g) * u, ggml's AVX2 expf. */
+static void swiglu8(float *g, const float *u)
+{
+    const __m256 x = _mm256_loadu_ps(g);
+    const __m256 ex = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    _mm256_storeu_ps(g, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ex)), _mm256_loadu_ps(u)));
+}
+
+void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u)
+{
+    tg_swiglu_rows(r0, r1, n, g, u, 0, swiglu8);
 }

@@ -30,8 +30,17 @@ void tg_fa_vsum_f16_avx2(int n, int d, const tg_half *v, size_t stride, const fl
 float tg_ggml_expf_avx2(float x);
 float tg_ggml_expf_avx512(float x);
 /* g[r] = silu(g[r]) * u[r] for rows [r0, r1) of a row of n, as
- * ggml_vec_swiglu_f32 computes it (wide: the AVX-512 form). */
-void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
+ * ggml_vec_swiglu_f32 computes it (wide: the AVX-512 form), one element at
+ * a time: the reference of the vector forms. */
+void tg_swiglu_ggml_ref(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide);
+/* One vector of a swiglu: g[i] = silu(g[i]) * u[i] for the 8 (AVX2) or
+ * 16 (AVX-512) values at g, u. */
+typedef void (*tg_swiglu_vec_fn)(float *g, const float *u);
+/* tg_swiglu_ggml_ref's rows [r0, r1) through vec where whole vectors of
+ * its width (wide: 16, else 8) fall, the others through the reference. */
+void tg_swiglu_rows(int64_t r0, int64_t r1, int64_t n, float *g, const float *u, int wide, tg_swiglu_vec_fn vec);
+/* tg_swiglu_ggml_ref with wide = 0, 8 lanes at a time (same bytes). */
+void tg_swiglu_ggml_avx2(int64_t r0, int64_t r1, int64_t n, float *g, const float *u);
 
 /* AVX-512 forms (forward_avx512.c; call only where the kernels' tier is
  * avx512vnni). Same bytes as the functions above with wide = 1:

@@ -156,18 +156,15 @@ F512_INLINE __m512 v_expf(__m512 x)
     return _mm512_mask_blend_ps(big, res, alt);
 }
 
+/* g[0..16) = silu(g) * u, ggml's AVX-512 expf. */
+static void swiglu16(float *g, const float *u)
+{
+    const __m512 x = _mm512_loadu_ps(g);
+    const __m512 ex = v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    _mm512_storeu_ps(g, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), ex)), _mm512_loadu_ps(u)));
+}
+
 void tg_swiglu_ggml_avx512(int64_t r0, int64_t r1, int64_t n, float *g, const float *u)
 {
-    const int64_t nv = n / 16 * 16;
-    int64_t i = r0;
-    for (; i < r1 && i % 16; i++)
-        g[i] = g[i] / (1.0f + (i < nv ? tg_ggml_expf_avx512(0.0f - g[i]) : expf(-g[i]))) * u[i];
-    for (; i + 16 <= r1 && i + 16 <= nv; i += 16) {
-        const __m512 x = _mm512_loadu_ps(g + i);
-        const __m512 ex = v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), ex)),
-                                              _mm512_loadu_ps(u + i)));
-    }
-    for (; i < r1; i++)
-        g[i] = g[i] / (1.0f + (i < nv ? tg_ggml_expf_avx512(0.0f - g[i]) : expf(-g[i]))) * u[i];
+    tg_swiglu_rows(r0, r1, n, g, u, 1, swiglu16);
 }

@@ -296,7 +296,7 @@ TILE_INLINE void tile_q6_K(int n, float *out, size_t os, const uint8_t *x, size_
                     for (int t = 0; t < T; t++) {
                         const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 128 * h + 32 * u));
                         sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), s));
-                    IN_REG(sumi[r][t]);
+                        IN_REG(sumi[r][t]);
                     }
                 }
             }
@@ -324,103 +324,11 @@ static void vec_dot4_q6_K(int n, float *s, const void *vx, const void *vy, size_
     tile_q6_K(n, s, 1, vx, 0, vy, by, 1, 4, 0);
 }
 
-/* --- Q6_K prefill (gemm16 with several activation rows) -------------------
- * Block by block, the 16 weight rows are unpacked once into unsigned bytes
- * and spread scales (chunk c: values 32c..32c+31 and the int16 scale of
- * each of them) for every activation row of the pass, which then goes over
- * them two at a time: 4 rows x 2 activation rows of int32 sums fill the
- * registers with the unpacked quants and scales as memory operands. The
- * integer and float operations per (row, activation row) are those of the
- * tiles above, so outputs are bit-identical to vec_dot's. */
-
-/* One Q6_K block of 4 weight rows, unpacked. */
-typedef struct {
-    __m256i w[4][8];   /* [row][chunk] quants, unsigned */
-    __m256i s[4][8];   /* [row][chunk] the int16 scale of each pair of values */
-    __m256 d;          /* lanes r and 4 + r: row r's d */
-    __m256i sc16[4];   /* the 16 scales of row r as int16 */
-} unpacked4;
-
-TILE_INLINE void unpack4_q6_K(unpacked4 *u, const uint8_t *xi, size_t bx)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
-    const __m128 d = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, 4), 1);
-    u->d = _mm256_set_m128(d, d);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) {
-        const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
-        u->sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xr->scales));
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m256i sc16 = _mm256_broadcastsi128_si256(
-                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(xr->scales + 8 * h))));
-            const __m256i Q0 = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h));
-            const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h + 32));
-            const __m256i H = _mm256_loadu_si256((const __m256i *)(xr->qh + 32 * h));
-            __m256i *w = u->w[r] + 4 * h;
-            w[0] = _mm256_or_si256(_mm256_and_si256(Q0, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-            w[1] = _mm256_or_si256(_mm256_and_si256(Q1, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-            w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q0, 4), m4), _mm256_and_si256(H, m30));
-            w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) u->s[r][4 * h + k] = scale_pair(sc16, k);
-        }
-    }
-}
-
-/* sumi[r][t] += the scaled quant products of the 4 rows of u against
- * activation rows y[t], t < 2. */
-TILE_INLINE void isum4(__m256i sumi[4][2], const unpacked4 *u, const block_q8_K *const y[2])
-{
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) {
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const __m256i w = _mm256_load_si256(&u->w[r][c]);
-#pragma GCC unroll 2
-            for (int t = 0; t < 2; t++) {
-                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[t]->qs + 32 * c));
-                sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q8), u->s[r][c]));
-                IN_REG(sumi[r][t]);
-            }
-        }
-    }
-}
+/* --- prefill (gemm16 with several activation rows) ------------------------ */
 
 /* Activation rows per pass over the weight blocks: the float accumulators
  * of a pass live on the stack. */
 #define TILE_NB 64
-
-/* The sums of the 8 int32 lanes of s[r][t] (4 rows, 2 activation rows)
- * in lane 4t + r (exact). */
-TILE_INLINE __m256i hsum_pair(const __m256i s[4][2])
-{
-    const __m256i e = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0][0], s[1][0]), _mm256_hadd_epi32(s[2][0], s[3][0]));
-    const __m256i f = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0][1], s[1][1]), _mm256_hadd_epi32(s[2][1], s[3][1]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31));
-}
-
-/* One block of the 16 rows (u[4]) against activation rows y[0], y[1]: the
- * float updates of acc[g] (lane 4t + r: row 4g + r against y[t]). */
-TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], __m256 acc[4])
-{
-    const __m256 yd = _mm256_setr_m128(_mm_set1_ps(y[0]->d), _mm_set1_ps(y[1]->d));
-    const __m256i bs0 = _mm256_loadu_si256((const __m256i *)y[0]->bsums);
-    const __m256i bs1 = _mm256_loadu_si256((const __m256i *)y[1]->bsums);
-#pragma GCC unroll 1
-    for (int g = 0; g < 4; g++) {
-        __m256i sumi[4][2];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            sumi[r][0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs0), 5));
-            sumi[r][1] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(u[g].sc16[r], bs1), 5));
-        }
-        isum4(sumi, &u[g], y);
-        acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(yd, u[g].d), _mm256_cvtepi32_ps(hsum_pair(sumi)), acc[g]);
-    }
-}
 
 /* gemm16's one activation row (decode): the 16 rows through 4 x 1 tiles
  * that prefetch the rows after them. */
@@ -432,43 +340,6 @@ TILE_INLINE void pass_q6_K(const unpacked4 u[4], const block_q8_K *const y[2], _
         }                                                                                                \
     } while (0)
 
-/* gemm16 for Q6_K: one activation row (decode) through the 4 x 1 tiles,
- * more through the prefill passes, two activation rows at a time (an odd
- * last one paired with itself). Both prefetch the rows that follow the 16
- * (the first reads of each block stalled on memory without). */
-static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by,
-                        int nb)
-{
-    const uint8_t *x = vx;
-    DECODE16(tile_q6_K);
-    const int nblk = n / QK_K;
-    unpacked4 u[4];
-    __m256 acc[TILE_NB / 2][4];
-    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
-        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
-        const char *yb = (const char *)vy + (size_t)b0 * by;
-        for (int p = 0; p < (m + 1) / 2; p++)
-            for (int g = 0; g < 4; g++) acc[p][g] = _mm256_setzero_ps();
-        for (int i = 0; i < nblk; i++) {
-            const uint8_t *xi = x + (size_t)i * sizeof(block_q6_K);
-            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
-            for (int g = 0; g < 4; g++) unpack4_q6_K(&u[g], xi + (size_t)4 * g * bx, bx);
-            for (int b = 0; b < m; b += 2) {
-                const int b1 = b + 1 < m ? b + 1 : b;
-                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,
-                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};
-                pass_q6_K(u, y, acc[b / 2]);
-            }
-        }
-        for (int b = 0; b < m; b++)
-            for (int g = 0; g < 4; g++) {
-                float v[8];
-                _mm256_storeu_ps(v, acc[b / 2][g]);
-                memcpy(out + (size_t)(b0 + b) * os + 4 * g, v + 4 * (b % 2), 4 * sizeof(float));
-            }
-    }
-}
-
 /* --- Q4_K prefill with one weight row per lane -----------------------------
  * 8 weight rows per register, int32 lane r for row r: a block's quants are
  * transposed once per pass (W[j][k] lane r: values 4k..4k+3 of sub-block j
@@ -478,7 +349,8 @@ static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx,
  * one vpmaddwd applies the rows' scales: the same exact integer sums as
  * the tiles above, and the same float updates per row, so the outputs are
  * bit-identical to vec_dot's with fewer multiplies (9 against 16 per 256
- * products). */
+ * products). Each quant register, once loaded, serves four activation rows
+ * (tokens), so a pass reads the unpacked block once per four tokens. */
 
 /* One Q4_K block of 8 rows, one row per lane. */
 typedef struct {
@@ -510,6 +382,23 @@ TILE_INLINE void transpose8(__m256i r[8])
     }
 }
 
+/* t[r]: 16 int16 scales (or scales and mins) of row r of 8. On return t[k]
+ * lane r is row r's dword k (values 2k, 2k + 1), and for k < NK, s[2k] and
+ * s[2k + 1] lane r the int16 pairs (v 2k, v 2k) and (v 2k+1, v 2k+1): each
+ * row's scale of a sub-block in its lane, as vpmaddwd applies it. */
+TILE_INLINE void scale_lanes(__m256i t[8], __m256i *s, const int NK)
+{
+    transpose8(t);
+    const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                                            0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; k++) {
+        s[2 * k] = _mm256_shuffle_epi8(t[k], dup_lo);
+        s[2 * k + 1] = _mm256_shuffle_epi8(t[k], dup_hi);
+    }
+}
+
 TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -517,20 +406,17 @@ TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
     const __m128i dd1 = dwords(xi + 4 * bx, bx, offsetof(block_q4_K, d), 4);
     L->d = _mm256_set_m128(half_f32(dd1, 0), half_f32(dd0, 0));
     L->dmin = _mm256_set_m128(half_f32(dd1, 1), half_f32(dd0, 1));
+    /* row r's scales and mins as int16: dwords (sc 2k, sc 2k+1) for k < 4,
+     * then (m 2k, m 2k+1); transposed, t[k] lane r is row r's dword k */
     __m128i scmin[8];
     scales_k4_rows(scmin, xi, bx, 4);
     scales_k4_rows(scmin + 4, xi + 4 * bx, bx, 4);
-    uint8_t b[8][16];
-    for (int r = 0; r < 8; r++) _mm_storeu_si128((__m128i *)b[r], scmin[r]);
-    int32_t v[8];
-    for (int j = 0; j < 8; j++) {
-        for (int r = 0; r < 8; r++) v[r] = b[r][j] * 0x10001;
-        L->s[j] = _mm256_loadu_si256((const __m256i *)v);
-    }
-    for (int k = 0; k < 4; k++) {
-        for (int r = 0; r < 8; r++) v[r] = b[r][8 + 2 * k] | b[r][9 + 2 * k] << 16;
-        L->mp[k] = _mm256_loadu_si256((const __m256i *)v);
-    }
+    __m256i t[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) t[r] = _mm256_cvtepu8_epi16(scmin[r]);
+    scale_lanes(t, L->s, 4);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) L->mp[k] = t[4 + k];
 #pragma GCC unroll 1
     for (int g = 0; g < 4; g++) {
         __m256i q[8];
@@ -546,43 +432,77 @@ TILE_INLINE void lanes8_q4_K_load(lanes8_q4_K *L, const uint8_t *xi, size_t bx)
     }
 }
 
-/* The 8 rows of L against activation rows y[0], y[1]: acc[t], accm[t]
- * (lane r: row r) updated as vec_dot does. */
-TILE_INLINE void lanes8_q4_K_pass(const lanes8_q4_K *L, const block_q8_K *const y[2], __m256 acc[2], __m256 accm[2])
+/* The 8 rows of L against activation rows y[0..T-1] (T 1..4): acc[t],
+ * accm[t] (lane r: row r) updated as vec_dot does. */
+TILE_INLINE void lanes8_q4_K_pass(const lanes8_q4_K *L, const block_q8_K *const y[4], __m256 acc[4], __m256 accm[4],
+                                  const int T)
 {
-    const int32_t *a0 = (const int32_t *)y[0]->qs, *a1 = (const int32_t *)y[1]->qs;
-    __m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+    const int32_t *a[4];
+    __m256i is[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        a[t] = (const int32_t *)y[t]->qs;
+        is[t] = _mm256_setzero_si256();
+    }
 #pragma GCC unroll 1
     for (int j = 0; j < 8; j++) {
-        __m256i h0 = _mm256_setzero_si256(), h1 = _mm256_setzero_si256();
+        __m256i h[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) h[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m256i w = _mm256_load_si256(&L->w[j][k]);
-            h0 = _mm256_add_epi16(h0, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a0[8 * j + k])));
-            h1 = _mm256_add_epi16(h1, _mm256_maddubs_epi16(w, _mm256_set1_epi32(a1[8 * j + k])));
-            IN_REG(h0);
-            IN_REG(h1);
-        }
-        is0 = _mm256_add_epi32(is0, _mm256_madd_epi16(h0, L->s[j]));
-        is1 = _mm256_add_epi32(is1, _mm256_madd_epi16(h1, L->s[j]));
-    }
-    const __m256i isum[2] = {is0, is1};
-#pragma GCC unroll 2
-    for (int t = 0; t < 2; t++) {
-        int32_t bp[4];
-        _mm_storeu_si128((__m128i *)bp, bsums_sub(y[t]->bsums));   /* sub-block sums, in pairs */
-        __m256i imin = _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[k], _mm256_set1_epi32(bp[k])));
+            for (int t = 0; t < T; t++) {
+                h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(w, _mm256_set1_epi32(a[t][8 * j + k])));
+                IN_REG(h[t]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(h[t], L->s[j]));
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        /* the sub-block sums in pairs (b 2k, b 2k+1), pair k in every lane */
+        const __m256i bp = _mm256_broadcastsi128_si256(bsums_sub(y[t]->bsums));
+        __m256i imin = _mm256_madd_epi16(L->mp[0], _mm256_shuffle_epi32(bp, 0x00));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[1], _mm256_shuffle_epi32(bp, 0x55)));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[2], _mm256_shuffle_epi32(bp, 0xaa)));
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(L->mp[3], _mm256_shuffle_epi32(bp, 0xff)));
         const __m256 yd = _mm256_set1_ps(y[t]->d);
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->d), _mm256_cvtepi32_ps(is[t]), acc[t]);
         accm[t] = _mm256_fmadd_ps(_mm256_mul_ps(yd, L->dmin), _mm256_cvtepi32_ps(imin), accm[t]);
     }
 }
 
+/* Activation rows b .. b+T-1 (T 1..4) of a pass against the 8-row groups
+ * of one block: the float accumulators acc[b + t][g], accm[b + t][g]. */
+TILE_INLINE void lanes8_q4_K_rows(const lanes8_q4_K L[2], const char *yb, size_t by, int i, int b,
+                                  __m256 acc[][2], __m256 accm[][2], const int T)
+{
+    const block_q8_K *y[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(yb + (size_t)(b + t) * by) + i;
+#pragma GCC unroll 1
+    for (int g = 0; g < 2; g++) {
+        __m256 a[4], am[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            a[t] = acc[b + t][g];
+            am[t] = accm[b + t][g];
+        }
+        lanes8_q4_K_pass(&L[g], y, a, am, T);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            acc[b + t][g] = a[t];
+            accm[b + t][g] = am[t];
+        }
+    }
+}
+
 /* gemm16 for Q4_K: one activation row (decode) through the 4 x 1 tiles (the
- * next rows prefetched), more through the one-row-per-lane passes, two
- * activation rows at a time (an odd last one paired with itself). */
+ * next rows prefetched), more through the one-row-per-lane passes, four
+ * activation rows at a time (the last one to three one by one). */
 static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by, int nb)
 {
     const uint8_t *x = vx;
@@ -593,29 +513,177 @@ static void gemm16_q4_K(int n, float *out, size_t os, const void *vx, size_t bx,
     for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
         const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
         const char *yb = (const char *)vy + (size_t)b0 * by;
-        for (int b = 0; b < m + (m & 1); b++) acc[b][0] = acc[b][1] = accm[b][0] = accm[b][1] = _mm256_setzero_ps();
+        for (int b = 0; b < m; b++) acc[b][0] = acc[b][1] = accm[b][0] = accm[b][1] = _mm256_setzero_ps();
         for (int i = 0; i < nblk; i++) {
             const uint8_t *xi = x + (size_t)i * sizeof(block_q4_K);
             if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
             lanes8_q4_K_load(&L[0], xi, bx);
             lanes8_q4_K_load(&L[1], xi + 8 * bx, bx);
-            for (int b = 0; b < m; b += 2) {
-                const int b1 = b + 1 < m ? b + 1 : b;
-                const block_q8_K *const y[2] = {(const block_q8_K *)(yb + (size_t)b * by) + i,
-                                                (const block_q8_K *)(yb + (size_t)b1 * by) + i};
-                for (int g = 0; g < 2; g++) {
-                    __m256 a[2] = {acc[b][g], acc[b + 1][g]}, am[2] = {accm[b][g], accm[b + 1][g]};
-                    lanes8_q4_K_pass(&L[g], y, a, am);
-                    acc[b][g] = a[0];
-                    acc[b + 1][g] = a[1];
-                    accm[b][g] = am[0];
-                    accm[b + 1][g] = am[1];
-                }
-            }
+            int b = 0;
+            for (; b + 4 <= m; b += 4) lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 4);
+            for (; b < m; b++) lanes8_q4_K_rows(L, yb, by, i, b, acc, accm, 1);
         }
         for (int b = 0; b < m; b++)
             for (int g = 0; g < 2; g++)
                 _mm256_storeu_ps(out + (size_t)(b0 + b) * os + 8 * g, _mm256_sub_ps(acc[b][g], accm[b][g]));
+    }
+}
+
+/* --- Q6_K prefill with one weight row per lane -----------------------------
+ * As the Q4_K passes above: 8 weight rows per register, lane r for row r,
+ * W[j][k] lane r holding values 4k..4k+3 of sub-block j (16 values) of row
+ * r as unsigned 6-bit quants. A vpmaddubsw pair sum is at most 2 * 63 *
+ * 127, so two of them add up in int16 (at most 32004) before one vpmaddwd
+ * applies the rows' scales: the exact integer sum of each row and token
+ * (the -32 offset folded in as 32 * sum(scale * bsum), as the tiles do) and
+ * the tiles' float update, so the outputs are bit-identical to vec_dot's.
+ * Each quant register, once loaded, serves four tokens. */
+
+/* One Q6_K block of 8 rows, one row per lane. */
+typedef struct {
+    __m256i w[16][4];  /* [sub-block][dword] quants, unsigned */
+    __m256i s[16];     /* [sub-block] scale as an int16 pair (sc, sc) */
+    __m256i sp[8];     /* scales as int16 pairs (sc[2k], sc[2k+1]) */
+    __m256 d;
+} lanes8_q6_K;
+
+TILE_INLINE void lanes8_q6_K_load(lanes8_q6_K *L, const uint8_t *xi, size_t bx)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    /* d is the block's last two bytes: read with the scale bytes before it */
+    const __m128 d0 = half_f32(dwords(xi, bx, offsetof(block_q6_K, d) - 2, 4), 1);
+    const __m128 d1 = half_f32(dwords(xi + 4 * bx, bx, offsetof(block_q6_K, d) - 2, 4), 1);
+    L->d = _mm256_set_m128(d1, d0);
+    /* row r's 16 scales as int16: dword k is (sc 2k, sc 2k+1); transposed,
+     * t[k] lane r is row r's dword k */
+    __m256i t[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++)
+        t[r] = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128((const __m128i *)(xi + (size_t)r * bx + offsetof(block_q6_K, scales))));
+    scale_lanes(t, L->s, 8);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) L->sp[k] = t[k];
+    /* chunk c = 4h + u (values 32c.., sub-blocks 2c, 2c + 1): the low
+     * (u < 2) or high nibbles of ql bytes 64h + 32 (u % 2).., with qh bits
+     * 2u, 2u + 1 of bytes 32h.. */
+#pragma GCC unroll 1
+    for (int c = 0; c < 8; c++) {
+        const int h = c / 4, u = c % 4;
+        __m256i q[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const block_q6_K *xr = (const block_q6_K *)(xi + (size_t)r * bx);
+            const __m256i Q = _mm256_loadu_si256((const __m256i *)(xr->ql + 64 * h + 32 * (u % 2)));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(xr->qh + 32 * h));
+            const __m256i lo = _mm256_and_si256(u < 2 ? Q : _mm256_srli_epi16(Q, 4), m4);
+            const __m256i hb = u < 2 ? _mm256_sll_epi32(H, _mm_cvtsi32_si128(4 - 2 * u))
+                                     : _mm256_srl_epi32(H, _mm_cvtsi32_si128(2 * u - 4));
+            q[r] = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+        }
+        transpose8(q);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            L->w[2 * c][k] = q[k];
+            L->w[2 * c + 1][k] = q[4 + k];
+        }
+    }
+}
+
+/* The 8 rows of L against activation rows y[0..T-1] (T 1..4): acc[t]
+ * (lane r: row r) updated as vec_dot does. */
+TILE_INLINE void lanes8_q6_K_pass(const lanes8_q6_K *L, const block_q8_K *const y[4], __m256 acc[4], const int T)
+{
+    const int32_t *a[4];
+    __m256i is[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        a[t] = (const int32_t *)y[t]->qs;
+        /* the offset: -32 * sum over sub-blocks of scale * bsum */
+        const __m256i bl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y[t]->bsums));
+        const __m256i bh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y[t]->bsums + 8)));
+        __m256i o = _mm256_madd_epi16(L->sp[0], _mm256_shuffle_epi32(bl, 0x00));
+        o = _mm256_add_epi32(o, _mm256_madd_epi16(L->sp[1], _mm256_shuffle_epi32(bl, 0x55)));
+        o = _mm256_add_epi32(o, _mm256_madd_epi16(L->sp[2], _mm256_shuffle_epi32(bl, 0xaa)));
+        o = _mm256_add_epi32(o, _mm256_madd_epi16(L->sp[3], _mm256_shuffle_epi32(bl, 0xff)));
+        o = _mm256_add_epi32(o, _mm256_madd_epi16(L->sp[4], _mm256_shuffle_epi32(bh, 0x00)));
+        o = _mm256_add_epi32(o, _mm256_madd_epi16(L->sp[5], _mm256_shuffle_epi32(bh, 0x55)));
+        o = _mm256_add_epi32(o, _mm256_madd_epi16(L->sp[6], _mm256_shuffle_epi32(bh, 0xaa)));
+        o = _mm256_add_epi32(o, _mm256_madd_epi16(L->sp[7], _mm256_shuffle_epi32(bh, 0xff)));
+        is[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o, 5));
+    }
+#pragma GCC unroll 1
+    for (int j = 0; j < 16; j++) {
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            __m256i h[4];
+#pragma GCC unroll 2
+            for (int k = 2 * half; k < 2 * half + 2; k++) {
+                const __m256i w = _mm256_load_si256(&L->w[j][k]);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(a[t][4 * j + k]));
+                    h[t] = k % 2 ? _mm256_add_epi16(h[t], p) : p;
+                    IN_REG(h[t]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(h[t], L->s[j]));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(y[t]->d), L->d), _mm256_cvtepi32_ps(is[t]), acc[t]);
+}
+
+/* Activation rows b .. b+T-1 (T 1..4) of a pass against the 8-row groups
+ * of one block: the float accumulators acc[b + t][g]. */
+TILE_INLINE void lanes8_q6_K_rows(const lanes8_q6_K L[2], const char *yb, size_t by, int i, int b,
+                                  __m256 acc[][2], const int T)
+{
+    const block_q8_K *y[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(yb + (size_t)(b + t) * by) + i;
+#pragma GCC unroll 1
+    for (int g = 0; g < 2; g++) {
+        __m256 a[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) a[t] = acc[b + t][g];
+        lanes8_q6_K_pass(&L[g], y, a, T);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[b + t][g] = a[t];
+    }
+}
+
+/* gemm16 for Q6_K: one activation row (decode) through the 4 x 1 tiles,
+ * more through the one-row-per-lane passes, four activation rows at a
+ * time (the last one to three one by one). Both prefetch the rows that
+ * follow the 16 (the first reads of each block stalled on memory
+ * without). */
+static void gemm16_q6_K(int n, float *out, size_t os, const void *vx, size_t bx, const void *vy, size_t by,
+                        int nb)
+{
+    const uint8_t *x = vx;
+    DECODE16(tile_q6_K);
+    const int nblk = n / QK_K;
+    lanes8_q6_K L[2];
+    __m256 acc[TILE_NB][2];   /* [activation row][8-row group] */
+    for (int b0 = 0; b0 < nb; b0 += TILE_NB) {
+        const int m = nb - b0 < TILE_NB ? nb - b0 : TILE_NB;
+        const char *yb = (const char *)vy + (size_t)b0 * by;
+        for (int b = 0; b < m; b++) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+        for (int i = 0; i < nblk; i++) {
+            const uint8_t *xi = x + (size_t)i * sizeof(block_q6_K);
+            if (b0 == 0) prefetch_next_rows(vx, bx, 16, i, nblk);
+            lanes8_q6_K_load(&L[0], xi, bx);
+            lanes8_q6_K_load(&L[1], xi + 8 * bx, bx);
+            int b = 0;
+            for (; b + 4 <= m; b += 4) lanes8_q6_K_rows(L, yb, by, i, b, acc, 4);
+            for (; b < m; b++) lanes8_q6_K_rows(L, yb, by, i, b, acc, 1);
+        }
+        for (int b = 0; b < m; b++)
+            for (int g = 0; g < 2; g++) _mm256_storeu_ps(out + (size_t)(b0 + b) * os + 8 * g, acc[b][g]);
     }
 }
 
