@@ -643,6 +643,66 @@ __device__ __forceinline__ void store_f16_run(__half *dst, const float *v, float
     }
 }
 
+/* The tile kernels' shared steps. tc_decode_slice: the BM weight rows'
+ * share of K slice k0 decoded with the traits into f16 runs in ws (row r
+ * read from rowp(r)); tc_mma_slice: the warp's FM x FN fragments over one
+ * slice of ws and xs; tc_stage_tile: the accumulators into cs (BN, LDC),
+ * token-major. */
+template <typename T, int BM, typename RowFn>
+__device__ __forceinline__ void tc_decode_slice(__half *ws, int k0, int tid, RowFn rowp)
+{
+    constexpr int HALVES = T::QK > TC_BK ? T::QK / TC_BK : 1;   /* slices per block */
+    constexpr int BPS = T::QK > TC_BK ? 1 : TC_BK / T::QK;      /* blocks per slice */
+    constexpr int PPS = T::PARTS / HALVES;                       /* parts of a block per slice */
+    constexpr int TASKS = BM * BPS * PPS;
+    const int half = HALVES > 1 ? (k0 / TC_BK) % HALVES : 0;
+    for (int t = tid; t < TASKS; t += 256) {
+        const int r = t / (BPS * PPS), rem = t % (BPS * PPS);
+        const int ib = rem / PPS, part = half * PPS + rem % PPS;
+        float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
+        T::deq(rowp(r) + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
+        __half *dst = ws + r * TC_LD + ib * T::QK - half * TC_BK;
+#pragma unroll
+        for (int rr = 0; rr < T::NRUN; rr++)
+            store_f16_run<T::RUNLEN, T::HAS_MIN>(dst + T::off(part, rr), v + rr * T::RUNLEN, a[rr],
+                                                 T::HAS_MIN ? m[rr] : 0.0f);
+    }
+}
+
+template <int FM, int FN>
+__device__ __forceinline__ void
+tc_mma_slice(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[FM][FN],
+             const __half *ws, const __half *xs, int wr, int wc)
+{
+    using namespace nvcuda;
+#pragma unroll 2
+    for (int kk = 0; kk < TC_BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[FN];
+#pragma unroll
+        for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], ws + (wr + i) * 16 * TC_LD + kk, TC_LD);
+#pragma unroll
+        for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], xs + (wc + j) * 16 * TC_LD + kk, TC_LD);
+#pragma unroll
+        for (int i = 0; i < FM; i++)
+#pragma unroll
+            for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+}
+
+template <int FM, int FN, int LDC>
+__device__ __forceinline__ void
+tc_stage_tile(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[FM][FN], float *cs,
+              int wr, int wc)
+{
+    using namespace nvcuda;
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++)
+            wmma::store_matrix_sync(cs + (wc + j) * 16 * LDC + (wr + i) * 16, acc[i][j], LDC, wmma::mem_col_major);
+}
+
 template <typename T, int BM, int BN>
 __global__ void __launch_bounds__(256)
 k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__restrict__ x, int K,
@@ -650,10 +710,6 @@ k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__rest
 {
     using namespace nvcuda;
     constexpr int FM = BM / 64, FN = BN / 32;         /* fragments per warp: 4 x 2 warps */
-    constexpr int HALVES = T::QK > TC_BK ? T::QK / TC_BK : 1;   /* slices per block */
-    constexpr int BPS = T::QK > TC_BK ? 1 : TC_BK / T::QK;      /* blocks per slice */
-    constexpr int PPS = T::PARTS / HALVES;                       /* parts of a block per slice */
-    constexpr int TASKS = BM * BPS * PPS;
     constexpr int LDC = BM + 4;                                  /* f32 stride of the output staging */
     static_assert(BM % 64 == 0 && BN % 32 == 0, "tile");
     static_assert((size_t)BN * LDC * 4 <= TC_SMEM(BM, BN), "the output staging fits the operand tiles");
@@ -668,20 +724,9 @@ k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__rest
     for (int i = 0; i < FM; i++)
 #pragma unroll
         for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    auto rowp = [&](int r) { return W + (size_t)(row0 + r < nrows ? row0 + r : nrows - 1) * row_bytes; };
     for (int k0 = 0; k0 < K; k0 += TC_BK) {
-        const int half = HALVES > 1 ? (k0 / TC_BK) % HALVES : 0;
-        for (int t = tid; t < TASKS; t += 256) {
-            const int r = t / (BPS * PPS), rem = t % (BPS * PPS);
-            const int ib = rem / PPS, part = half * PPS + rem % PPS;
-            const int row = row0 + r < nrows ? row0 + r : nrows - 1;
-            float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
-            T::deq(W + (size_t)row * row_bytes + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
-            __half *dst = ws + r * TC_LD + ib * T::QK - half * TC_BK;
-#pragma unroll
-            for (int rr = 0; rr < T::NRUN; rr++)
-                store_f16_run<T::RUNLEN, T::HAS_MIN>(dst + T::off(part, rr), v + rr * T::RUNLEN, a[rr],
-                                                     T::HAS_MIN ? m[rr] : 0.0f);
-        }
+        tc_decode_slice<T, BM>(ws, k0, tid, rowp);
         for (int t = tid; t < BN * TC_BK / 4; t += 256) {
             const int c = t / (TC_BK / 4), i4 = t % (TC_BK / 4);
             float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -690,27 +735,11 @@ k_matmul_tc(const uint8_t *__restrict__ W, size_t row_bytes, const float *__rest
             *(uint2 *)(xs + c * TC_LD + 4 * i4) = *(const uint2 *)h;
         }
         __syncthreads();
-#pragma unroll 2
-        for (int kk = 0; kk < TC_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[FN];
-#pragma unroll
-            for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], ws + (wr + i) * 16 * TC_LD + kk, TC_LD);
-#pragma unroll
-            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], xs + (wc + j) * 16 * TC_LD + kk, TC_LD);
-#pragma unroll
-            for (int i = 0; i < FM; i++)
-#pragma unroll
-                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
+        tc_mma_slice<FM, FN>(acc, ws, xs, wr, wc);
         __syncthreads();
     }
     float *cs = (float *)tc_sm;   /* (BN, LDC): the tile, token-major */
-#pragma unroll
-    for (int i = 0; i < FM; i++)
-#pragma unroll
-        for (int j = 0; j < FN; j++)
-            wmma::store_matrix_sync(cs + (wc + j) * 16 * LDC + (wr + i) * 16, acc[i][j], LDC, wmma::mem_col_major);
+    tc_stage_tile<FM, FN, LDC>(acc, cs, wr, wc);
     __syncthreads();
     for (int t = tid; t < BM * BN; t += 256) {
         const int c = t / BM, r = t % BM;
@@ -742,10 +771,6 @@ k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int 
 {
     using namespace nvcuda;
     constexpr int FM = BM / 64, FN = BN / 32;
-    constexpr int HALVES = T::QK > TC_BK ? T::QK / TC_BK : 1;
-    constexpr int BPS = T::QK > TC_BK ? 1 : TC_BK / T::QK;
-    constexpr int PPS = T::PARTS / HALVES;
-    constexpr int TASKS = BM * BPS * PPS;
     constexpr int LDC = BM + 4;
     static_assert(BM % 64 == 0 && BN % 32 == 0, "tile");
     static_assert((size_t)BN * LDC * 4 <= TC2_SMEM(BM, BN), "the output staging fits the operand tiles");
@@ -761,6 +786,11 @@ k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int 
     const int row0 = (rb - sg.rb0) * RPW, col0 = blockIdx.x * BN;
     const int tid = threadIdx.x, wid = tid / 32;
     const int wr = (wid % 4) * FM, wc = (wid / 4) * FN;
+    auto rowp = [&](int r) {   /* with SWI, rows RPW.. are the up weight's */
+        const int rw = SWI ? r % RPW : r;
+        const uint8_t *Wr = SWI && r >= RPW ? segs.s[1].W : W;
+        return Wr + (size_t)(row0 + rw < nrows ? row0 + rw : nrows - 1) * row_bytes;
+    };
     auto load_x = [&](int k0, __half *dst) {
         for (int t = tid; t < BN * TC_BK / 8; t += 256) {
             const int c = t / (TC_BK / 8), i8 = t % (TC_BK / 8);
@@ -778,46 +808,16 @@ k_matmul_tc2(tc_segs segs, size_t row_bytes, const __half *__restrict__ xh, int 
     for (int k0 = 0, sl = 0; k0 < K; k0 += TC_BK, sl ^= 1) {
         if (k0 + TC_BK < K) load_x(k0 + TC_BK, xb + (sl ^ 1) * BN * TC_LD);
         else cp_async_commit();   /* an empty group: the wait below counts the same */
-        const int half = HALVES > 1 ? (k0 / TC_BK) % HALVES : 0;
-        for (int t = tid; t < TASKS; t += 256) {
-            const int r = t / (BPS * PPS), rem = t % (BPS * PPS);
-            const int ib = rem / PPS, part = half * PPS + rem % PPS;
-            const int rw = SWI ? r % RPW : r;
-            const int row = row0 + rw < nrows ? row0 + rw : nrows - 1;
-            const uint8_t *Wr = SWI && r >= RPW ? segs.s[1].W : W;
-            float v[T::NRUN * T::RUNLEN], a[T::NRUN], m[T::NRUN];
-            T::deq(Wr + (size_t)row * row_bytes + (size_t)(k0 / T::QK + ib) * T::BYTES, part, v, a, m);
-            __half *dst = ws + r * TC_LD + ib * T::QK - half * TC_BK;
-#pragma unroll
-            for (int rr = 0; rr < T::NRUN; rr++)
-                store_f16_run<T::RUNLEN, T::HAS_MIN>(dst + T::off(part, rr), v + rr * T::RUNLEN, a[rr],
-                                                     T::HAS_MIN ? m[rr] : 0.0f);
-        }
+        tc_decode_slice<T, BM>(ws, k0, tid, rowp);
         cp_async_wait<1>();   /* this slice's activations (the next slice's may be in flight) */
         __syncthreads();
         const __half *xs = xb + sl * BN * TC_LD;
-#pragma unroll 2
-        for (int kk = 0; kk < TC_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[FN];
-#pragma unroll
-            for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], ws + (wr + i) * 16 * TC_LD + kk, TC_LD);
-#pragma unroll
-            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], xs + (wc + j) * 16 * TC_LD + kk, TC_LD);
-#pragma unroll
-            for (int i = 0; i < FM; i++)
-#pragma unroll
-                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
+        tc_mma_slice<FM, FN>(acc, ws, xs, wr, wc);
         __syncthreads();
     }
     cp_async_wait<0>();
     float *cs = (float *)tc_sm;   /* (BN, LDC): the tile, token-major */
-#pragma unroll
-    for (int i = 0; i < FM; i++)
-#pragma unroll
-        for (int j = 0; j < FN; j++)
-            wmma::store_matrix_sync(cs + (wc + j) * 16 * LDC + (wr + i) * 16, acc[i][j], LDC, wmma::mem_col_major);
+    tc_stage_tile<FM, FN, LDC>(acc, cs, wr, wc);
     __syncthreads();
     if (SWI) {
         for (int t = tid; t < RPW * BN; t += 256) {
