@@ -195,14 +195,12 @@ static int widest(const tg_hparams *hp)
     return w;
 }
 
-/* The widest matmul input of a prompt batch row (n_embd, n_head*head_dim
- * or n_ff). */
+/* The widest prompt row g->x16 holds: n_embd (the norms' outputs) or
+ * n_head*head_dim (the output projection's input); the n_ff-wide input of
+ * the down projection is g->x16b. */
 static int mm_widest(const tg_hparams *hp)
 {
-    int w = hp->n_embd;
-    if (hp->n_head * hp->head_dim > w) w = hp->n_head * hp->head_dim;
-    if (hp->n_ff > w) w = hp->n_ff;
-    return w;
+    return hp->n_head * hp->head_dim > hp->n_embd ? hp->n_head * hp->head_dim : hp->n_embd;
 }
 
 /* Whether the fused single-token path serves this model: every mat-vec
