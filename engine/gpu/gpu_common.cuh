@@ -110,6 +110,29 @@ __device__ __forceinline__ void pdl_trigger(void)
 #endif
 }
 
+/* Loads what other thread blocks of the same kernel wrote (after their
+ * __threadfence; a partial result merged by the last block to finish):
+ * through L2, never a stale line of this multiprocessor's L1 (volatile
+ * loads on HIP, where __ldcg is missing). */
+__device__ __forceinline__ float ld_l2(const float *p)
+{
+#ifdef TG_GPU_HIP
+    return *(const volatile float *)p;
+#else
+    return __ldcg(p);
+#endif
+}
+
+__device__ __forceinline__ float4 ld_l2(const float4 *p)
+{
+#ifdef TG_GPU_HIP
+    const volatile float *f = (const volatile float *)p;
+    return make_float4(f[0], f[1], f[2], f[3]);
+#else
+    return __ldcg(p);
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_shfl_xor(T v, int o)
 {

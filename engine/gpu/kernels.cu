@@ -390,19 +390,6 @@ __device__ __forceinline__ int dot4(int a, int b, int c)
 #endif
 }
 
-/* Bytes 0..63 minus 32 each, as signed bytes. */
-__device__ __forceinline__ int sub32x4(int v)
-{
-#ifdef TG_GPU_HIP
-    int r = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) r |= ((((v >> (8 * i)) & 0xFF) - 32) & 0xFF) << (8 * i);
-    return r;
-#else
-    return (int)__vsub4((unsigned)v, 0x20202020u);
-#endif
-}
-
 /* The quantized activations one weight part multiplies, loaded once and
  * shared by every row a warp serves at the same part. */
 struct fz_x4 {   /* q4_K part: 16 values of sub-block 2g, 16 of 2g+1 */
@@ -488,14 +475,19 @@ __device__ __forceinline__ float fz_part(const uint8_t *b, int p, const fz_x6 &x
     const uint32_t H = qh[0] | ((uint32_t)qh[1] << 16);
     const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + l0 / 16);
     const float d = h2f(*(const uint16_t *)(b + 208));
-    const int v0 = sub32x4((int)((L0 & 0x0F0F0F0Fu) | ((H & 0x03030303u) << 4)));
-    const int v1 = sub32x4((int)((L1 & 0x0F0F0F0Fu) | (((H >> 2) & 0x03030303u) << 4)));
-    const int v2 = sub32x4((int)(((L0 >> 4) & 0x0F0F0F0Fu) | (((H >> 4) & 0x03030303u) << 4)));
-    const int v3 = sub32x4((int)(((L1 >> 4) & 0x0F0F0F0Fu) | (((H >> 6) & 0x03030303u) << 4)));
-    const int s0 = dot4(v0, x.q[0], 0);
-    const int s1 = dot4(v1, x.q[1], 0);
-    const int s2 = dot4(v2, x.q[2], 0);
-    const int s3 = dot4(v3, x.q[3], 0);
+    /* the 6-bit codes 0..63 as they are; their offset of -32 enters as
+     * -32 times the activations' sum (0xE0: -32 in each byte), the same
+     * integer as the dot with the codes minus 32, in one dp4a instead of a
+     * per-byte subtraction (five instructions) */
+    const int v0 = (int)((L0 & 0x0F0F0F0Fu) | ((H & 0x03030303u) << 4));
+    const int v1 = (int)((L1 & 0x0F0F0F0Fu) | (((H >> 2) & 0x03030303u) << 4));
+    const int v2 = (int)(((L0 >> 4) & 0x0F0F0F0Fu) | (((H >> 4) & 0x03030303u) << 4));
+    const int v3 = (int)(((L1 >> 4) & 0x0F0F0F0Fu) | (((H >> 6) & 0x03030303u) << 4));
+    const int m32 = (int)0xE0E0E0E0u;
+    const int s0 = dot4(v0, x.q[0], dot4(m32, x.q[0], 0));
+    const int s1 = dot4(v1, x.q[1], dot4(m32, x.q[1], 0));
+    const int s2 = dot4(v2, x.q[2], dot4(m32, x.q[2], 0));
+    const int s3 = dot4(v3, x.q[3], dot4(m32, x.q[3], 0));
     return d * ((float)sc[0] * x.d.x * (float)s0 + (float)sc[2] * x.d.y * (float)s1 +
                 (float)sc[4] * x.d.z * (float)s2 + (float)sc[6] * x.d.w * (float)s3);
 }
@@ -1505,18 +1497,6 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
     }
 }
 
-/* A load of another thread block's partial result (attn_part_store) from
- * L2, never a stale L1 line (the fused decode attention merges in the last
- * block to finish, within the same kernel). */
-__device__ __forceinline__ float ld_part(const float *p)
-{
-#ifdef TG_GPU_HIP
-    return *(volatile const float *)p;
-#else
-    return __ldcg(p);
-#endif
-}
-
 /* The weights of the nsplit partial results of one (head, token) at pp:
  * f[z] = e^(m_z - M) in shared memory (0 for an empty split, m = -inf),
  * M the largest m_z; returns the denominator sum_z s_z f[z] (every thread).
@@ -1526,14 +1506,14 @@ __device__ float attn_split_weights(const float *pp, int head_dim, int nsplit, f
 {
     float mx = -INFINITY;
     for (int z = threadIdx.x; z < nsplit; z += blockDim.x)
-        mx = fmaxf(mx, ld_part(pp + (size_t)z * (head_dim + 2)));
+        mx = fmaxf(mx, ld_l2(pp + (size_t)z * (head_dim + 2)));
     const float M = block_max(mx, red);
     float den = 0.0f;
     for (int z = threadIdx.x; z < nsplit; z += blockDim.x) {
-        const float m = ld_part(pp + (size_t)z * (head_dim + 2));
+        const float m = ld_l2(pp + (size_t)z * (head_dim + 2));
         const float w = m != -INFINITY ? expf(m - M) : 0.0f;
         f[z] = w;
-        den += ld_part(pp + (size_t)z * (head_dim + 2) + 1) * w;
+        den += ld_l2(pp + (size_t)z * (head_dim + 2) + 1) * w;
     }
     den = block_sum(den, red);   /* its barriers also publish f */
     return den;
@@ -1544,7 +1524,7 @@ __device__ __forceinline__ float attn_merge_dim(const float *pp, int head_dim, i
 {
     float num = 0.0f;
 #pragma unroll 8
-    for (int z = 0; z < nsplit; z++) num += ld_part(pp + (size_t)z * (head_dim + 2) + 2 + d) * f[z];
+    for (int z = 0; z < nsplit; z++) num += ld_l2(pp + (size_t)z * (head_dim + 2) + 2 + d) * f[z];
     return num;
 }
 
@@ -2240,6 +2220,13 @@ __device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, flo
     }
 }
 
+/* ss plus the squares of v's four values, in the order every norm of the
+ * fused path sums them (k_rmsnorm_q8 and the folded tail must agree). */
+__device__ __forceinline__ float sq4_acc(float ss, float4 v)
+{
+    return ss + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+}
+
 /* One row: y = x * (1/sqrt(mean(x^2) + eps)) * w, into y (when not NULL)
  * and quantized into out. One thread block per 32-value block of the
  * output: each block sums the squares of the whole row itself (the row is
@@ -2253,10 +2240,8 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
     pdl_wait();
     float ss = 0.0f;
     if (n % 4 == 0)
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-            const float4 v = ((const float4 *)x)[i];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
+            ss = sq4_acc(ss, ((const float4 *)x)[i]);
     else
         for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
     ss = block_sum(ss, sh);
@@ -2388,32 +2373,41 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
- * chunks of this warp); acc[r] summed over the warp (every lane has them). */
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
-                                               uint8_t *sm, float *acc)
+/* ns sets of NR rows (rows(t, r): the first byte of row r of set t) dotted
+ * with x as one stream through sm (NR * FZ_STAGES chunks of this warp): the
+ * ring runs on from one set into the next instead of draining between
+ * them, so the warp keeps FZ_STAGES - 1 chunks per row in flight from its
+ * first chunk to its last. done(t, acc) is called by every lane once set
+ * t's last chunk is in, with acc[r] summed over the warp. Each row's sum is
+ * taken in the same order whatever ns is. */
+template <int TYPE, int NR, typename RowsF, typename DoneF>
+__device__ __forceinline__ void fz_stream_sets(int ns, RowsF rows, int nb, const gk_q8 &x, int lane, uint8_t *sm,
+                                               DoneF done)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
-    const int nch = nb / C::CB;
+    const int nch = nb / C::CB, total = ns * nch;
+    float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    auto issue = [&](int c) {
-        if (c < nch)
+    auto issue = [&](int g) {
+        if (g < total) {
+            const int t = g / nch, c = g - t * nch;
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
-                const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + g % FZ_STAGES) * C::BYTES;
+                const uint8_t *src = rows(t, r) + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
+        }
         cp_async_commit();
     };
 #pragma unroll
-    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
+    for (int g = 0; g < FZ_STAGES - 1; g++) issue(g);
     pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
-    for (int c = 0; c < nch; c++) {
-        issue(c + FZ_STAGES - 1);
+    int t = 0, c = 0;
+    for (int g = 0; g < total; g++) {
+        issue(g + FZ_STAGES - 1);
         cp_async_wait<FZ_STAGES - 1>();
         warp_sync();
 #pragma unroll
@@ -2424,63 +2418,169 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
             fz_load_x(x, c * C::CB + ibl, part, xv);
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + g % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
         }
         warp_sync();   /* every lane is done with this stage before it is refilled */
+        if (++c == nch) {
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
+            done(t, acc);
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+            c = 0;
+            t++;
+        }
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
+/* The row groups first, first + stride, ... (cnt of them, NR rows each) of
+ * segment sg: one stream when flat, else one stream per group; the rows'
+ * sums stored into y, or added to it with accumulate. */
 template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
-                                              int accumulate, uint8_t *sm)
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int first, int stride, int cnt, int K,
+                                              const gk_q8 &x, int lane, int accumulate, int flat, uint8_t *sm)
 {
-    const uint8_t *wr[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
+    const size_t rb = fz_row_bytes(TYPE, K);
+    auto rows = [&](int t, int r) {
+        const int row0 = (first + t * stride) * NR;
         const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
-        wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
-    }
-    float acc[NR];
-    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
-    if (lane == 0)
+        return (const uint8_t *)sg.W + (size_t)row * rb;
+    };
+    auto done = [&](int t, const float *acc) {
+        const int row0 = (first + t * stride) * NR;
+        if (lane == 0)
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (row0 + r >= sg.nrows) break;
-            if (accumulate) sg.y[row0 + r] += acc[r];
-            else sg.y[row0 + r] = acc[r];
-        }
+            for (int r = 0; r < NR; r++) {
+                if (row0 + r >= sg.nrows) break;
+                if (accumulate) sg.y[row0 + r] += acc[r];
+                else sg.y[row0 + r] = acc[r];
+            }
+    };
+    const int nb = K / fz_fmt<TYPE>::QK;
+    if (flat) fz_stream_sets<TYPE, NR>(cnt, rows, nb, x, lane, sm, done);
+    else
+        for (int j = 0; j < cnt; j++)
+            fz_stream_sets<TYPE, NR>(
+                1, [&](int, int r) { return rows(j, r); }, nb, x, lane, sm,
+                [&](int, const float *acc) { done(j, acc); });
 }
+
+/* The RMS norm of the n values at x (n a multiple of 32) with weights w,
+ * quantized into out: k_rmsnorm_q8's arithmetic bit for bit, by one block
+ * of 128 threads. The sum of squares follows k_rmsnorm_q8's 256 threads
+ * (thread t here sums as its threads t and t + 128 did, and the warp and
+ * block sums combine in the same order); the quantization of each 32-value
+ * block (its maximum and its sum of integers are order-free) runs on eight
+ * lanes of four values. x is read through L2 (other blocks wrote it). */
+__device__ __forceinline__ void fz_norm_tail(const float *x, const float *w, int n, float eps, gk_q8 out, float *sh)
+{
+    const int t = threadIdx.x, lane = t % TG_WARP, wid = t / TG_WARP;
+    static_assert(FZ_NORM_THREADS == 256, "the tail follows k_rmsnorm_q8's 256 threads");
+    const float4 *x4 = (const float4 *)x;   /* n % 32 == 0: k_rmsnorm_q8's float4 loop */
+    float a = 0.0f, b = 0.0f;
+    for (int i = t; i < n / 4; i += 256) a = sq4_acc(a, ld_l2(x4 + i));
+    for (int i = t + 128; i < n / 4; i += 256) b = sq4_acc(b, ld_l2(x4 + i));
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) {
+        sh[wid] = a;
+        sh[wid + 4] = b;
+    }
+    __syncthreads();
+    const float ss = warp_sum(lane < 8 ? sh[lane] : 0.0f);
+    const float scale = 1.0f / sqrtf(ss / n + eps);
+    for (int base = 0; base < n / 4; base += 128) {
+        const int i = base + t;   /* four values; lanes 8k..8k+7 hold one 32-value block */
+        const bool on = i < n / 4;
+        float v[4] = {0, 0, 0, 0};
+        if (on) {
+            const float4 xv = ld_l2((const float4 *)x + i);
+            v[0] = xv.x * scale * w[4 * i];
+            v[1] = xv.y * scale * w[4 * i + 1];
+            v[2] = xv.z * scale * w[4 * i + 2];
+            v[3] = xv.w * scale * w[4 * i + 3];
+        }
+        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, o));
+        const float dd = amax / 127.0f;
+        int qi[4];
+        float sq = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            qi[c] = dd > 0.0f ? __float2int_rn(v[c] / dd) : 0;
+            sq += (float)qi[c];
+        }
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) sq += warp_shfl_xor(sq, o);
+        if (on) {
+            *(char4 *)(out.q + 4 * i) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2],
+                                                   (signed char)qi[3]);
+            if (lane % 8 == 0) {
+                out.d[i / 8] = dd;
+                out.s[i / 8] = sq;
+            }
+        }
+    }
+}
+
+/* The folded norm of a streamed mat-vec (w NULL: none): once every block
+ * has added its rows into segment 0's y, the last block to finish takes
+ * the RMS norm of y with weights w and quantizes it into out (count:
+ * the blocks finished, left at 0 again). */
+struct fz_tail {
+    const float *w;
+    float eps;
+    gk_q8 out;
+    int *count;
+};
 
 /* Streamed k_mv_fused: warps take NR consecutive rows of a segment at a
- * time (grid-stride over the segments' row groups); every segment's type
- * streams at this K (checked by the launcher). Dynamic shared memory:
- * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
- * segments' types). */
+ * time (grid-stride over the segments' row groups, a warp's groups of one
+ * segment streamed as one when flat); every segment's type streams at this
+ * K (checked by the launcher). Then the folded norm when tail.w is set.
+ * Dynamic shared memory: FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the
+ * largest chunk of its segments' types). */
 template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, int flat, fz_tail tail)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
+    __shared__ float sh[8];
+    __shared__ int last;
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * ring;
-    const int n0 = (segs.s[0].nrows + NR - 1) / NR;
-    const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
-    const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
-    for (int v = blockIdx.x * FZ_WARPS + wid; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
-        const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
-        const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
+    const int stride = gridDim.x * FZ_WARPS, gw = blockIdx.x * FZ_WARPS + wid;
+    int start = 0;   /* the first group number of segment i */
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        if (i >= segs.n) break;
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
+        const int ng = (sg.nrows + NR - 1) / NR;
+        int first = (gw - start) % stride;   /* this warp's first group of the segment */
+        if (first < 0) first += stride;
+        const int cnt = first < ng ? (ng - first + stride - 1) / stride : 0;
+        start += ng;
+        if (!cnt) continue;
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, first, stride, cnt, K, x, lane, accumulate, flat, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, first, stride, cnt, K, x, lane, accumulate, flat, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, first, stride, cnt, K, x, lane, accumulate, flat, sm); break;
         }
     }
     pdl_wait();   /* a warp without rows also completes after the previous kernel */
+    if (!tail.w) return;
+    __threadfence();   /* this block's rows are visible before it counts itself */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tail.count, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    fz_norm_tail(segs.s[0].y, tail.w, segs.s[0].nrows, tail.eps, tail.out, sh);
+    if (threadIdx.x == 0) *tail.count = 0;
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
@@ -2567,11 +2667,12 @@ int gk_pdl_on(void)
 }
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
- * rows at a time (8 warps, 4 pairs each). */
+ * rows at a time (8 warps, 4 pairs each; the four pairs one stream when
+ * flat). */
 template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out)
+                   gk_q8 out, int flat)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
@@ -2581,13 +2682,16 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    for (int j = 0; j < 4; j++) {
-        const int r = r0 + wid * 4 + j;
-        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
-        float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
+    auto rows = [&](int j, int r) { return (r ? Wu : Wg) + (size_t)(r0 + wid * 4 + j) * rb; };
+    auto done = [&](int j, const float *gu) {
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-    }
+    };
+    if (flat) fz_stream_sets<TYPE, 2>(4, rows, nb, x, lane, sm, done);
+    else
+        for (int j = 0; j < 4; j++)
+            fz_stream_sets<TYPE, 2>(
+                1, [&](int, int r) { return rows(j, r); }, nb, x, lane, sm,
+                [&](int, const float *gu) { done(j, gu); });
     __syncthreads();
     if (wid == 0) {
         const float v = act[lane];
@@ -2820,7 +2924,53 @@ int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int 
     return 0;
 }
 
-int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
+/* TG_GPU_FLAT (read once; gk_set_flat overrides it): a warp's row groups
+ * of one launch as one stream (1) or a stream each (0, the default until
+ * it is measured on a device). */
+static int flat_cache = -1;
+
+static int fz_flat_on(void)
+{
+    return env_switch(&flat_cache, "TG_GPU_FLAT", 0);
+}
+
+void gk_set_flat(int on)
+{
+    flat_cache = on < 0 ? -1 : on ? 1 : 0;
+}
+
+/* TG_GPU_NORM_TAIL (read once): the RMS norm after the output and down
+ * projections folded into their launch (1) or its own launch (0, the
+ * default until it is measured on a device). */
+int gk_norm_tail_on(void)
+{
+    static int on = -1;
+    return env_switch(&on, "TG_GPU_NORM_TAIL", 0);
+}
+
+/* The thread blocks of k_mv_stream<nr> with sm bytes of dynamic shared
+ * memory that the device holds at once (132 * 16 where unknown), cached
+ * for the last few shapes asked. */
+static int mv_stream_resident(int nr, size_t sm)
+{
+    static struct { int nr; size_t sm; int n; } memo[8];
+    static int nmemo;
+    for (int i = 0; i < nmemo; i++)
+        if (memo[i].nr == nr && memo[i].sm == sm) return memo[i].n;
+    int per_sm = 0;
+    if (n_sm <= 0 || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nr == 2 ? k_mv_stream<2> : k_mv_stream<1>,
+                                                                  FZ_WARPS * TG_WARP, sm) != cudaSuccess ||
+        per_sm <= 0)
+        return 132 * 16;
+    const int n = per_sm * n_sm;
+    if (nmemo < 8) memo[nmemo++] = {nr, sm, n};
+    return n;
+}
+
+/* gk_mv_fused, and the folded norm when tail is not NULL (the launcher of
+ * gk_mv_add_norm has checked that the streamed kernel serves it). */
+static int mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate,
+                    const fz_tail *tail, tg_err *e)
 {
     if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu mv_fused: %d segments: expected 1..3", nseg);
     fz_segs fs;
@@ -2852,16 +3002,46 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         int groups = 0;   /* of nr rows, a warp each */
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
-        const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
-        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP, (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
+        /* flat: at most the blocks that fit at once (a launch with more
+         * row groups, the vocabulary projection, streams several a warp);
+         * else up to 16 waves of 132 */
+        const int flat = fz_flat_on();
+        const int cap = flat ? mv_stream_resident(nr, (size_t)FZ_WARPS * ring) : 132 * 16;
+        const int grid = blocks_needed < cap ? blocks_needed : cap;
+        fz_tail tl = {};
+        if (tail) tl = *tail;
+        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
+                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring, flat, tl));
         return 0;
     }
+    if (tail) return tg_errf(e, "gpu mv_add_norm: the streamed mat-vec does not serve type %u at K=%d", segs[0].type, K);
     /* the direct kernel: two rows per warp share their activation loads */
     int warps = 0;
     for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
     GPU_CHECK(e, gk_launch(k_mv_fused<2>, (warps + FZ_WARPS - 1) / FZ_WARPS, FZ_WARPS * TG_WARP, 0, s, fs, K, x,
                            accumulate));
     return 0;
+}
+
+int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
+{
+    return mv_fused(s, segs, nseg, K, x, accumulate, NULL, e);
+}
+
+int gk_mv_add_norm_ok(uint32_t type, int K, int n)
+{
+    return fz_stream_on() && gk_fused_type_supported(type) && fz_k_ok(type, K) &&
+           fz_streams(type, K) && n > 0 && n % 32 == 0;
+}
+
+int gk_mv_add_norm(cudaStream_t s, const gk_mv_seg *seg, int K, gk_q8 x, const float *w, float eps, gk_q8 out,
+                   int *count, tg_err *e)
+{
+    if (!gk_mv_add_norm_ok(seg->type, K, seg->nrows) || !w || !count)
+        return tg_errf(e, "gpu mv_add_norm: type %u, K=%d, %d rows: expected a streamed type and K, rows a "
+                       "multiple of 32, norm weights and a counter", seg->type, K, seg->nrows);
+    const fz_tail tl = {w, eps, out, count};
+    return mv_fused(s, seg, 1, K, x, 1, &tl, e);
 }
 
 int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
@@ -2877,7 +3057,7 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
         GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
                                : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
                                                       : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, fz_flat_on()));
         return 0;
     }
     GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
@@ -2936,9 +3116,10 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
+             fz_stream_on() && fz_flat_on() ? ", flat" : "", fz_stream_on() && gk_norm_tail_on() ? ", folded norm" : "",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }

@@ -62,6 +62,7 @@
 #define cudaStreamWaitEvent            hipStreamWaitEvent
 #define cudaFuncSetAttribute           hipFuncSetAttribute
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 
 #define __nv_bfloat16                  hip_bfloat16
 

@@ -11,6 +11,9 @@
  * step reads are a real file's, the tokens are meaningless. Prints
  *   prefill_tok_s=  decode_tok_s=  weight_bytes=  copy_bw_GBs=
  *   roofline_tok_s= (copy bandwidth / weight bytes)  roofline_fraction=
+ *   decode_digest= the decode steps' logits digests chained (FNV-1a): two
+ *   runs with bit-identical kernels print the same, so a switch that should
+ *   not change the numerics can be checked in the same call it is timed
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,8 +162,11 @@ int main(int argc, char **argv)
     if (step(g, toks, n_prefill, top, dig, &e)) goto fail;
     tp = tg_now() - tp;
     double td = tg_now();
-    for (int i = 0; i < n_decode; i++)
+    uint64_t chain = 1469598103934665603ULL;   /* FNV-1a over the decode steps' logits digests */
+    for (int i = 0; i < n_decode; i++) {
         if (step(g, &top[0].id, 1, top, dig, &e)) goto fail;
+        for (const char *c = dig; *c; c++) chain = (chain ^ (uint8_t)*c) * 1099511628211ULL;
+    }
     td = tg_now() - td;
     tg_gpu_profile_report(g, stdout);
     double bw = 0;
@@ -171,6 +177,7 @@ int main(int argc, char **argv)
     const double roof = bw / wb;
     printf("prefill_tokens=%d prefill_s=%.4f prefill_tok_s=%.1f\n", n_prefill, tp, n_prefill / tp);
     printf("decode_tokens=%d decode_s=%.4f decode_tok_s=%.1f\n", n_decode, td, n_decode / td);
+    printf("decode_digest=%016llx\n", (unsigned long long)chain);
     printf("weight_bytes=%.0f copy_bw_GBs=%.1f roofline_tok_s=%.1f roofline_fraction=%.3f\n", wb, bw / 1e9, roof,
            (n_decode / td) / roof);
     tg_session_free(g);

@@ -48,6 +48,9 @@ static const double NMSE_SWIGLU = 1e-12;
 static const double NMSE_ADD = 0.0;   /* f32 add is exact to the reference's f32 add */
 
 static int n_fail, n_ok;
+/* "flat " while the streamed mat-vecs run flat (gk_set_flat): prefixes the
+ * names of the cases that run in both modes */
+static const char *g_mode = "";
 static uint64_t rng_state;
 
 static uint64_t rnd64(void)
@@ -867,7 +870,7 @@ static void test_rmsnorm_q8(int n)
 static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *rows, int accumulate)
 {
     char name[160];
-    int o = snprintf(name, sizeof name, "mv_fused%s(K=%d", accumulate ? "_add" : "", K);
+    int o = snprintf(name, sizeof name, "%smv_fused%s(K=%d", g_mode, accumulate ? "_add" : "", K);
     for (int i = 0; i < nseg; i++) o += snprintf(name + o, sizeof name - o, ",%s:%d", tg_type_name(types[i]), rows[i]);
     snprintf(name + o, sizeof name - o, ")");
     std::vector<float> x(K);
@@ -911,10 +914,77 @@ static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *row
     for (int i = 0; i < nseg; i++) { cudaFree(dws[i]); cudaFree(dys[i]); }
 }
 
+/* gk_mv_add_norm against what it replaces, gk_mv_fused onto the residual
+ * then gk_rmsnorm_q8: the residual and the quantized norm bit for bit, on
+ * two runs (the second with the counter the first left). */
+static void test_mv_add_norm(uint32_t t, int K, int n)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%smv_add_norm_%s(K=%d,n=%d)", g_mode, tg_type_name(t), K, n);
+    if (!gk_mv_add_norm_ok(t, K, n)) {
+        const char *st = getenv("TG_GPU_STREAM");
+        if (st && st[0] == '0') {
+            printf("SKIP %s: switched off in the environment\n", name);
+            return;
+        }
+        printf("FAIL %s: not served at a shape it should serve\n", name);
+        n_fail++;
+        return;
+    }
+    std::vector<float> x(K), y0(n), w(n);
+    fill(x, 1.0f);
+    fill(y0, 2.0f);
+    fill(w, 1.0f);
+    std::vector<int8_t> q;
+    std::vector<float> d, sm;
+    host_q8(x.data(), K, q, d, sm);
+    dev_q8 dq(K), qa(n), qb(n);
+    dq.upload(q, d, sm);
+    std::vector<float> wd;
+    std::vector<uint8_t> wq = make_weights(t, K, n, wd);
+    uint8_t *dW = dev_upload(wq.data(), wq.size());
+    float *dw = dev_upload(w.data(), n), *ya = dev_upload(y0.data(), n), *yb = dev_poisoned(n);
+    int *cnt;
+    CK(cudaMalloc((void **)&cnt, sizeof(int)));
+    CK(cudaMemset(cnt, 0, sizeof(int)));
+    const float eps = 1e-6f;
+    tg_err e = {{0}};
+    const gk_mv_seg sa = {t, dW, n, ya}, sb = {t, dW, n, yb};
+    int rc = gk_mv_fused(0, &sa, 1, K, dq.g, 1, &e);
+    if (!rc) rc = gk_rmsnorm_q8(0, ya, dw, NULL, n, eps, qa.g, &e);
+    const std::vector<uint8_t> ra = rc ? std::vector<uint8_t>() : dev_bytes(ya, (size_t)n * 4);
+    const std::vector<uint8_t> qra = rc ? std::vector<uint8_t>() : dev_bytes(qa.g.q, n);
+    const std::vector<uint8_t> dra = rc ? std::vector<uint8_t>() : dev_bytes(qa.g.d, (size_t)n / 32 * 4);
+    const std::vector<uint8_t> sra = rc ? std::vector<uint8_t>() : dev_bytes(qa.g.s, (size_t)n / 32 * 4);
+    for (int run = 0; run < 2 && !rc; run++) {
+        CK(cudaMemcpy(yb, y0.data(), (size_t)n * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(qb.g.q, 0x55, n));
+        rc = gk_mv_add_norm(0, &sb, K, dq.g, dw, eps, qb.g, cnt, &e);
+        if (rc) break;
+        const char *bad = dev_bytes(yb, (size_t)n * 4) != ra        ? "the residual"
+                        : dev_bytes(qb.g.q, n) != qra                ? "the quantized values"
+                        : dev_bytes(qb.g.d, (size_t)n / 32 * 4) != dra ? "the block scales"
+                        : dev_bytes(qb.g.s, (size_t)n / 32 * 4) != sra ? "the block sums"
+                        : dev_bytes(cnt, sizeof(int)) != std::vector<uint8_t>(sizeof(int), 0) ? "the counter (not left at 0)"
+                                                                              : NULL;
+        if (bad) {
+            printf("FAIL %s: run %d: %s differ from gk_mv_fused + gk_rmsnorm_q8\n", name, run + 1, bad);
+            n_fail++;
+            break;
+        }
+        if (run == 1) {
+            printf("OK   %s: bit for bit gk_mv_fused + gk_rmsnorm_q8, twice\n", name);
+            n_ok++;
+        }
+    }
+    if (rc) check_gk(rc, &e, name);
+    cudaFree(dW); cudaFree(dw); cudaFree(ya); cudaFree(yb); cudaFree(cnt);
+}
+
 static void test_mv_swiglu(uint32_t t, int K, int n_ff)
 {
     char name[128];
-    snprintf(name, sizeof name, "mv_swiglu_%s(K=%d,n_ff=%d)", tg_type_name(t), K, n_ff);
+    snprintf(name, sizeof name, "%smv_swiglu_%s(K=%d,n_ff=%d)", g_mode, tg_type_name(t), K, n_ff);
     std::vector<float> x(K);
     fill(x, 1.0f);
     std::vector<int8_t> q;
@@ -1163,23 +1233,43 @@ int main(void)
     test_rmsnorm_q8(4096);
     test_rmsnorm_q8(1024);
     test_rmsnorm_q8(256);
-    {
-        const uint32_t qkv[3] = {TG_TYPE_Q4_K, TG_TYPE_Q4_K, TG_TYPE_Q6_K};
-        const int r8b[3] = {4096, 1024, 1024}, rsm[3] = {64, 33, 7};
-        test_mv_fused(qkv, 3, 4096, r8b, 0);
-        test_mv_fused(qkv, 3, 256, rsm, 0);
-        const uint32_t one[3][1] = {{TG_TYPE_Q4_K}, {TG_TYPE_Q6_K}, {TG_TYPE_Q8_0}};
-        const int r1[1] = {1000}, r2[1] = {4096};
-        for (int i = 0; i < 3; i++) {
-            test_mv_fused(one[i], 1, 12288, r1, 1);   /* the down projection onto the residual */
-            test_mv_fused(one[i], 1, 4096, r2, 1);
-            test_mv_fused(one[i], 1, 1024, r1, 0);
+    /* the streamed mat-vecs one group stream a warp, then flat (every
+     * group of a warp one stream, TG_GPU_FLAT=1): both are served */
+    for (int flat = 0; flat < 2; flat++) {
+        gk_set_flat(flat);
+        g_mode = flat ? "flat " : "";
+        {
+            const uint32_t qkv[3] = {TG_TYPE_Q4_K, TG_TYPE_Q4_K, TG_TYPE_Q6_K};
+            const int r8b[3] = {4096, 1024, 1024}, rsm[3] = {64, 33, 7};
+            test_mv_fused(qkv, 3, 4096, r8b, 0);
+            test_mv_fused(qkv, 3, 256, rsm, 0);
+            const uint32_t one[3][1] = {{TG_TYPE_Q4_K}, {TG_TYPE_Q6_K}, {TG_TYPE_Q8_0}};
+            const int r1[1] = {1000}, r2[1] = {4096};
+            for (int i = 0; i < 3; i++) {
+                test_mv_fused(one[i], 1, 12288, r1, 1);   /* the down projection onto the residual */
+                test_mv_fused(one[i], 1, 4096, r2, 1);
+                test_mv_fused(one[i], 1, 1024, r1, 0);
+            }
+            /* more row groups than the grid's warps: several a warp, one stream */
+            const int rbig[1] = {20011};
+            test_mv_fused(one[1], 1, 2048, rbig, 0);
+            test_mv_fused(one[0], 1, 1024, rbig, 1);
+        }
+        /* the norm folded into the residual mat-vec: 8b, 0.6b and odd widths */
+        test_mv_add_norm(TG_TYPE_Q4_K, 12288, 4096);
+        test_mv_add_norm(TG_TYPE_Q6_K, 12288, 4096);
+        test_mv_add_norm(TG_TYPE_Q4_K, 4096, 4096);
+        test_mv_add_norm(TG_TYPE_Q6_K, 6144, 1024);
+        test_mv_add_norm(TG_TYPE_Q8_0, 2048, 1024);
+        test_mv_add_norm(TG_TYPE_Q4_K, 1024, 96);
+        test_mv_add_norm(TG_TYPE_Q8_0, 256, 4000);
+        for (uint32_t t : {TG_TYPE_Q4_K, TG_TYPE_Q6_K, TG_TYPE_Q8_0}) {
+            test_mv_swiglu(t, 4096, 1024);
+            test_mv_swiglu(t, 256, 96);
         }
     }
-    for (uint32_t t : {TG_TYPE_Q4_K, TG_TYPE_Q6_K, TG_TYPE_Q8_0}) {
-        test_mv_swiglu(t, 4096, 1024);
-        test_mv_swiglu(t, 256, 96);
-    }
+    gk_set_flat(-1);
+    g_mode = "";
     /* n_ctx: the cache's rows; with 32 key ranges, up to 48 (f16, hd 128) or
      * 24 (f32) rows a range are staged in shared memory, longer ranges read
      * the cache where it is */
