@@ -264,6 +264,22 @@ static inline void mutation_assert_dir(const char *root, const char *subdir, int
 }
 #endif
 
+/* Whether this CPU runs the code m->needs names (avx2 | avx512; none:
+ * always): a mutation in a kernel this CPU never selects changes nothing
+ * and is skipped, not counted. */
+static inline int mutation_cpu_ok(const mutation *m)
+{
+    if (!m->needs[0]) return 1;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (!strcmp(m->needs, "avx2")) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!strcmp(m->needs, "avx512"))
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#endif
+    return 0;
+}
+
 /* Builds the mutant of mutation file mut with BUILD/bin/tg-mutate (the one
  * builder) into folder out (out/tg-engine). Returns 0, or -1 with err
  * (tg-mutate's own message: the anchor that moved, the compiler's). */

@@ -392,17 +392,6 @@ static void test_mutants_apply(void **unused)
     mutation_assert_dir(g_root, "tests/mutants", 0);
 }
 
-static int cpu_has(const char *needs)
-{
-    if (!needs[0]) return 1;
-    __builtin_cpu_init();
-    if (!strcmp(needs, "avx2")) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (!strcmp(needs, "avx512"))
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    return 0;
-}
-
 /* Runs `tokgate CMD spec --db db` with the workers of bin_dir; returns the
  * exit status. */
 static int tokgate_with(const char *build, const char *bin_dir, const char *cmd, const char *spec, const char *db)
@@ -471,7 +460,7 @@ static void test_mutation_suite(void **unused)
         mutation m;
         if (mutation_parse(mut, &m, err, sizeof err) < 0) fail_msg("%s", err);
         const char *expect = m.expect;
-        if (!cpu_has(m.needs)) {
+        if (!mutation_cpu_ok(&m)) {
             printf("# %-16s skipped: this CPU lacks %s\n", names[i], m.needs);
             mutation_free(&m);
             continue;

@@ -416,6 +416,11 @@ static void test_mutants(void **st)
         mutation m;
         if (mutation_parse(mp, &m, err, sizeof err) < 0) fail_msg("%s", err);
         if (m.layer == -2) fail_msg("%s: expected stage: LAYER STAGE", mp);
+        if (!mutation_cpu_ok(&m)) {
+            printf("mutant %s skipped: this CPU lacks %s\n", names[i], m.needs);
+            mutation_free(&m);
+            continue;
+        }
         if (mutation_build(g_build, mp, wd, err, sizeof err) < 0) fail_msg("%s", err);
         snprintf(exe, sizeof exe, "%s/tg-engine", wd);
         if (m.env_key[0]) setenv(m.env_key, m.env_val, 1);
