@@ -170,6 +170,135 @@ static void bf16_vec_dot(int n, float *s, const void *vx, const void *vy)
     *s = (float)sum;
 }
 
+/* ------------------------------------------------------------ Q4_0, Q5_0 */
+
+/* The value of largest magnitude in x[0..n), with its sign (the first of
+ * them): ggml's reference quantizers scale by it. */
+static float signed_amax(const float *x, int n)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    return max;
+}
+
+/* Q4_0 as ggml's reference: d = max / -8 (max the signed value of largest
+ * magnitude), q = min(15, (int8)(x / d + 8.5)), x / d computed as x * (1/d). */
+static void q4_0_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK4_0 == 0);
+    block_q4_0 *y = vy;
+    for (int64_t i = 0; i < k / QK4_0; i++, x += QK4_0) {
+        const float d = signed_amax(x, QK4_0) / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = tg_f32_to_half(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            const int8_t q0 = (int8_t)(x[j] * id + 8.5f), q1 = (int8_t)(x[QK4_0 / 2 + j] * id + 8.5f);
+            const uint8_t x0 = (uint8_t)(q0 < 15 ? q0 : 15), x1 = (uint8_t)(q1 < 15 ? q1 : 15);
+            y[i].qs[j] = (uint8_t)(x0 | (x1 << 4));
+        }
+    }
+}
+
+static void q4_0_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK4_0 == 0);
+    const block_q4_0 *x = vx;
+    for (int64_t i = 0; i < k / QK4_0; i++, y += QK4_0) {
+        const float d = tg_half_to_f32(x[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = (float)((x[i].qs[j] & 0x0F) - 8) * d;
+            y[j + QK4_0 / 2] = (float)((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+/* Against Q8_0: per block the int32 sum of (q - 8) * qy, then sumf +=
+ * sumi * dx * dy (left to right), as ggml's generic dot. */
+static void q4_0_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK4_0 == 0);
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK4_0; i++) {
+        int32_t s0 = 0, s1 = 0;
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            s0 += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j];
+            s1 += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
+        }
+        sumf += (float)(s0 + s1) * tg_half_to_f32(x[i].d) * tg_half_to_f32(y[i].d);
+    }
+    *s = sumf;
+}
+
+/* Q5_0 as ggml's reference: d = max / -16, q = min(31, (int8)(x / d +
+ * 16.5)), bit 4 of each q into qh. */
+static void q5_0_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK5_0 == 0);
+    block_q5_0 *y = vy;
+    for (int64_t i = 0; i < k / QK5_0; i++, x += QK5_0) {
+        const float d = signed_amax(x, QK5_0) / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = tg_f32_to_half(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const int8_t q0 = (int8_t)(x[j] * id + 16.5f), q1 = (int8_t)(x[QK5_0 / 2 + j] * id + 16.5f);
+            const uint8_t x0 = (uint8_t)(q0 < 31 ? q0 : 31), x1 = (uint8_t)(q1 < 31 ? q1 : 31);
+            y[i].qs[j] = (uint8_t)((x0 & 0x0F) | ((x1 & 0x0F) << 4));
+            qh |= (uint32_t)((x0 & 0x10u) >> 4) << j;
+            qh |= (uint32_t)((x1 & 0x10u) >> 4) << (j + QK5_0 / 2);
+        }
+        memcpy(y[i].qh, &qh, sizeof qh);
+    }
+}
+
+/* Value j of a Q5_0 block as its 5-bit code minus 16. */
+static inline int q5_0_code(const block_q5_0 *b, uint32_t qh, int j)
+{
+    const int lo = j < QK5_0 / 2 ? b->qs[j] & 0x0F : b->qs[j - QK5_0 / 2] >> 4;
+    return (lo | (int)(((qh >> j) & 1u) << 4)) - 16;
+}
+
+static void q5_0_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK5_0 == 0);
+    const block_q5_0 *x = vx;
+    for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {
+        const float d = tg_half_to_f32(x[i].d);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        for (int j = 0; j < QK5_0; j++) y[j] = (float)q5_0_code(&x[i], qh, j) * d;
+    }
+}
+
+/* Against Q8_0: per block the int32 sum of (q - 16) * qy, then sumf +=
+ * (dx * dy) * sumi, as ggml's generic dot (its order differs from Q4_0's). */
+static void q5_0_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK5_0 == 0);
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK5_0; i++) {
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        int32_t s0 = 0, s1 = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const int h0 = (int)((qh >> j) << 4) & 0x10;    /* bit j, as the code's bit 4 */
+            const int h1 = (int)(qh >> (j + 12)) & 0x10;    /* bit j + 16 */
+            s0 += (((x[i].qs[j] & 0x0F) | h0) - 16) * y[i].qs[j];
+            s1 += (((x[i].qs[j] >> 4) | h1) - 16) * y[i].qs[j + QK5_0 / 2];
+        }
+        sumf += (tg_half_to_f32(x[i].d) * tg_half_to_f32(y[i].d)) * (float)(s0 + s1);
+    }
+    *s = sumf;
+}
+
 /* ------------------------------------------------------------ Q8_0, Q8_1 */
 
 /* Q8_0 as ggml's reference: d = amax/127 (stored as half), q = roundf(x/d)
@@ -778,6 +907,10 @@ static const tg_type_traits traits[TG_TYPE_COUNT] = {
                      TG_TYPE_F16, f16_vec_dot},
     [TG_TYPE_BF16] = {"bf16", 1, sizeof(tg_bf16), 0, bf16_to_float, bf16_from_float,
                       TG_TYPE_BF16, bf16_vec_dot},
+    [TG_TYPE_Q4_0] = {"q4_0", QK4_0, sizeof(block_q4_0), 1, q4_0_to_float, q4_0_from_float,
+                      TG_TYPE_Q8_0, q4_0_vec_dot},
+    [TG_TYPE_Q5_0] = {"q5_0", QK5_0, sizeof(block_q5_0), 1, q5_0_to_float, q5_0_from_float,
+                      TG_TYPE_Q8_0, q5_0_vec_dot},
     [TG_TYPE_Q8_0] = {"q8_0", QK8_0, sizeof(block_q8_0), 1, q8_0_to_float, q8_0_from_float,
                       TG_TYPE_Q8_0, q8_0_vec_dot},
     [TG_TYPE_Q8_1] = {"q8_1", QK8_0, sizeof(block_q8_1), 1, q8_1_to_float, q8_1_from_float,

@@ -49,6 +49,25 @@ typedef struct {
 } block_q8_0;
 TG_STATIC_ASSERT(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
 
+/* Q4_0: 32 values, 4.5 bits per weight. value = d * (q - 8); qs[j] holds
+ * value j in its low nibble and value j + 16 in its high one. */
+#define QK4_0 32
+typedef struct {
+    tg_half d;
+    uint8_t qs[QK4_0 / 2];
+} block_q4_0;
+TG_STATIC_ASSERT(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 size");
+
+/* Q5_0: 32 values, 5.5 bits per weight. value = d * (q - 16); the low four
+ * bits as Q4_0, bit 4 of value j in bit j of qh (little-endian u32). */
+#define QK5_0 32
+typedef struct {
+    tg_half d;
+    uint8_t qh[4];
+    uint8_t qs[QK5_0 / 2];
+} block_q5_0;
+TG_STATIC_ASSERT(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
+
 /* Q8_1: 32 values (d, s = d * sum(qs)), the CUDA backend's activation type. */
 typedef struct {
     tg_half d;
@@ -118,8 +137,8 @@ typedef struct tg_type_traits {
     tg_vec_dot_fn vec_dot;     /* scalar reference dot product */
 } tg_type_traits;
 
-/* The traits of a type this project supports (F32, F16, BF16, Q8_0, Q8_1
- * (to/from float only), Q4_K, Q5_K, Q6_K, Q8_K), or NULL. */
+/* The traits of a type this project supports (F32, F16, BF16, Q4_0, Q5_0,
+ * Q8_0, Q8_1 (to/from float only), Q4_K, Q5_K, Q6_K, Q8_K), or NULL. */
 const tg_type_traits *tg_traits(uint32_t type);
 /* Bytes of a row of n values of type; 0 when n is not a multiple of the
  * block size or the type is unsupported. */

@@ -43,6 +43,10 @@
 #define TOL_RT_Q6_K 4e-2
 #define TOL_RT_Q5_K 6e-2
 #define TOL_RT_Q4_K 1.2e-1
+/* one scale per 32 values, no min: Q4_0's 16 levels and Q5_0's 32 over
+ * [-|max|, |max|] */
+#define TOL_RT_Q5_0 6e-2
+#define TOL_RT_Q4_0 1.2e-1
 /* Reference dot vs f64 over the dequantized values, relative to the sum of
  * |terms|: float rounding of the per-block scales and of the accumulation. */
 #define TOL_DOT_QUANT 1e-5
@@ -239,17 +243,22 @@ static void test_struct_sizes(void **state)
     assert_int_equal(tg_row_size(TG_TYPE_BF16, 3), 6);
     assert_int_equal(tg_row_size(TG_TYPE_F32, 5), 20);
     assert_int_equal(tg_row_size(TG_TYPE_Q4_K, 100), 0);     /* not a whole block */
-    assert_int_equal(tg_row_size(TG_TYPE_Q4_0, 64), 0);      /* unsupported */
+    assert_int_equal(tg_row_size(TG_TYPE_Q4_1, 64), 0);      /* unsupported */
+    assert_int_equal(tg_row_size(TG_TYPE_Q4_0, 64), 36);
+    assert_int_equal(tg_row_size(TG_TYPE_Q5_0, 64), 44);
+    assert_int_equal(tg_row_size(TG_TYPE_Q5_0, 48), 0);
     assert_int_equal(tg_row_size(999, 64), 0);
     assert_string_equal(tg_type_name(TG_TYPE_Q4_K), "q4_K");
     assert_string_equal(tg_type_name(TG_TYPE_BF16), "bf16");
     assert_string_equal(tg_type_name(TG_TYPE_Q3_K), "q3_K");
     assert_string_equal(tg_type_name(4), "?");
     assert_string_equal(tg_type_name(12345), "?");
-    assert_null(tg_traits(TG_TYPE_Q4_0));
+    assert_null(tg_traits(TG_TYPE_Q4_1));
+    assert_null(tg_traits(TG_TYPE_Q5_1));
+    assert_null(tg_traits(TG_TYPE_Q3_K));
     assert_null(tg_traits(TG_TYPE_COUNT));
-    static const uint32_t types[] = {TG_TYPE_F32, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_Q8_0,
-                                     TG_TYPE_Q8_1, TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K,
+    static const uint32_t types[] = {TG_TYPE_F32, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_Q4_0, TG_TYPE_Q5_0,
+                                     TG_TYPE_Q8_0, TG_TYPE_Q8_1, TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K,
                                      TG_TYPE_Q8_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         const tg_type_traits *t = tg_traits(types[i]);
@@ -501,6 +510,7 @@ static void test_round_trip_errors(void **state)
         {TG_TYPE_F32, 0}, {TG_TYPE_F16, TOL_RT_F16}, {TG_TYPE_BF16, TOL_RT_BF16},
         {TG_TYPE_Q8_0, TOL_RT_Q8_0}, {TG_TYPE_Q8_1, TOL_RT_Q8_1}, {TG_TYPE_Q8_K, TOL_RT_Q8_K},
         {TG_TYPE_Q6_K, TOL_RT_Q6_K}, {TG_TYPE_Q5_K, TOL_RT_Q5_K}, {TG_TYPE_Q4_K, TOL_RT_Q4_K},
+        {TG_TYPE_Q5_0, TOL_RT_Q5_0}, {TG_TYPE_Q4_0, TOL_RT_Q4_0},
     };
     enum { N = 8192 };
     float *x = malloc(N * sizeof(float));
@@ -715,8 +725,8 @@ static void test_fast_quantizers_match_ref(void **state)
 static void test_reference_dots(void **state)
 {
     (void)state;
-    static const uint32_t types[] = {TG_TYPE_F32, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_Q8_0,
-                                     TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K};
+    static const uint32_t types[] = {TG_TYPE_F32, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_Q4_0, TG_TYPE_Q5_0,
+                                     TG_TYPE_Q8_0, TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K};
     static const int lens[] = {256, 768, 4096};
     enum { NMAX = 4096 };
     float *x = malloc(NMAX * sizeof(float)), *y = malloc(NMAX * sizeof(float));
@@ -847,6 +857,7 @@ static void test_against_ggml(void **state)
     static const struct { uint32_t type; const char *deq; } deqs[] = {
         {TG_TYPE_Q4_K, "dequantize_row_q4_K"}, {TG_TYPE_Q5_K, "dequantize_row_q5_K"},
         {TG_TYPE_Q6_K, "dequantize_row_q6_K"}, {TG_TYPE_Q8_0, "dequantize_row_q8_0"},
+        {TG_TYPE_Q4_0, "dequantize_row_q4_0"}, {TG_TYPE_Q5_0, "dequantize_row_q5_0"},
     };
     for (size_t t = 0; t < sizeof deqs / sizeof deqs[0]; t++) {
         const size_t bytes = tg_row_size(deqs[t].type, N);
@@ -868,6 +879,7 @@ static void test_against_ggml(void **state)
     static const struct { uint32_t type; const char *dot; } dots[] = {
         {TG_TYPE_Q4_K, "ggml_vec_dot_q4_K_q8_K_generic"}, {TG_TYPE_Q5_K, "ggml_vec_dot_q5_K_q8_K_generic"},
         {TG_TYPE_Q6_K, "ggml_vec_dot_q6_K_q8_K_generic"}, {TG_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0_generic"},
+        {TG_TYPE_Q4_0, "ggml_vec_dot_q4_0_q8_0_generic"}, {TG_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0_generic"},
     };
     for (size_t t = 0; t < sizeof dots / sizeof dots[0]; t++) {
         const tg_type_traits *tx = tg_traits(dots[t].type), *ty = tg_traits(tx->vec_dot_type);
@@ -894,6 +906,29 @@ static void test_against_ggml(void **state)
         }
         printf("  vec_dot %-4s vs %s: %d/8 bit-identical, max rel %.2e (tolerance %.0e)\n", tx->name, dots[t].dot,
                exact, worst, TOL_DOT_GGML);
+    }
+    /* Q4_0 and Q5_0: ggml's reference quantizers are what llama-quantize
+     * runs for them (no search), so ours write the same bytes */
+    static const struct { uint32_t type; const char *q; } wq0[] = {
+        {TG_TYPE_Q4_0, "quantize_row_q4_0_ref"}, {TG_TYPE_Q5_0, "quantize_row_q5_0_ref"},
+    };
+    for (size_t t = 0; t < sizeof wq0 / sizeof wq0[0]; t++) {
+        const tg_type_traits *tr = tg_traits(wq0[t].type);
+        for (int rep = 0; rep < 4; rep++) {
+            fill_weights(x, N);
+            if (rep == 1) for (int i = 0; i < 64; i++) x[i] = 0.0f;          /* all-zero blocks */
+            if (rep == 2) for (int i = 0; i < N; i += 32) x[i] = -x[i] * 9;  /* a negative extreme first */
+            const size_t bytes = tg_row_size(wq0[t].type, N);
+            memset(qa, 0x11, bytes);
+            memset(qb, 0x77, bytes);
+            ((ggml_row_fn)ggml_sym(&g, wq0[t].q))(x, qa, N);
+            tr->from_float(x, qb, N);
+            for (size_t i = 0; i < bytes; i++)
+                if (qa[i] != qb[i])
+                    fail_msg("%s quantizer, case %d: byte %zu (block %zu) is 0x%02x, ggml's %s wrote 0x%02x",
+                             tr->name, rep, i, i / tr->type_size, (uint8_t)qb[i], wq0[t].q, (uint8_t)qa[i]);
+        }
+        printf("  %s quantizer: the bytes of ggml's %s\n", tr->name, wq0[t].q);
     }
     /* weight quantizers: our rmse next to ggml's (what llama-quantize runs
      * without an imatrix); ours must not be worse by more than 2% */

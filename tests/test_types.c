@@ -1,0 +1,223 @@
+/*
+ * test_types.c: the engine on files llama.cpp quantized in types the
+ * project ships no model of (Q4_0, Q5_0).
+ *
+ *  - tg-llama-quantize requantizes the shipped model with llama.cpp's own
+ *    quantizer (llama_model_quantize) into each type; the loader reads the
+ *    file and its layer matrices are of that type;
+ *  - a gate of the cpu tier (its best kernels and the scalar ones) against
+ *    llama.cpp's CPU build on that file, the ref tier as the exact arbiter,
+ *    a stage replay: PASS. The policy is near-tie with the default band:
+ *    a panel this small calibrates bands too narrow to judge by (a
+ *    panel of seven arms, the default spec's minus the one-thread, batch
+ *    and aarch64 variants, passes the calibrated policy on these files);
+ *  - the same gate with a mutant tg-engine (the .mut files of
+ *    tests/mutants/types/, e.g. a Q5_0 unpacking slip) fails, and the
+ *    replay's first stage over budget is the one the mutation file names.
+ * Skipped when the llama.cpp library, tg-engine or tg-llama-quantize is
+ * missing, and in a sanitizer build (test_quant holds the kernels there;
+ * these runs test numerics).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arm.h"
+#include "model.h"
+#include "mutation.h"
+#include "testenv.h"
+
+static char g_lib[PATH_MAX + 128];
+
+/* Whether everything the real runs need is here. */
+static int have_tools(void)
+{
+    char p[2 * PATH_MAX];
+    snprintf(g_lib, sizeof g_lib, "%s/npm/linux-x64/bins/linux-x64/libllama.so", g_cache);
+    snprintf(p, sizeof p, "%s/tg-llama-quantize", g_bin);
+    int ok = exists(g_lib) && exists(p);
+    snprintf(p, sizeof p, "%s/tg-engine", g_bin);
+    ok = ok && exists(p);
+    snprintf(p, sizeof p, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    return ok && exists(p);
+}
+
+/* Runs argv (at most 600 s); returns its exit status, -1 when it did not
+ * run to an exit; its stderr into *err when err is not NULL. */
+static int run_argv(char *const *argv, char **err)
+{
+    char *o = NULL;
+    size_t ol = 0;
+    arm_exit x;
+    tg_err e;
+    int rc = arm_run_command(argv, 600, 0, 0, NULL, &o, &ol, &x, &e);
+    int status = rc == 0 ? 0 : x.exit_status > 0 ? x.exit_status : -1;
+    if (rc < 0 && status < 0) fprintf(stderr, "%s: %s\n", argv[0], e.msg);
+    if (err) *err = x.stderr_text ? strdup(x.stderr_text) : strdup("");
+    free(o);
+    arm_exit_free(&x);
+    return status;
+}
+
+/* The shipped model requantized by llama.cpp into type (q4_0, q5_0) at
+ * g_dir/tiny-TYPE.gguf (path into out); the loader reads it and every
+ * layer matrix is of want. */
+static void quantize(const char *type, uint32_t want, char *out, size_t n)
+{
+    char tool[2 * PATH_MAX], in[2 * PATH_MAX], name[64];
+    snprintf(tool, sizeof tool, "%s/tg-llama-quantize", g_bin);
+    snprintf(in, sizeof in, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    snprintf(name, sizeof name, "tiny-%s.gguf", type);
+    path_in(out, n, name);
+    char *argv[] = {tool, "--lib", g_lib, in, out, (char *)type, NULL};
+    char *err = NULL;
+    const int rc = run_argv(argv, &err);
+    if (rc != 0) fail_msg("tg-llama-quantize %s exited %d:\n%s", type, rc, err);
+    free(err);
+    tg_model *m;
+    tg_err e = {{0}};
+    if (tg_model_load(&m, out, &e)) fail_msg("the %s file does not load: %s", type, e.msg);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const tg_layer *L = &m->layers[l];
+        const tg_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            if (w[i]->type != want)
+                fail_msg("%s: layer %d %s is %s, expected %s", out, l, w[i]->name, tg_type_name(w[i]->type),
+                         tg_type_name(want));
+    }
+    tg_model_free(m);
+}
+
+/* A gate spec for the file at model (g_dir/NAME.yaml, its path into out). */
+static void write_spec(const char *name, const char *model, char *out, size_t n)
+{
+    char sha[65], fname[80];
+    tg_err e;
+    assert_int_equal(tg_sha256_file(model, sha, &e), 0);
+    snprintf(fname, sizeof fname, "%s.yaml", name);
+    write_in(out, n, fname,
+             "name: %s\n"
+             "model: {path: %s, sha256: %s}\n"
+             "prompts:\n"
+             "  - {id: p1, text: \"The following options are supported:\"}\n"
+             "  - {id: p2, text: \"def main(argv):\\n    parser = argparse.ArgumentParser(\"}\n"
+             "  - {id: p3, text: \"NAME\\n       cp - copy files and directories\\n\\nSYNOPSIS\\n\"}\n"
+             "  - {id: p4, text: \"class Queue:\\n    \\\"\\\"\\\"A first-in, first-out queue.\"}\n"
+             "steps: 24\ntop_k: 32\nlegs: 2\nmode: teacher-forced\n"
+             "reference: llama-cpu\nexact: ref\n"
+             "policy: {kind: near-tie, band: 0.20}\n"
+             "arms:\n"
+             "  - {name: cpu, engine: cpu, options: {threads: 2}}\n"
+             "  - {name: cpu-scalar, variant_of: cpu, engine: cpu, env: {TG_CPU_ISA: scalar}, options: {threads: 2}}\n"
+             "  - {name: ref, engine: ref}\n"
+             "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 1}}}\n"
+             "replay: {steps: 24}\n",
+             name, model, sha, g_lib);
+}
+
+/* `tokgate gate spec --db db` with the workers of bin_dir (NULL: this
+ * build's); returns the exit status, stderr into *err. */
+static int gate(const char *bin_dir, const char *spec, const char *db, char **err)
+{
+    if (bin_dir) setenv("TOKGATE_BIN", bin_dir, 1);
+    char *argv[] = {g_tokgate, "gate", (char *)spec, "--db", (char *)db, NULL};
+    const int rc = run_argv(argv, err);
+    unsetenv("TOKGATE_BIN");
+    return rc;
+}
+
+static void gate_passes(const char *type, uint32_t want)
+{
+    if (!have_tools()) skip_msg("llama.cpp's library, tg-engine or tg-llama-quantize missing");
+    if (strstr(g_build, "asan")) skip_msg("gates in a sanitizer build");
+    char model[PATH_MAX + 64], spec[PATH_MAX + 64], db[PATH_MAX + 64], name[64];
+    quantize(type, want, model, sizeof model);
+    snprintf(name, sizeof name, "tiny-%s", type);
+    write_spec(name, model, spec, sizeof spec);
+    path_in(db, sizeof db, "gate.db");
+    char *err = NULL;
+    const int rc = gate(NULL, spec, db, &err);
+    if (rc != 0) fail_msg("the gate on the %s file exited %d (0: PASS expected):\n%s", type, rc, err);
+    if (!strstr(err, "tokgate: replay: PASS")) fail_msg("the %s gate's replay did not pass:\n%s", type, err);
+    printf("  %s: the gate passes (cpu tier, replay PASS)\n", type);
+    free(err);
+}
+
+static void test_q4_0_gate(void **state)
+{
+    (void)state;
+    gate_passes("q4_0", TG_TYPE_Q4_0);
+}
+
+static void test_q5_0_gate(void **state)
+{
+    (void)state;
+    gate_passes("q5_0", TG_TYPE_Q5_0);
+}
+
+static void test_mutants_apply(void **state)
+{
+    (void)state;
+    char err[4096];
+    const int n = mutation_check_dir(g_root, "tests/mutants/types", 1, err, sizeof err);
+    if (n < 0) fail_msg("%s", err);
+    assert_true(n >= 1);
+}
+
+/* Each mutation of tests/mutants/types/ (named q4_0-* or q5_0-*: the type
+ * its file is quantized to) fails the gate, and the replay of p1 names its
+ * stage first. */
+static void test_mutants(void **state)
+{
+    (void)state;
+    if (!have_tools()) skip_msg("llama.cpp's library, tg-engine or tg-llama-quantize missing");
+    if (strstr(g_build, "asan")) skip_msg("mutants in a sanitizer build");
+    char dirp[PATH_MAX + 32], names[64][64], err[8192];
+    snprintf(dirp, sizeof dirp, "%s/tests/mutants/types", g_root);
+    const int n = mutation_list(dirp, names, 64);
+    assert_true(n > 0);
+    for (int i = 0; i < n; i++) {
+        const char *type = !strncmp(names[i], "q4_0", 4) ? "q4_0" : !strncmp(names[i], "q5_0", 4) ? "q5_0" : NULL;
+        if (!type) fail_msg("%s/%s.mut: the name must start with the type of its file (q4_0 or q5_0)", dirp, names[i]);
+        char mp[PATH_MAX * 2], wd[PATH_MAX * 2], model[PATH_MAX + 64], spec[PATH_MAX + 64], db[PATH_MAX + 64];
+        snprintf(mp, sizeof mp, "%s/%.63s.mut", dirp, names[i]);
+        snprintf(wd, sizeof wd, "%s/m%d", g_dir, i);
+        mutation m;
+        if (mutation_parse(mp, &m, err, sizeof err) < 0) fail_msg("%s", err);
+        if (mutation_build(g_build, mp, wd, err, sizeof err) < 0) fail_msg("%s", err);
+        quantize(type, !strcmp(type, "q4_0") ? TG_TYPE_Q4_0 : TG_TYPE_Q5_0, model, sizeof model);
+        write_spec(names[i], model, spec, sizeof spec);
+        snprintf(db, sizeof db, "%s/m%d.db", g_dir, i);
+        char *log = NULL;
+        const int rc = gate(wd, spec, db, &log);
+        char want[128];
+        snprintf(want, sizeof want, "tokgate: replay cpu p1: OVER_BUDGET=layer %d %s ", m.layer, m.stage);
+        const char *first = strstr(log, "tokgate: replay cpu p1: OVER_BUDGET=");
+        const char *shown = first ? first + 24 : "(none)";
+        printf("  mutant %s: gate exit %d; first over budget on p1: %.*s\n", names[i], rc,
+               (int)strcspn(shown, "\n"), shown);
+        if (rc == 0) fail_msg("mutant %s (%s) passed the gate on the %s file", names[i], m.what, type);
+        if (!first || strncmp(first, want, strlen(want)))
+            fail_msg("mutant %s: the replay of p1 does not name layer %d %s first:\n%s", names[i], m.layer, m.stage,
+                     log);
+        free(log);
+        testenv_rm_tree(wd);
+        mutation_free(&m);
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return testenv_init("types");
+}
+
+TG_TEST_MAIN_WITH(setup, testenv_teardown, test_mutants_apply, test_q4_0_gate, test_q5_0_gate, test_mutants)
