@@ -192,12 +192,19 @@ static void test_mutants(void **state)
         snprintf(wd, sizeof wd, "%s/m%d", g_dir, i);
         mutation m;
         if (mutation_parse(mp, &m, err, sizeof err) < 0) fail_msg("%s", err);
+        if (!mutation_cpu_ok(&m)) {
+            printf("  mutant %s skipped: this CPU lacks %s\n", names[i], m.needs);
+            mutation_free(&m);
+            continue;
+        }
         if (mutation_build(g_build, mp, wd, err, sizeof err) < 0) fail_msg("%s", err);
         quantize(type, !strcmp(type, "q4_0") ? TG_TYPE_Q4_0 : TG_TYPE_Q5_0, model, sizeof model);
         write_spec(names[i], model, spec, sizeof spec);
         snprintf(db, sizeof db, "%s/m%d.db", g_dir, i);
         char *log = NULL;
+        if (m.env_key[0]) setenv(m.env_key, m.env_val, 1);   /* the kernels the mutated code is in */
         const int rc = gate(wd, spec, db, &log);
+        if (m.env_key[0]) unsetenv(m.env_key);
         char want[128];
         snprintf(want, sizeof want, "tokgate: replay cpu p1: OVER_BUDGET=layer %d %s ", m.layer, m.stage);
         const char *first = strstr(log, "tokgate: replay cpu p1: OVER_BUDGET=");

@@ -757,6 +757,61 @@ static void vec_dot_q8_0(int n, float *s, const void *vx, const void *vy)
     *s = hsum_ps(_mm256_add_ps(acc0, acc1));
 }
 
+/* The 32 int8 products of x (values q - offset, one per byte) with a Q8_0
+ * block's quants, as 8 int32 partial sums. */
+static inline __m256i i8_block_dot(__m256i qx, const int8_t *yq)
+{
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)yq);
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The 16 bytes of Q4_0/Q5_0 quants as 32 nibbles: values 0..15 (the low
+ * nibbles) in the lower lane, 16..31 (the high ones) in the upper. */
+static inline __m256i nibbles_32(const uint8_t *qs)
+{
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+/* q4_0 x q8_0: per block the 32 products of q - 8 into 8 int32 lanes,
+ * scaled by dx * dy into one f32 accumulator (llama.cpp's AVX2 order). */
+static void vec_dot_q4_0(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK4_0; i++) {
+        const __m256i qx = _mm256_sub_epi8(nibbles_32(x[i].qs), _mm256_set1_epi8(8));
+        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(i8_block_dot(qx, y[i].qs)), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+/* q5_0 x q8_0: the fifth bits expanded to bytes; q - 16 as the nibble when
+ * the bit is set, the nibble minus 16 (0xF0 or'ed in) when not. */
+static void vec_dot_q5_0(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK5_0; i++) {
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        /* byte j: 0xFF where bit j of qh is set */
+        const __m256i hb = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
+        const __m256i set = _mm256_cmpeq_epi8(hb, bit);
+        const __m256i qx = _mm256_or_si256(nibbles_32(x[i].qs), _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(i8_block_dot(qx, y[i].qs)), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
 static void vec_dot_f32(int n, float *s, const void *vx, const void *vy)
 {
     const float *x = vx, *y = vy;
@@ -938,6 +993,8 @@ void tg_cpu_fill_avx2(tg_cpu_kernels *k)
     k->gemm16[TG_TYPE_Q4_K] = gemm16_q4_K;
     k->gemm16[TG_TYPE_Q6_K] = gemm16_q6_K;
     k->vec_dot[TG_TYPE_Q8_0] = vec_dot_q8_0;
+    k->vec_dot[TG_TYPE_Q4_0] = vec_dot_q4_0;
+    k->vec_dot[TG_TYPE_Q5_0] = vec_dot_q5_0;
     k->vec_dot[TG_TYPE_F32] = vec_dot_f32;
     k->vec_dot[TG_TYPE_F16] = vec_dot_f16;
     k->vec_dot[TG_TYPE_BF16] = vec_dot_bf16;
