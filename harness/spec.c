@@ -437,7 +437,7 @@ static int parse_inline_prompts(pctx *c, struct fy_node *n, pos at, tg_spec *s)
         const char *t = scalar(tn);
         size_t tl = 0;
         if (t) fy_node_get_scalar(tn, &tl);
-        if (!t || !*t || is_null(tn))
+        if (!t || tl == 0 || is_null(tn))
             return perr(c, node_pos(tn, kp), ftx, "expected the prompt text (a non-empty string), got %s",
                         !tn || is_null(tn) ? "null" : !t ? "a collection" : "an empty string");
         if (tl != strlen(t)) return perr(c, node_pos(tn, kp), ftx, "expected the prompt text, got a NUL byte in it");

@@ -455,6 +455,8 @@ static void test_hostile_specs(void **st)
     spec_free(sp);
     /* inline prompt text: a NUL, null, ~ and nothing are refused */
     load_bad(edit(5, "  - {id: b, text: \"a\\0b\"}"), "5:20: prompts[1].text: expected the prompt text, got a NUL byte");
+    /* a NUL first is a NUL, not an empty text */
+    load_bad(edit(5, "  - {id: b, text: \"\\0b\"}"), "5:20: prompts[1].text: expected the prompt text, got a NUL byte");
     load_bad(edit(5, "  - {id: b, text: null}"), "5:19: prompts[1].text: expected the prompt text (a non-empty string), got null");
     load_bad(edit(5, "  - {id: b, text: ~}"), "5:19: prompts[1].text: expected the prompt text (a non-empty string), got null");
     load_bad(edit(5, "  - {id: b, text: }"), "5:13: prompts[1].text: expected the prompt text (a non-empty string), got null");
