@@ -582,6 +582,238 @@ static void kquant_asym_block(const float *x, int nmax, tg_half *d_out, tg_half 
     }
 }
 
+/* ------------------------------------------------------------ Q2_K, Q3_K */
+
+/* The 2-bit fields of a Q2_K/Q3_K block's qs as L[256] (value order). */
+static void k2_unpack(const uint8_t *qs, uint8_t *L)
+{
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < 32; l++) L[128 * h + 32 * k + l] = (qs[32 * h + l] >> (2 * k)) & 3;
+}
+
+/* L[256] (each 0..3) into a Q2_K/Q3_K block's qs. */
+static void k2_pack(const uint8_t *L, uint8_t *qs)
+{
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *Lh = L + 128 * h;
+            qs[32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+        }
+}
+
+/* Q2_K: each sub-block of 16 fit as a * L + b (L in 0..3, b <= 0) by the
+ * Q4_K search, then 4-bit scales and mins relative to the super-block's d
+ * = max a / 15 and dmin = max (-b) / 15, and the quants again against the
+ * stored scales (ggml's rounding: nearest((x + dm) / ds)). */
+static void q2_K_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK_K == 0);
+    block_q2_K *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        uint8_t L[QK_K];
+        float a[16], mn[16], w[16], max_a = 0, max_mn = 0;
+        for (int j = 0; j < 16; j++) {
+            kquant_weights(x + 16 * j, 16, block_rms(x + 16 * j, 16), w);
+            a[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mn[j]);
+            max_a = fmaxf(max_a, a[j]);
+            max_mn = fmaxf(max_mn, mn[j]);
+        }
+        const float ia = max_a > 0 ? 15.0f / max_a : 0, im = max_mn > 0 ? 15.0f / max_mn : 0;
+        for (int j = 0; j < 16; j++)
+            y[i].scales[j] = (uint8_t)(clampi(round_even(ia * a[j]), 0, 15) | (clampi(round_even(im * mn[j]), 0, 15) << 4));
+        y[i].d = tg_f32_to_half(max_a / 15.0f);
+        y[i].dmin = tg_f32_to_half(max_mn / 15.0f);
+        const float d = tg_half_to_f32(y[i].d), dmin = tg_half_to_f32(y[i].dmin);
+        for (int j = 0; j < 16; j++) {
+            const float ds = d * (y[i].scales[j] & 15), dm = dmin * (y[i].scales[j] >> 4);
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = (uint8_t)(ds > 0 ? clampi(round_even((x[16 * j + l] + dm) / ds), 0, 3) : 0);
+        }
+        k2_pack(L, y[i].qs);
+    }
+}
+
+static void q2_K_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK_K == 0);
+    const block_q2_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const float d = tg_half_to_f32(x[i].d), dmin = tg_half_to_f32(x[i].dmin);
+        uint8_t L[QK_K];
+        k2_unpack(x[i].qs, L);
+        for (int v = 0; v < QK_K; v++) {
+            const uint8_t sc = x[i].scales[v / 16];
+            const float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+            y[v] = dl * (float)L[v] - ml;
+        }
+    }
+}
+
+/* Against Q8_K, as ggml's generic dot: per block isum = sum_j (sc_j & 15) *
+ * sum(q q8) and summs = sum_j (sc_j >> 4) * bsums_j (integers), then sumf
+ * += (d8 * d) * isum - (d8 * dmin) * summs. */
+static void q2_K_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK_K == 0);
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint8_t L[QK_K];
+        k2_unpack(x[i].qs, L);
+        int summs = 0, isum = 0;
+        for (int j = 0; j < 16; j++) {
+            summs += y[i].bsums[j] * (x[i].scales[j] >> 4);
+            int isuml = 0;
+            for (int l = 0; l < 16; l++) isuml += y[i].qs[16 * j + l] * L[16 * j + l];
+            isum += (x[i].scales[j] & 15) * isuml;
+        }
+        const float dall = y[i].d * tg_half_to_f32(x[i].d), dmin = y[i].d * tg_half_to_f32(x[i].dmin);
+        sumf += dall * (float)isum - dmin * (float)summs;
+    }
+    *s = sumf;
+}
+
+/* Q3_K's sixteen 6-bit scales: the low four bits of scale j are nibble
+ * j / 8 of scales[j % 8], the high two bits field j / 4 of scales[8 + j %
+ * 4]; returned minus 32. */
+static void q3_K_scales(const uint8_t *sc, int *out)
+{
+    for (int j = 0; j < 16; j++)
+        out[j] = (((sc[j % 8] >> (4 * (j / 8))) & 15) | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+}
+
+/* Q3_K's quants as signed values q - 4 (a[256], value order). */
+static void q3_K_unpack(const block_q3_K *b, int8_t *a)
+{
+    uint8_t L[QK_K];
+    k2_unpack(b->qs, L);
+    for (int v = 0; v < QK_K; v++) a[v] = (int8_t)(L[v] - ((b->hmask[v % 32] >> (v / 32)) & 1 ? 0 : 4));
+}
+
+/* Refines the symmetric fit of fit_scale_sym (L + nmax in L[], n values,
+ * weights w) one value at a time: each L[i] moves to the level its x[i]
+ * asks for under the fit of the others, kept when the fit's score
+ * (SwLx^2 / SwL2) rises, for up to five passes (ggml's Q3_K search does
+ * the same); returns the least-squares scale of the result. */
+static float refine_sym(int n, int nmax, const float *x, const float *w, uint8_t *L)
+{
+    double slx = 0, sl2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = L[i] - nmax;
+        slx += (double)w[i] * x[i] * l;
+        sl2 += (double)w[i] * l * l;
+    }
+    for (int pass = 0; pass < 5; pass++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = L[i] - nmax;
+            const double ox = slx - (double)w[i] * x[i] * l, o2 = sl2 - (double)w[i] * l * l;
+            if (ox <= 0 || o2 <= 0) continue;
+            const int nl = clampi(round_even((float)(x[i] * o2 / ox)), -nmax, nmax - 1);
+            if (nl == l) continue;
+            const double nx = ox + (double)w[i] * x[i] * nl, n2 = o2 + (double)w[i] * nl * nl;
+            if (n2 > 0 && nx * nx * sl2 > slx * slx * n2) {
+                L[i] = (uint8_t)(nl + nmax);
+                slx = nx;
+                sl2 = n2;
+                changed++;
+            }
+        }
+        if (!changed) break;
+    }
+    return sl2 > 0 ? (float)(slx / sl2) : 0.0f;
+}
+
+/* Q3_K: each sub-block of 16 fit as a * (L - 4) (L in 0..7) by the Q6_K
+ * search (squared-value weights) and refine_sym, int 6-bit scales with the
+ * largest at -32, and the quants again against the stored scales. */
+static void q3_K_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK_K == 0);
+    block_q3_K *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        uint8_t L[QK_K];
+        float a[16], w[16], max_a = 0, amax_a = 0;
+        for (int j = 0; j < 16; j++) {
+            for (int l = 0; l < 16; l++) w[l] = x[16 * j + l] * x[16 * j + l] + 1e-30f;
+            a[j] = fit_scale_sym(16, 4, x + 16 * j, w, L + 16 * j);
+            if (a[j] != 0) a[j] = refine_sym(16, 4, x + 16 * j, w, L + 16 * j);
+            if (fabsf(a[j]) > amax_a) {
+                amax_a = fabsf(a[j]);
+                max_a = a[j];
+            }
+        }
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        memset(y[i].hmask, 0, sizeof y[i].hmask);
+        if (amax_a == 0) {
+            y[i].d = 0;
+            memset(L, 4, sizeof L);
+        } else {
+            const float iscale = -32.0f / max_a;
+            for (int j = 0; j < 16; j++) {
+                const int l = clampi(round_even(iscale * a[j]), -32, 31) + 32;
+                y[i].scales[j % 8] |= (uint8_t)((l & 15) << (4 * (j / 8)));
+                y[i].scales[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+            }
+            y[i].d = tg_f32_to_half(1 / iscale);
+            int sc[16];
+            q3_K_scales(y[i].scales, sc);
+            const float d = tg_half_to_f32(y[i].d);
+            for (int j = 0; j < 16; j++) {
+                const float ds = d * (float)sc[j];
+                for (int l = 0; l < 16; l++)
+                    L[16 * j + l] = (uint8_t)(ds != 0 ? clampi(round_even(x[16 * j + l] / ds), -4, 3) + 4 : 4);
+            }
+        }
+        for (int v = 0; v < QK_K; v++)
+            if (L[v] > 3) {
+                y[i].hmask[v % 32] |= (uint8_t)(1 << (v / 32));
+                L[v] -= 4;
+            }
+        k2_pack(L, y[i].qs);
+    }
+}
+
+static void q3_K_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK_K == 0);
+    const block_q3_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const float d = tg_half_to_f32(x[i].d);
+        int sc[16];
+        int8_t a[QK_K];
+        q3_K_scales(x[i].scales, sc);
+        q3_K_unpack(&x[i], a);
+        for (int v = 0; v < QK_K; v++) y[v] = (d * (float)sc[v / 16]) * (float)a[v];
+    }
+}
+
+/* Against Q8_K, as ggml's generic dot: eight int32 lanes (element index
+ * mod 8) of (sc_j - 32) * q * q8 per block, each lane scaled by d * d8
+ * into eight f32 sums, added up at the end. */
+static void q3_K_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK_K == 0);
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    float sums[8] = {0};
+    for (int i = 0; i < n / QK_K; i++) {
+        int sc[16];
+        int8_t a[QK_K];
+        q3_K_scales(x[i].scales, sc);
+        q3_K_unpack(&x[i], a);
+        int32_t lane[8] = {0};
+        for (int v = 0; v < QK_K; v++) lane[v % 8] += sc[v / 16] * (int16_t)(y[i].qs[v] * a[v]);
+        const float d = tg_half_to_f32(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * (float)lane[l];
+    }
+    float sumf = 0;
+    for (int l = 0; l < 8; l++) sumf += sums[l];
+    *s = sumf;
+}
+
 /* ------------------------------------------------------------------ Q4_K */
 
 static void q4_K_quantize(const float *x, void *vy, int64_t k, int fast)
@@ -915,6 +1147,10 @@ static const tg_type_traits traits[TG_TYPE_COUNT] = {
                       TG_TYPE_Q8_0, q8_0_vec_dot},
     [TG_TYPE_Q8_1] = {"q8_1", QK8_0, sizeof(block_q8_1), 1, q8_1_to_float, q8_1_from_float,
                       TG_TYPE_Q8_1, NULL},
+    [TG_TYPE_Q2_K] = {"q2_K", QK_K, sizeof(block_q2_K), 1, q2_K_to_float, q2_K_from_float,
+                      TG_TYPE_Q8_K, q2_K_vec_dot},
+    [TG_TYPE_Q3_K] = {"q3_K", QK_K, sizeof(block_q3_K), 1, q3_K_to_float, q3_K_from_float,
+                      TG_TYPE_Q8_K, q3_K_vec_dot},
     [TG_TYPE_Q4_K] = {"q4_K", QK_K, sizeof(block_q4_K), 1, q4_K_to_float, q4_K_from_float,
                       TG_TYPE_Q8_K, q4_K_vec_dot},
     [TG_TYPE_Q5_K] = {"q5_K", QK_K, sizeof(block_q5_K), 1, q5_K_to_float, q5_K_from_float,
@@ -963,7 +1199,10 @@ const char *tg_type_name(uint32_t type)
         [TG_TYPE_Q4_1] = "q4_1", [TG_TYPE_Q5_0] = "q5_0", [TG_TYPE_Q5_1] = "q5_1",
         [TG_TYPE_Q8_0] = "q8_0", [TG_TYPE_Q8_1] = "q8_1", [TG_TYPE_Q2_K] = "q2_K",
         [TG_TYPE_Q3_K] = "q3_K", [TG_TYPE_Q4_K] = "q4_K", [TG_TYPE_Q5_K] = "q5_K",
-        [TG_TYPE_Q6_K] = "q6_K", [TG_TYPE_Q8_K] = "q8_K", [TG_TYPE_BF16] = "bf16",
+        [TG_TYPE_Q6_K] = "q6_K", [TG_TYPE_Q8_K] = "q8_K", [16] = "iq2_xxs", [17] = "iq2_xs",
+        [18] = "iq3_xxs", [19] = "iq1_s", [20] = "iq4_nl", [21] = "iq3_s", [22] = "iq2_s", [23] = "iq4_xs",
+        [24] = "i8", [25] = "i16", [26] = "i32", [27] = "i64", [28] = "f64", [29] = "iq1_m",
+        [TG_TYPE_BF16] = "bf16",
     };
     if (type >= TG_TYPE_COUNT || !names[type]) return "?";
     return names[type];

@@ -76,6 +76,29 @@ typedef struct {
 } block_q8_1;
 TG_STATIC_ASSERT(sizeof(block_q8_1) == 4 + QK8_0, "block_q8_1 size");
 
+/* Q2_K: 256 values in 16 sub-blocks of 16, 2.625 bits per weight.
+ * value = (d * (scales[j] & 15)) * q - dmin * (scales[j] >> 4), q in 0..3;
+ * value 128h + 32k + l (l < 32) is bits 2k..2k+1 of qs[32h + l]. */
+typedef struct {
+    uint8_t scales[QK_K / 16];
+    uint8_t qs[QK_K / 4];
+    tg_half d;
+    tg_half dmin;
+} block_q2_K;
+TG_STATIC_ASSERT(sizeof(block_q2_K) == QK_K / 16 + QK_K / 4 + 4, "block_q2_K size");
+
+/* Q3_K: 256 values in 16 sub-blocks of 16, 3.4375 bits per weight.
+ * value = (d * (sc[j] - 32)) * (q - 4), q in 0..7: its low two bits as
+ * Q2_K's, bit 2 is bit v / 32 of hmask[v % 32]; sixteen 6-bit scales
+ * packed in scales[12]. */
+typedef struct {
+    uint8_t hmask[QK_K / 8];
+    uint8_t qs[QK_K / 4];
+    uint8_t scales[12];
+    tg_half d;
+} block_q3_K;
+TG_STATIC_ASSERT(sizeof(block_q3_K) == QK_K / 8 + QK_K / 4 + 12 + 2, "block_q3_K size");
+
 /* Q4_K: 256 values in 8 sub-blocks of 32, 4.5 bits per weight.
  * value = d * sc[j] * q - dmin * m[j], 6-bit sc/m packed in scales[12]. */
 typedef struct {
@@ -138,7 +161,8 @@ typedef struct tg_type_traits {
 } tg_type_traits;
 
 /* The traits of a type this project supports (F32, F16, BF16, Q4_0, Q5_0,
- * Q8_0, Q8_1 (to/from float only), Q4_K, Q5_K, Q6_K, Q8_K), or NULL. */
+ * Q8_0, Q8_1 (to/from float only), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K), or
+ * NULL. */
 const tg_type_traits *tg_traits(uint32_t type);
 /* Bytes of a row of n values of type; 0 when n is not a multiple of the
  * block size or the type is unsupported. */

@@ -87,7 +87,8 @@ static int setup_seed(void **state)
 }
 
 static const uint32_t weight_types[] = {TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K, TG_TYPE_Q8_0, TG_TYPE_Q4_0,
-                                        TG_TYPE_Q5_0, TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_F32};
+                                        TG_TYPE_Q5_0, TG_TYPE_Q2_K, TG_TYPE_Q3_K, TG_TYPE_F16, TG_TYPE_BF16,
+                                        TG_TYPE_F32};
 static const int lengths[] = {256, 512, 1024, 2816, 4096, 8192};
 enum { NMAX = 8192, REPS = 6 };
 

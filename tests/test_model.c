@@ -521,8 +521,8 @@ static void test_mk_06b_q4_k_m(void **state)
 
 /* Copies a qwen3 model into dst, as arch `arch` ("qwen3" or "llama": the
  * keys renamed, the q/k norms dropped), without tensor `drop`, and with
- * tensor `retype` declared Q2_K (a type the engine does not compute with;
- * its bytes truncated to fit). The tokenizer metadata is copied so that
+ * tensor `retype` declared IQ4_NL (a type the engine does not compute
+ * with; its bytes truncated to fit). The tokenizer metadata is copied so that
  * llama.cpp can load the result. */
 static void write_variant(const char *src, const char *dst, const char *arch, const char *drop, const char *retype)
 {
@@ -598,8 +598,8 @@ static void write_variant(const char *src, const char *dst, const char *arch, co
         uint32_t type = t->type;
         uint64_t nbytes = t->nbytes;
         if (retype && strcmp(t->name, retype) == 0) {
-            type = TG_TYPE_Q2_K;
-            nbytes = (t->ne[0] / 256) * 84 * t->ne[1];
+            type = 20;   /* IQ4_NL: 32 values in 18 bytes */
+            nbytes = (t->ne[0] / 32) * 18 * t->ne[1];
             assert_true(nbytes <= t->nbytes);
         }
         assert_int_equal(gguf_writer_tensor(w, t->name, type, t->n_dims, t->ne, t->data, nbytes), 0);
@@ -647,7 +647,7 @@ static void test_load_errors(void **state)
     assert_int_equal(tg_model_load(&m, dst, &e), -1);
     printf("wrong type: %s\n", e.msg);
     assert_non_null(strstr(e.msg, "blk.2.ffn_up.weight"));
-    assert_non_null(strstr(e.msg, "q2_K"));
+    assert_non_null(strstr(e.msg, "iq4_nl (20)"));
     assert_non_null(strstr(e.msg, "expected"));
     unlink(dst);
 

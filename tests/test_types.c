@@ -1,16 +1,14 @@
 /*
  * test_types.c: the engine on files llama.cpp quantized in types the
- * project ships no model of (Q4_0, Q5_0).
+ * project ships no model of (Q4_0, Q5_0, Q3_K_M, Q2_K).
  *
  *  - tg-llama-quantize requantizes the shipped model with llama.cpp's own
  *    quantizer (llama_model_quantize) into each type; the loader reads the
  *    file and its layer matrices are of that type;
- *  - a gate of the cpu tier (its best kernels and the scalar ones) against
- *    llama.cpp's CPU build on that file, the ref tier as the exact arbiter,
- *    a stage replay: PASS. The policy is near-tie with the default band:
- *    a panel this small calibrates bands too narrow to judge by (a
- *    panel of seven arms, the default spec's minus the one-thread, batch
- *    and aarch64 variants, passes the calibrated policy on these files);
+ *  - a gate of the cpu tier against llama.cpp's CPU build on that file,
+ *    the ref tier as the exact arbiter, a stage replay, judged like the
+ *    default spec (the calibrated policy over a panel of legitimate
+ *    variants): PASS;
  *  - the same gate with a mutant tg-engine (the .mut files of
  *    tests/mutants/types/, e.g. a Q5_0 unpacking slip) fails, and the
  *    replay's first stage over budget is the one the mutation file names.
@@ -67,10 +65,12 @@ static int run_argv(char *const *argv, char **err)
     return status;
 }
 
-/* The shipped model requantized by llama.cpp into type (q4_0, q5_0) at
- * g_dir/tiny-TYPE.gguf (path into out); the loader reads it and every
- * layer matrix is of want. */
-static void quantize(const char *type, uint32_t want, char *out, size_t n)
+/* The shipped model requantized by llama.cpp into type (tg-llama-quantize's
+ * names: q4_0, q5_0, q3_k_m, q2_k) at g_dir/tiny-TYPE.gguf (path into out);
+ * the loader reads it and its layer matrices include want (all of them
+ * when all is set; llama-quantize's K mixtures give some layers more
+ * bits). */
+static void quantize(const char *type, uint32_t want, int all, char *out, size_t n)
 {
     char tool[2 * PATH_MAX], in[2 * PATH_MAX], name[64];
     snprintf(tool, sizeof tool, "%s/tg-llama-quantize", g_bin);
@@ -85,24 +85,69 @@ static void quantize(const char *type, uint32_t want, char *out, size_t n)
     tg_model *m;
     tg_err e = {{0}};
     if (tg_model_load(&m, out, &e)) fail_msg("the %s file does not load: %s", type, e.msg);
+    int of_want = 0, total = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
         const tg_layer *L = &m->layers[l];
         const tg_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-            if (w[i]->type != want)
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++, total++) {
+            of_want += w[i]->type == want;
+            if (all && w[i]->type != want)
                 fail_msg("%s: layer %d %s is %s, expected %s", out, l, w[i]->name, tg_type_name(w[i]->type),
                          tg_type_name(want));
+        }
     }
+    if (!of_want) fail_msg("%s: no layer matrix is %s", out, tg_type_name(want));
+    printf("  %s: %d of %d layer matrices %s\n", type, of_want, total, tg_type_name(want));
     tg_model_free(m);
 }
 
-/* A gate spec for the file at model (g_dir/NAME.yaml, its path into out). */
-static void write_spec(const char *name, const char *model, char *out, size_t n)
+/* The files the tests make: tg-llama-quantize's type, the weight type it
+ * is there for, whether every layer matrix has it. */
+static const struct { const char *type; uint32_t want; int all; } FILES[] = {
+    {"q4_0", TG_TYPE_Q4_0, 1},
+    {"q5_0", TG_TYPE_Q5_0, 1},
+    {"q3_k_m", TG_TYPE_Q3_K, 0},
+    {"q2_k", TG_TYPE_Q2_K, 0},
+};
+
+static int file_index(const char *type)
 {
-    char sha[65], fname[80];
+    for (size_t i = 0; i < sizeof FILES / sizeof FILES[0]; i++)
+        if (!strcmp(FILES[i].type, type)) return (int)i;
+    return -1;
+}
+
+/* A gate spec for the file at model (g_dir/NAME.yaml, its path into out):
+ * the cpu tier against llama.cpp's CPU build, the ref tier as the exact
+ * arbiter, a stage replay. With panel, the calibrated policy over a panel
+ * of legitimate variants (the cpu tier's scalar kernels and f32 KV cache,
+ * llama.cpp without flash attention and limited to its haswell backend),
+ * as the default spec judges: the logits of a 2- or 3-bit file move more
+ * between legitimate builds (0.1 between our own two kernel ISAs on the
+ * Q3_K_M file) than a fixed band allows. Without, near-tie with the
+ * default band (the mutants, which only have to fail). */
+static void write_spec(const char *name, const char *model, int panel, char *out, size_t n)
+{
+    char sha[65], fname[80], haswell[2 * PATH_MAX], arms[8 * PATH_MAX];
     tg_err e;
     assert_int_equal(tg_sha256_file(model, sha, &e), 0);
     snprintf(fname, sizeof fname, "%s.yaml", name);
+    snprintf(haswell, sizeof haswell, "%s/llama-haswell/libllama.so", g_build);
+    int o = snprintf(arms, sizeof arms,
+                     "  - {name: cpu, engine: cpu, options: {threads: 2}}\n"
+                     "  - {name: ref, engine: ref}\n"
+                     "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 1}}}\n",
+                     g_lib);
+    if (panel) {
+        o += snprintf(arms + o, sizeof arms - o,
+                      "  - {name: cpu-scalar, variant_of: cpu, engine: cpu, env: {TG_CPU_ISA: scalar}, options: {threads: 2}}\n"
+                      "  - {name: cpu-kvf32, variant_of: cpu, engine: cpu, options: {threads: 2, kv_type: f32}}\n"
+                      "  - {name: llama-nofa, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 1, flash_attn: \"off\"}}}\n",
+                      g_lib);
+        if (exists(haswell))
+            snprintf(arms + o, sizeof arms - o,
+                     "  - {name: llama-haswell, variant_of: llama-cpu, llama: {lib: %s, options: {threads: 1}}}\n", haswell);
+    }
     write_in(out, n, fname,
              "name: %s\n"
              "model: {path: %s, sha256: %s}\n"
@@ -113,14 +158,13 @@ static void write_spec(const char *name, const char *model, char *out, size_t n)
              "  - {id: p4, text: \"class Queue:\\n    \\\"\\\"\\\"A first-in, first-out queue.\"}\n"
              "steps: 24\ntop_k: 32\nlegs: 2\nmode: teacher-forced\n"
              "reference: llama-cpu\nexact: ref\n"
-             "policy: {kind: near-tie, band: 0.20}\n"
-             "arms:\n"
-             "  - {name: cpu, engine: cpu, options: {threads: 2}}\n"
-             "  - {name: cpu-scalar, variant_of: cpu, engine: cpu, env: {TG_CPU_ISA: scalar}, options: {threads: 2}}\n"
-             "  - {name: ref, engine: ref}\n"
-             "  - {name: llama-cpu, llama: {lib: %s, options: {threads: 1}}}\n"
+             "%s"
+             "arms:\n%s"
              "replay: {steps: 24}\n",
-             name, model, sha, g_lib);
+             name, model, sha,
+             panel ? "policy: {kind: calibrated, band: 0.20}\ncalibration: {factor: 2, limit_k: 3, budget: 2}\n"
+                   : "policy: {kind: near-tie, band: 0.20}\n",
+             arms);
 }
 
 /* `tokgate gate spec --db db` with the workers of bin_dir (NULL: this
@@ -134,14 +178,16 @@ static int gate(const char *bin_dir, const char *spec, const char *db, char **er
     return rc;
 }
 
-static void gate_passes(const char *type, uint32_t want)
+static void gate_passes(const char *type)
 {
     if (!have_tools()) skip_msg("llama.cpp's library, tg-engine or tg-llama-quantize missing");
     if (strstr(g_build, "asan")) skip_msg("gates in a sanitizer build");
     char model[PATH_MAX + 64], spec[PATH_MAX + 64], db[PATH_MAX + 64], name[64];
-    quantize(type, want, model, sizeof model);
+    const int f = file_index(type);
+    assert_true(f >= 0);
+    quantize(type, FILES[f].want, FILES[f].all, model, sizeof model);
     snprintf(name, sizeof name, "tiny-%s", type);
-    write_spec(name, model, spec, sizeof spec);
+    write_spec(name, model, 1, spec, sizeof spec);
     path_in(db, sizeof db, "gate.db");
     char *err = NULL;
     const int rc = gate(NULL, spec, db, &err);
@@ -154,13 +200,25 @@ static void gate_passes(const char *type, uint32_t want)
 static void test_q4_0_gate(void **state)
 {
     (void)state;
-    gate_passes("q4_0", TG_TYPE_Q4_0);
+    gate_passes("q4_0");
 }
 
 static void test_q5_0_gate(void **state)
 {
     (void)state;
-    gate_passes("q5_0", TG_TYPE_Q5_0);
+    gate_passes("q5_0");
+}
+
+static void test_q3_k_m_gate(void **state)
+{
+    (void)state;
+    gate_passes("q3_k_m");
+}
+
+static void test_q2_k_gate(void **state)
+{
+    (void)state;
+    gate_passes("q2_k");
 }
 
 static void test_mutants_apply(void **state)
@@ -172,9 +230,9 @@ static void test_mutants_apply(void **state)
     assert_true(n >= 1);
 }
 
-/* Each mutation of tests/mutants/types/ (named q4_0-* or q5_0-*: the type
- * its file is quantized to) fails the gate, and the replay of p1 names its
- * stage first. */
+/* Each mutation of tests/mutants/types/ (its name starts with the type its
+ * file is quantized to: q4_0-, q5_0-, q3_k_m-, q2_k-) fails the gate, and
+ * the replay of p1 names its stage first. */
 static void test_mutants(void **state)
 {
     (void)state;
@@ -185,8 +243,12 @@ static void test_mutants(void **state)
     const int n = mutation_list(dirp, names, 64);
     assert_true(n > 0);
     for (int i = 0; i < n; i++) {
-        const char *type = !strncmp(names[i], "q4_0", 4) ? "q4_0" : !strncmp(names[i], "q5_0", 4) ? "q5_0" : NULL;
-        if (!type) fail_msg("%s/%s.mut: the name must start with the type of its file (q4_0 or q5_0)", dirp, names[i]);
+        char type[32];
+        snprintf(type, sizeof type, "%.*s", (int)strcspn(names[i], "-"), names[i]);
+        const int f = file_index(type);
+        if (f < 0)
+            fail_msg("%s/%s.mut: the name must start with the type of its file (q4_0-, q5_0-, q3_k_m- or q2_k-)",
+                     dirp, names[i]);
         char mp[PATH_MAX * 2], wd[PATH_MAX * 2], model[PATH_MAX + 64], spec[PATH_MAX + 64], db[PATH_MAX + 64];
         snprintf(mp, sizeof mp, "%s/%.63s.mut", dirp, names[i]);
         snprintf(wd, sizeof wd, "%s/m%d", g_dir, i);
@@ -198,8 +260,8 @@ static void test_mutants(void **state)
             continue;
         }
         if (mutation_build(g_build, mp, wd, err, sizeof err) < 0) fail_msg("%s", err);
-        quantize(type, !strcmp(type, "q4_0") ? TG_TYPE_Q4_0 : TG_TYPE_Q5_0, model, sizeof model);
-        write_spec(names[i], model, spec, sizeof spec);
+        quantize(type, FILES[f].want, FILES[f].all, model, sizeof model);
+        write_spec(names[i], model, 0, spec, sizeof spec);
         snprintf(db, sizeof db, "%s/m%d.db", g_dir, i);
         char *log = NULL;
         if (m.env_key[0]) setenv(m.env_key, m.env_val, 1);   /* the kernels the mutated code is in */
@@ -227,4 +289,5 @@ static int setup(void **state)
     return testenv_init("types");
 }
 
-TG_TEST_MAIN_WITH(setup, testenv_teardown, test_mutants_apply, test_q4_0_gate, test_q5_0_gate, test_mutants)
+TG_TEST_MAIN_WITH(setup, testenv_teardown, test_mutants_apply, test_q4_0_gate, test_q5_0_gate, test_q3_k_m_gate,
+                  test_q2_k_gate, test_mutants)

@@ -244,10 +244,9 @@ static uint32_t weight_type(out_kind kind, const char *role, int64_t layer, int6
             t = TG_TYPE_Q6_K;
         break;
     }
-    /* rows that do not fill whole blocks fall back to a 32-block type, then
-     * to F16 (llama-quantize picks Q5_0 for Q4_K; we have no Q5_0
-     * quantizer, so Q8_0 serves both K types) */
-    if (tg_row_size(t, (int64_t)ne0) == 0) t = TG_TYPE_Q8_0;
+    /* rows that do not fill whole blocks fall back to a 32-block type as
+     * llama-quantize does (Q4_K to Q5_0, Q6_K to Q8_0), then to F16 */
+    if (tg_row_size(t, (int64_t)ne0) == 0) t = t == TG_TYPE_Q4_K ? TG_TYPE_Q5_0 : TG_TYPE_Q8_0;
     if (tg_row_size(t, (int64_t)ne0) == 0) t = TG_TYPE_F16;
     return t;
 }
