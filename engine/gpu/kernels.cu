@@ -218,6 +218,101 @@ struct tr_q8_0 {
     }
 };
 
+/* Q4_0: one part, two runs of 16: the low nibbles of qs[0..15] are values
+ * 0..15, the high ones 16..31; value = d * (q - 8). 18-byte blocks: byte
+ * loads. */
+struct tr_q4_0 {
+    static constexpr int QK = QK4_0, BYTES = sizeof(block_q4_0), PARTS = 1;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = false;
+    __device__ static int off(int p, int r) { return 16 * r; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        (void)p, (void)m;
+        a[0] = a[1] = h2f((uint16_t)(b[0] | (b[1] << 8)));
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const int q = b[2 + l];
+            v[l] = (float)((q & 0xF) - 8);
+            v[16 + l] = (float)((q >> 4) - 8);
+        }
+    }
+};
+
+/* Q5_0: as Q4_0 with bit 4 of value j in bit j of qh (bytes 2..5); value
+ * = d * (q - 16). */
+struct tr_q5_0 {
+    static constexpr int QK = QK5_0, BYTES = sizeof(block_q5_0), PARTS = 1;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = false;
+    __device__ static int off(int p, int r) { return 16 * r; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        (void)p, (void)m;
+        a[0] = a[1] = h2f((uint16_t)(b[0] | (b[1] << 8)));
+        const uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const int q = b[6 + l];
+            v[l] = (float)(((q & 0xF) | (int)(((qh >> l) & 1) << 4)) - 16);
+            v[16 + l] = (float)(((q >> 4) | (int)(((qh >> (l + 16)) & 1) << 4)) - 16);
+        }
+    }
+};
+
+/* Q2_K: part p = (h = p/4, k = p%4) holds values 128h + 32k + 16r + i
+ * (runs r < 2 of i < 16), bits 2k of qs[32h + 16r + i]; run r is sub-block
+ * 8h + 2k + r, value = (d * (sc & 15)) * q - dmin * (sc >> 4). */
+struct tr_q2_K {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q2_K), PARTS = 8;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = true;
+    __device__ static int off(int p, int r) { return 128 * (p >> 2) + 32 * (p & 3) + 16 * r; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        const int h = p >> 2, k = p & 3;
+        const float d = h2f((uint16_t)(b[80] | (b[81] << 8))), dmin = h2f((uint16_t)(b[82] | (b[83] << 8)));
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int sc = b[8 * h + 2 * k + r];
+            a[r] = d * (float)(sc & 15);
+            m[r] = -(dmin * (float)(sc >> 4));
+#pragma unroll
+            for (int i = 0; i < 16; i++) v[16 * r + i] = (float)((b[16 + 32 * h + 16 * r + i] >> (2 * k)) & 3);
+        }
+    }
+};
+
+/* Q3_K: the parts and runs of Q2_K; bit 2 of value v is bit v / 32 of
+ * hmask[v % 32] (a clear bit subtracts 4), sub-block j's 6-bit scale from
+ * scales[j % 8] (nibble j / 8) and scales[8 + j % 4] (bits 2(j / 4));
+ * value = (d * (sc - 32)) * q. 110-byte blocks: byte loads. */
+struct tr_q3_K {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q3_K), PARTS = 8;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = false;
+    __device__ static int off(int p, int r) { return 128 * (p >> 2) + 32 * (p & 3) + 16 * r; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        (void)m;
+        const int h = p >> 2, k = p & 3;
+        const float d = h2f((uint16_t)(b[108] | (b[109] << 8)));
+        const uint8_t *sc = b + 96;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int j = 8 * h + 2 * k + r;
+            const int s6 = ((sc[j % 8] >> (4 * (j / 8))) & 15) | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+            a[r] = d * (float)(s6 - 32);
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int lo = (b[32 + 32 * h + 16 * r + i] >> (2 * k)) & 3;
+                const int hi = (b[16 * r + i] >> (4 * h + k)) & 1;
+                v[16 * r + i] = (float)(lo - (hi ? 0 : 4));
+            }
+        }
+    }
+};
+
 /* Plain 16-bit float types: a "block" of 8 values, one part; cvt turns the
  * bits into f32 (h2f, bf2f). */
 template <float (*cvt)(uint16_t)>
@@ -945,6 +1040,10 @@ static const gk_type_entry gk_types[] = {
     {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>, TC_LAUNCH(tr_f16), TC2_LAUNCH(tr_f16)},
     {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>, TC_LAUNCH(tr_bf16), TC2_LAUNCH(tr_bf16)},
     {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>, TC_LAUNCH(tr_q8_0), TC2_LAUNCH(tr_q8_0)},
+    {TG_TYPE_Q4_0, tr_q4_0::QK, launch_mm_cols<tr_q4_0>, launch_get_rows<tr_q4_0>, TC_LAUNCH(tr_q4_0), TC2_LAUNCH(tr_q4_0)},
+    {TG_TYPE_Q5_0, tr_q5_0::QK, launch_mm_cols<tr_q5_0>, launch_get_rows<tr_q5_0>, TC_LAUNCH(tr_q5_0), TC2_LAUNCH(tr_q5_0)},
+    {TG_TYPE_Q2_K, tr_q2_K::QK, launch_mm_cols<tr_q2_K>, launch_get_rows<tr_q2_K>, TC_LAUNCH(tr_q2_K), TC2_LAUNCH(tr_q2_K)},
+    {TG_TYPE_Q3_K, tr_q3_K::QK, launch_mm_cols<tr_q3_K>, launch_get_rows<tr_q3_K>, TC_LAUNCH(tr_q3_K), TC2_LAUNCH(tr_q3_K)},
     {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>, TC_LAUNCH(tr_q4_K), TC2_LAUNCH(tr_q4_K)},
     {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>, TC_LAUNCH(tr_q5_K), TC2_LAUNCH(tr_q5_K)},
     {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>, TC_LAUNCH(tr_q6_K), TC2_LAUNCH(tr_q6_K)},
@@ -2555,7 +2654,6 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, int flat, fz
     uint8_t *sm = fz_sm + (size_t)wid * ring;
     const int stride = gridDim.x * FZ_WARPS, gw = blockIdx.x * FZ_WARPS + wid;
     int start = 0;   /* the first group number of segment i */
-#pragma unroll
     for (int i = 0; i < 3; i++) {
         if (i >= segs.n) break;
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
