@@ -812,6 +812,86 @@ static void vec_dot_q5_0(int n, float *s, const void *vx, const void *vy)
     *s = hsum_ps(acc);
 }
 
+/* The 2-bit fields k (0..3) of 32 bytes of Q2_K/Q3_K quants: values 32k
+ * .. 32k + 31 of their half-block, each 0..3. */
+static inline __m256i bits2_32(__m256i q, int k)
+{
+    return _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), _mm256_set1_epi8(3));
+}
+
+/* Two 16-value groups' scales as int16: the lower lane sc0, the upper sc1. */
+static inline __m256i scale_pair16(int sc0, int sc1)
+{
+    return _mm256_insertf128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)sc0)), _mm_set1_epi16((short)sc1), 1);
+}
+
+/* q2_K x q8_K: per block the products of each group of 16 scaled by its
+ * 4-bit scale into eight int32 lanes, times d8 * d into an f32
+ * accumulator; the mins as (d8 * dmin) * sum(m_j * bsums_j), subtracted at
+ * the end. */
+static void vec_dot_q2_K(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        const uint8_t *sc = x[i].scales;
+        /* the mins against the 16 bsums */
+        const __m128i scv = _mm_loadu_si128((const __m128i *)sc);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scv, 4), _mm_set1_epi8(15)));
+        const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
+        const int summs = hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(pm), _mm256_extracti128_si256(pm, 1)));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const int j = 8 * h + 2 * k;
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * k));
+                const __m256i p16 = _mm256_maddubs_epi16(bits2_32(q, k), q8);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair16(sc[j] & 15, sc[j + 1] & 15)));
+            }
+        }
+        const float dall = y[i].d * half_to_f32(x[i].d), dmin = y[i].d * half_to_f32(x[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dall), _mm256_cvtepi32_ps(sumi), acc);
+        accm += dmin * (float)summs;
+    }
+    *s = hsum_ps(acc) - accm;
+}
+
+/* q3_K x q8_K: the quants as q - 4 (a clear hmask bit subtracts 4), the
+ * products of each group of 16 scaled by its 6-bit scale minus 32 into
+ * eight int32 lanes, times d * d8 into an f32 accumulator. */
+static void vec_dot_q3_K(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        int sc[16];
+        const uint8_t *sb = x[i].scales;
+        for (int j = 0; j < 16; j++)
+            sc[j] = (((sb[j % 8] >> (4 * (j / 8))) & 15) | (((sb[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const int j = 8 * h + 2 * k;
+                const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+                const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+                const __m256i v = _mm256_sub_epi8(bits2_32(q, k), _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * k));
+                const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(q8, v));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, scale_pair16(sc[j], sc[j + 1])));
+            }
+        }
+        const float d = half_to_f32(x[i].d) * y[i].d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
 static void vec_dot_f32(int n, float *s, const void *vx, const void *vy)
 {
     const float *x = vx, *y = vy;
@@ -995,6 +1075,8 @@ void tg_cpu_fill_avx2(tg_cpu_kernels *k)
     k->vec_dot[TG_TYPE_Q8_0] = vec_dot_q8_0;
     k->vec_dot[TG_TYPE_Q4_0] = vec_dot_q4_0;
     k->vec_dot[TG_TYPE_Q5_0] = vec_dot_q5_0;
+    k->vec_dot[TG_TYPE_Q2_K] = vec_dot_q2_K;
+    k->vec_dot[TG_TYPE_Q3_K] = vec_dot_q3_K;
     k->vec_dot[TG_TYPE_F32] = vec_dot_f32;
     k->vec_dot[TG_TYPE_F16] = vec_dot_f16;
     k->vec_dot[TG_TYPE_BF16] = vec_dot_bf16;
