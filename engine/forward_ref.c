@@ -416,6 +416,43 @@ static void matmul_rows(void *ctx, int chunk, int ith)
     }
 }
 
+/* Q4_1 and Q5_1 against Q8_1 activations take each block's min term as
+ * m * s with the activation block's s stored as a half (ggml's arithmetic,
+ * declared by the arm), not as m * d * sum(q): out gets, for each row and
+ * token, sum over blocks of m * (s - d * sum(q)), the blocks quantized
+ * again from x (the matmul's input before its rounding through Q8_1: the
+ * same bytes). */
+static void q8_1_min_terms(tg_session *s, double *out, const tg_weight *w, const double *x, int n)
+{
+    ref_state *r = s->tier;
+    const int64_t nb = w->cols / QK8_0;
+    double *c = malloc((size_t)nb * sizeof *c);
+    if (!c) return;   /* out of memory: the arbiter keeps the exact min term */
+    const tg_type_traits *q81 = tg_traits(TG_TYPE_Q8_1);
+    for (int t = 0; t < n; t++) {
+        for (int64_t i = 0; i < w->cols; i++) r->xf[i] = (float)x[(size_t)t * w->cols + i];
+        q81->from_float(r->xf, r->xq, w->cols);
+        const block_q8_1 *a = (const block_q8_1 *)r->xq;
+        for (int64_t b = 0; b < nb; b++) {
+            int sum = 0;
+            for (int j = 0; j < QK8_0; j++) sum += a[b].qs[j];
+            c[b] = (double)tg_half_to_f32(a[b].s) - (double)tg_half_to_f32(a[b].d) * sum;
+        }
+        const size_t bs = tg_traits(w->type)->type_size;
+        for (int64_t row = 0; row < w->rows; row++) {
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)row * w->row_size;
+            double corr = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                tg_half m;
+                memcpy(&m, wr + (size_t)b * bs + 2, sizeof m);   /* m follows d in both layouts */
+                corr += (double)tg_half_to_f32(m) * c[b];
+            }
+            out[(size_t)t * w->rows + row] += corr;
+        }
+    }
+    free(c);
+}
+
 /* out (n, w->rows) = W x for the n vectors x (n, w->cols): one dot per
  * (token, row), in the same order whichever thread takes it. Counted as n
  * matmuls (one per token, as a one-token eval counts). */
@@ -425,6 +462,7 @@ static void matmul(tg_session *s, double *out, const tg_weight *w, const double 
     ref_state *r = s->tier;
     const tg_replay_num *nm = num(s);
     const uint32_t vt = tg_traits(w->type)->vec_dot_type;
+    const double *x_in = x;
     if (nm && nm->act_vec_dot && vt != TG_TYPE_F32) {
         // a replay's declared numerics: the input rows through the vec_dot type
         const tg_type_traits *tr = tg_traits(vt);
@@ -445,6 +483,8 @@ static void matmul(tg_session *s, double *out, const tg_weight *w, const double 
     else
         for (int c = 0; c < nchunks; c++)
             matmul_rows(&d, c, 0);
+    if (nm && nm->act_vec_dot && vt == TG_TYPE_Q8_1)
+        q8_1_min_terms(s, out, w, x_in, n);
     for (int t = 0; t < n; t++)
         tg_ops_count(&s->ops, TG_OP_MATMUL, w->type, TG_TIER_REF);
 }

@@ -171,7 +171,7 @@ static int get_weight(const gguf *g, const char *name, int64_t cols, int64_t row
         const tg_type_traits *tr = tg_traits(t->type);
         if (!tr || !tr->to_float || !tr->vec_dot || t->type == TG_TYPE_Q8_K || t->type == TG_TYPE_Q8_1)
             return tg_errf(e, "%s: tensor '%s' has type %s (%u), expected one of f32, f16, bf16, q4_0, "
-                           "q5_0, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K", gguf_path(g), name, tg_type_name(t->type), t->type);
+                           "q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K", gguf_path(g), name, tg_type_name(t->type), t->type);
     }
     size_t rs = tg_row_size(t->type, cols);
     if (rs == 0)

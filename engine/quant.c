@@ -299,6 +299,131 @@ static void q5_0_vec_dot(int n, float *s, const void *vx, const void *vy)
     *s = sumf;
 }
 
+/* ------------------------------------------------------------ Q4_1, Q5_1 */
+
+/* The smallest and largest of x[0..n). */
+static void min_max(const float *x, int n, float *mn, float *mx)
+{
+    float lo = INFINITY, hi = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    *mn = lo, *mx = hi;
+}
+
+/* Q4_1 as ggml's reference: m = min, d = (max - min) / 15, q = min(15,
+ * (int8)((x - m) * (1/d) + 0.5)). */
+static void q4_1_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK4_1 == 0);
+    block_q4_1 *y = vy;
+    for (int64_t i = 0; i < k / QK4_1; i++, x += QK4_1) {
+        float mn, mx;
+        min_max(x, QK4_1, &mn, &mx);
+        const float d = (mx - mn) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = tg_f32_to_half(d);
+        y[i].m = tg_f32_to_half(mn);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            const int8_t q0 = (int8_t)((x[j] - mn) * id + 0.5f), q1 = (int8_t)((x[QK4_1 / 2 + j] - mn) * id + 0.5f);
+            y[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+        }
+    }
+}
+
+static void q4_1_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK4_1 == 0);
+    const block_q4_1 *x = vx;
+    for (int64_t i = 0; i < k / QK4_1; i++, y += QK4_1) {
+        const float d = tg_half_to_f32(x[i].d), m = tg_half_to_f32(x[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            y[j] = (float)(x[i].qs[j] & 0x0F) * d + m;
+            y[j + QK4_1 / 2] = (float)(x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+/* Against Q8_1, as ggml's generic dot: per block sumf += (dx * dy) * sumi
+ * + m * s, s the activation block's stored half(d * sum(q)). */
+static void q4_1_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK4_1 == 0);
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK4_1; i++) {
+        int32_t s0 = 0, s1 = 0;
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            s0 += (x[i].qs[j] & 0x0F) * y[i].qs[j];
+            s1 += (x[i].qs[j] >> 4) * y[i].qs[j + QK4_1 / 2];
+        }
+        sumf += (tg_half_to_f32(x[i].d) * tg_half_to_f32(y[i].d)) * (float)(s0 + s1) +
+                tg_half_to_f32(x[i].m) * tg_half_to_f32(y[i].s);
+    }
+    *s = sumf;
+}
+
+/* Q5_1 as ggml's reference: m = min, d = (max - min) / 31, q =
+ * (uint8)((x - m) * (1/d) + 0.5), bit 4 of each q into qh. */
+static void q5_1_from_float(const float *x, void *vy, int64_t k)
+{
+    assert(k % QK5_1 == 0);
+    block_q5_1 *y = vy;
+    for (int64_t i = 0; i < k / QK5_1; i++, x += QK5_1) {
+        float mn, mx;
+        min_max(x, QK5_1, &mn, &mx);
+        const float d = (mx - mn) / 31.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = tg_f32_to_half(d);
+        y[i].m = tg_f32_to_half(mn);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const uint8_t x0 = (uint8_t)((x[j] - mn) * id + 0.5f), x1 = (uint8_t)((x[QK5_1 / 2 + j] - mn) * id + 0.5f);
+            y[i].qs[j] = (uint8_t)((x0 & 0x0F) | ((x1 & 0x0F) << 4));
+            qh |= (uint32_t)((x0 & 0x10u) >> 4) << j;
+            qh |= (uint32_t)((x1 & 0x10u) >> 4) << (j + QK5_1 / 2);
+        }
+        memcpy(y[i].qh, &qh, sizeof qh);
+    }
+}
+
+static void q5_1_to_float(const void *vx, float *y, int64_t k)
+{
+    assert(k % QK5_1 == 0);
+    const block_q5_1 *x = vx;
+    for (int64_t i = 0; i < k / QK5_1; i++, y += QK5_1) {
+        const float d = tg_half_to_f32(x[i].d), m = tg_half_to_f32(x[i].m);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            y[j] = (float)((x[i].qs[j] & 0x0F) | (((qh >> j) & 1u) << 4)) * d + m;
+            y[j + QK5_1 / 2] = (float)((x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) * d + m;
+        }
+    }
+}
+
+/* Against Q8_1, as Q4_1's with the fifth bits. */
+static void q5_1_vec_dot(int n, float *s, const void *vx, const void *vy)
+{
+    assert(n % QK5_1 == 0);
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK5_1; i++) {
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        int32_t s0 = 0, s1 = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const int h0 = (int)((qh >> j) << 4) & 0x10, h1 = (int)(qh >> (j + 12)) & 0x10;
+            s0 += ((x[i].qs[j] & 0x0F) | h0) * y[i].qs[j];
+            s1 += ((x[i].qs[j] >> 4) | h1) * y[i].qs[j + QK5_1 / 2];
+        }
+        sumf += (tg_half_to_f32(x[i].d) * tg_half_to_f32(y[i].d)) * (float)(s0 + s1) +
+                tg_half_to_f32(x[i].m) * tg_half_to_f32(y[i].s);
+    }
+    *s = sumf;
+}
+
 /* ------------------------------------------------------------ Q8_0, Q8_1 */
 
 /* Q8_0 as ggml's reference: d = amax/127 (stored as half), q = roundf(x/d)
@@ -1143,6 +1268,10 @@ static const tg_type_traits traits[TG_TYPE_COUNT] = {
                       TG_TYPE_Q8_0, q4_0_vec_dot},
     [TG_TYPE_Q5_0] = {"q5_0", QK5_0, sizeof(block_q5_0), 1, q5_0_to_float, q5_0_from_float,
                       TG_TYPE_Q8_0, q5_0_vec_dot},
+    [TG_TYPE_Q4_1] = {"q4_1", QK4_1, sizeof(block_q4_1), 1, q4_1_to_float, q4_1_from_float,
+                      TG_TYPE_Q8_1, q4_1_vec_dot},
+    [TG_TYPE_Q5_1] = {"q5_1", QK5_1, sizeof(block_q5_1), 1, q5_1_to_float, q5_1_from_float,
+                      TG_TYPE_Q8_1, q5_1_vec_dot},
     [TG_TYPE_Q8_0] = {"q8_0", QK8_0, sizeof(block_q8_0), 1, q8_0_to_float, q8_0_from_float,
                       TG_TYPE_Q8_0, q8_0_vec_dot},
     [TG_TYPE_Q8_1] = {"q8_1", QK8_0, sizeof(block_q8_1), 1, q8_1_to_float, q8_1_from_float,

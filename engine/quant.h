@@ -68,6 +68,27 @@ typedef struct {
 } block_q5_0;
 TG_STATIC_ASSERT(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
 
+/* Q4_1: 32 values, 5 bits per weight. value = d * q + m, q in 0..15 in
+ * Q4_0's nibble order. */
+#define QK4_1 32
+typedef struct {
+    tg_half d;
+    tg_half m;
+    uint8_t qs[QK4_1 / 2];
+} block_q4_1;
+TG_STATIC_ASSERT(sizeof(block_q4_1) == 4 + QK4_1 / 2, "block_q4_1 size");
+
+/* Q5_1: 32 values, 6 bits per weight. value = d * q + m, q in 0..31 with
+ * Q5_0's bit layout. */
+#define QK5_1 32
+typedef struct {
+    tg_half d;
+    tg_half m;
+    uint8_t qh[4];
+    uint8_t qs[QK5_1 / 2];
+} block_q5_1;
+TG_STATIC_ASSERT(sizeof(block_q5_1) == 4 + 4 + QK5_1 / 2, "block_q5_1 size");
+
 /* Q8_1: 32 values (d, s = d * sum(qs)), the CUDA backend's activation type. */
 typedef struct {
     tg_half d;
@@ -160,9 +181,9 @@ typedef struct tg_type_traits {
     tg_vec_dot_fn vec_dot;     /* scalar reference dot product */
 } tg_type_traits;
 
-/* The traits of a type this project supports (F32, F16, BF16, Q4_0, Q5_0,
- * Q8_0, Q8_1 (to/from float only), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K), or
- * NULL. */
+/* The traits of a type this project supports (F32, F16, BF16, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, Q8_1 (to/from float only: the activations of Q4_1 and
+ * Q5_1), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K), or NULL. */
 const tg_type_traits *tg_traits(uint32_t type);
 /* Bytes of a row of n values of type; 0 when n is not a multiple of the
  * block size or the type is unsupported. */

@@ -87,8 +87,8 @@ static int setup_seed(void **state)
 }
 
 static const uint32_t weight_types[] = {TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K, TG_TYPE_Q8_0, TG_TYPE_Q4_0,
-                                        TG_TYPE_Q5_0, TG_TYPE_Q2_K, TG_TYPE_Q3_K, TG_TYPE_F16, TG_TYPE_BF16,
-                                        TG_TYPE_F32};
+                                        TG_TYPE_Q5_0, TG_TYPE_Q2_K, TG_TYPE_Q3_K, TG_TYPE_Q4_1, TG_TYPE_Q5_1,
+                                        TG_TYPE_F16, TG_TYPE_BF16, TG_TYPE_F32};
 static const int lengths[] = {256, 512, 1024, 2816, 4096, 8192};
 enum { NMAX = 8192, REPS = 6 };
 
@@ -330,7 +330,7 @@ static void test_scalar_tier_is_reference(void **state)
                 !strcmp(isa, "neon") || !strcmp(isa, "neon-dotprod"));
     assert_non_null(tg_cpu_kernels_tier(isa));
     assert_null(tg_cpu_kernels_tier("sse9"));
-    assert_null(tg_cpu_vec_dot(TG_TYPE_Q4_1));
+    assert_null(tg_cpu_vec_dot(23));   /* IQ4_XS */
     assert_null(tg_cpu_vec_dot(9999));
 }
 

@@ -47,6 +47,9 @@
  * [-|max|, |max|] */
 #define TOL_RT_Q5_0 6e-2
 #define TOL_RT_Q4_0 1.2e-1
+/* a scale and a min per 32 values: 16 and 32 levels over [min, max] */
+#define TOL_RT_Q4_1 1.0e-1
+#define TOL_RT_Q5_1 5e-2
 /* sixteen values a scale: Q3_K's 8 levels, Q2_K's 4 (with a min) */
 #define TOL_RT_Q3_K 2.2e-1
 #define TOL_RT_Q2_K 3.6e-1
@@ -246,7 +249,9 @@ static void test_struct_sizes(void **state)
     assert_int_equal(tg_row_size(TG_TYPE_BF16, 3), 6);
     assert_int_equal(tg_row_size(TG_TYPE_F32, 5), 20);
     assert_int_equal(tg_row_size(TG_TYPE_Q4_K, 100), 0);     /* not a whole block */
-    assert_int_equal(tg_row_size(TG_TYPE_Q4_1, 64), 0);      /* unsupported */
+    assert_int_equal(tg_row_size(TG_TYPE_Q4_1, 64), 40);
+    assert_int_equal(tg_row_size(TG_TYPE_Q5_1, 64), 48);
+    assert_int_equal(tg_row_size(20, 64), 0);                /* IQ4_NL: unsupported */
     assert_int_equal(tg_row_size(TG_TYPE_Q4_0, 64), 36);
     assert_int_equal(tg_row_size(TG_TYPE_Q5_0, 64), 44);
     assert_int_equal(tg_row_size(TG_TYPE_Q5_0, 48), 0);
@@ -258,12 +263,12 @@ static void test_struct_sizes(void **state)
     assert_string_equal(tg_type_name(23), "iq4_xs");
     assert_string_equal(tg_type_name(31), "?");
     assert_string_equal(tg_type_name(12345), "?");
-    assert_null(tg_traits(TG_TYPE_Q4_1));
-    assert_null(tg_traits(TG_TYPE_Q5_1));
+    assert_null(tg_traits(20));
+    assert_null(tg_traits(23));
     assert_null(tg_traits(TG_TYPE_COUNT));
-    static const uint32_t types[] = {TG_TYPE_F32,  TG_TYPE_F16,  TG_TYPE_BF16, TG_TYPE_Q4_0, TG_TYPE_Q5_0,
-                                     TG_TYPE_Q8_0, TG_TYPE_Q8_1, TG_TYPE_Q2_K, TG_TYPE_Q3_K, TG_TYPE_Q4_K,
-                                     TG_TYPE_Q5_K, TG_TYPE_Q6_K, TG_TYPE_Q8_K};
+    static const uint32_t types[] = {TG_TYPE_F32,  TG_TYPE_F16,  TG_TYPE_BF16, TG_TYPE_Q4_0, TG_TYPE_Q4_1,
+                                     TG_TYPE_Q5_0, TG_TYPE_Q5_1, TG_TYPE_Q8_0, TG_TYPE_Q8_1, TG_TYPE_Q2_K,
+                                     TG_TYPE_Q3_K, TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K, TG_TYPE_Q8_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         const tg_type_traits *t = tg_traits(types[i]);
         assert_non_null(t);
@@ -515,7 +520,7 @@ static void test_round_trip_errors(void **state)
         {TG_TYPE_Q8_0, TOL_RT_Q8_0}, {TG_TYPE_Q8_1, TOL_RT_Q8_1}, {TG_TYPE_Q8_K, TOL_RT_Q8_K},
         {TG_TYPE_Q6_K, TOL_RT_Q6_K}, {TG_TYPE_Q5_K, TOL_RT_Q5_K}, {TG_TYPE_Q4_K, TOL_RT_Q4_K},
         {TG_TYPE_Q5_0, TOL_RT_Q5_0}, {TG_TYPE_Q4_0, TOL_RT_Q4_0}, {TG_TYPE_Q3_K, TOL_RT_Q3_K},
-        {TG_TYPE_Q2_K, TOL_RT_Q2_K},
+        {TG_TYPE_Q2_K, TOL_RT_Q2_K}, {TG_TYPE_Q4_1, TOL_RT_Q4_1}, {TG_TYPE_Q5_1, TOL_RT_Q5_1},
     };
     enum { N = 8192 };
     float *x = malloc(N * sizeof(float));
@@ -730,9 +735,9 @@ static void test_fast_quantizers_match_ref(void **state)
 static void test_reference_dots(void **state)
 {
     (void)state;
-    static const uint32_t types[] = {TG_TYPE_F32,  TG_TYPE_F16,  TG_TYPE_BF16, TG_TYPE_Q4_0, TG_TYPE_Q5_0,
-                                     TG_TYPE_Q8_0, TG_TYPE_Q2_K, TG_TYPE_Q3_K, TG_TYPE_Q4_K, TG_TYPE_Q5_K,
-                                     TG_TYPE_Q6_K};
+    static const uint32_t types[] = {TG_TYPE_F32,  TG_TYPE_F16,  TG_TYPE_BF16, TG_TYPE_Q4_0, TG_TYPE_Q4_1,
+                                     TG_TYPE_Q5_0, TG_TYPE_Q5_1, TG_TYPE_Q8_0, TG_TYPE_Q2_K, TG_TYPE_Q3_K,
+                                     TG_TYPE_Q4_K, TG_TYPE_Q5_K, TG_TYPE_Q6_K};
     static const int lens[] = {256, 768, 4096};
     enum { NMAX = 4096 };
     float *x = malloc(NMAX * sizeof(float)), *y = malloc(NMAX * sizeof(float));
@@ -756,6 +761,20 @@ static void test_reference_dots(void **state)
                 for (int i = 0; i < n; i++) {
                     ref += (double)xd[i] * yd[i];
                     mag += fabs((double)xd[i] * yd[i]);
+                }
+                if (tx->vec_dot_type == TG_TYPE_Q8_1) {
+                    /* the declared arithmetic: each block's min term is m * s
+                     * with the activation's stored half s, not m * d * sum(q)
+                     * (the ref tier's replay arbiter takes the same) */
+                    const block_q8_1 *a = qy;
+                    for (int b = 0; b < n / 32; b++) {
+                        int sum = 0;
+                        for (int j = 0; j < 32; j++) sum += a[b].qs[j];
+                        tg_half m;
+                        memcpy(&m, (const char *)qx + (size_t)b * tx->type_size + 2, sizeof m);
+                        ref += (double)tg_half_to_f32(m) *
+                               ((double)tg_half_to_f32(a[b].s) - (double)tg_half_to_f32(a[b].d) * sum);
+                    }
                 }
                 float s = NAN;
                 tx->vec_dot(n, &s, qx, qy);
@@ -865,6 +884,7 @@ static void test_against_ggml(void **state)
         {TG_TYPE_Q6_K, "dequantize_row_q6_K"}, {TG_TYPE_Q8_0, "dequantize_row_q8_0"},
         {TG_TYPE_Q4_0, "dequantize_row_q4_0"}, {TG_TYPE_Q5_0, "dequantize_row_q5_0"},
         {TG_TYPE_Q2_K, "dequantize_row_q2_K"}, {TG_TYPE_Q3_K, "dequantize_row_q3_K"},
+        {TG_TYPE_Q4_1, "dequantize_row_q4_1"}, {TG_TYPE_Q5_1, "dequantize_row_q5_1"},
     };
     for (size_t t = 0; t < sizeof deqs / sizeof deqs[0]; t++) {
         const size_t bytes = tg_row_size(deqs[t].type, N);
@@ -877,6 +897,9 @@ static void test_against_ggml(void **state)
             else if (deqs[t].type == TG_TYPE_Q2_K) {
                 memcpy(qa + i * bs + 80, &d, 2);
                 memcpy(qa + i * bs + 82, &d, 2);
+            } else if (deqs[t].type == TG_TYPE_Q4_1 || deqs[t].type == TG_TYPE_Q5_1) {
+                memcpy(qa + i * bs, &d, 2);
+                memcpy(qa + i * bs + 2, &d, 2);   /* a sane m */
             } else memcpy(qa + i * bs, &d, 2);
             if (deqs[t].type == TG_TYPE_Q4_K || deqs[t].type == TG_TYPE_Q5_K) memcpy(qa + i * bs + 2, &d, 2);
         }
@@ -892,6 +915,7 @@ static void test_against_ggml(void **state)
         {TG_TYPE_Q6_K, "ggml_vec_dot_q6_K_q8_K_generic"}, {TG_TYPE_Q8_0, "ggml_vec_dot_q8_0_q8_0_generic"},
         {TG_TYPE_Q4_0, "ggml_vec_dot_q4_0_q8_0_generic"}, {TG_TYPE_Q5_0, "ggml_vec_dot_q5_0_q8_0_generic"},
         {TG_TYPE_Q2_K, "ggml_vec_dot_q2_K_q8_K_generic"}, {TG_TYPE_Q3_K, "ggml_vec_dot_q3_K_q8_K_generic"},
+        {TG_TYPE_Q4_1, "ggml_vec_dot_q4_1_q8_1_generic"}, {TG_TYPE_Q5_1, "ggml_vec_dot_q5_1_q8_1_generic"},
     };
     for (size_t t = 0; t < sizeof dots / sizeof dots[0]; t++) {
         const tg_type_traits *tx = tg_traits(dots[t].type), *ty = tg_traits(tx->vec_dot_type);
@@ -919,10 +943,13 @@ static void test_against_ggml(void **state)
         printf("  vec_dot %-4s vs %s: %d/8 bit-identical, max rel %.2e (tolerance %.0e)\n", tx->name, dots[t].dot,
                exact, worst, TOL_DOT_GGML);
     }
-    /* Q4_0 and Q5_0: ggml's reference quantizers are what llama-quantize
-     * runs for them (no search), so ours write the same bytes */
+    /* Q4_0, Q4_1, Q5_0, Q5_1 and Q8_1: ggml's reference quantizers are
+     * what llama-quantize (and llama.cpp's Q8_1 activations) run for them
+     * (no search), so ours write the same bytes */
     static const struct { uint32_t type; const char *q; } wq0[] = {
         {TG_TYPE_Q4_0, "quantize_row_q4_0_ref"}, {TG_TYPE_Q5_0, "quantize_row_q5_0_ref"},
+        {TG_TYPE_Q4_1, "quantize_row_q4_1_ref"}, {TG_TYPE_Q5_1, "quantize_row_q5_1_ref"},
+        {TG_TYPE_Q8_1, "quantize_row_q8_1_ref"},
     };
     for (size_t t = 0; t < sizeof wq0 / sizeof wq0[0]; t++) {
         const tg_type_traits *tr = tg_traits(wq0[t].type);

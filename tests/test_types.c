@@ -1,6 +1,6 @@
 /*
  * test_types.c: the engine on files llama.cpp quantized in types the
- * project ships no model of (Q4_0, Q5_0, Q3_K_M, Q2_K).
+ * project ships no model of (Q4_0, Q4_1, Q5_0, Q5_1, Q3_K_M, Q2_K).
  *
  *  - tg-llama-quantize requantizes the shipped model with llama.cpp's own
  *    quantizer (llama_model_quantize) into each type; the loader reads the
@@ -68,7 +68,7 @@ static int run_argv(char *const *argv, char **err)
 }
 
 /* The shipped model requantized by llama.cpp into type (tg-llama-quantize's
- * names: q4_0, q5_0, q3_k_m, q2_k) at g_dir/tiny-TYPE.gguf (path into out);
+ * names: q4_0, q4_1, q5_0, q5_1, q3_k_m, q2_k) at g_dir/tiny-TYPE.gguf (path into out);
  * the loader reads it and its layer matrices include want (all of them
  * when all is set; llama-quantize's K mixtures give some layers more
  * bits). */
@@ -110,6 +110,8 @@ static const struct { const char *type; uint32_t want; int all; } FILES[] = {
     {"q5_0", TG_TYPE_Q5_0, 1},
     {"q3_k_m", TG_TYPE_Q3_K, 0},
     {"q2_k", TG_TYPE_Q2_K, 0},
+    {"q4_1", TG_TYPE_Q4_1, 1},
+    {"q5_1", TG_TYPE_Q5_1, 1},
 };
 
 static int file_index(const char *type)
@@ -250,6 +252,18 @@ static void test_q2_k_gate(void **state)
     gate_passes("q2_k");
 }
 
+static void test_q4_1_gate(void **state)
+{
+    (void)state;
+    gate_passes("q4_1");
+}
+
+static void test_q5_1_gate(void **state)
+{
+    (void)state;
+    gate_passes("q5_1");
+}
+
 static void test_mutants_apply(void **state)
 {
     (void)state;
@@ -260,7 +274,7 @@ static void test_mutants_apply(void **state)
 }
 
 /* Each mutation of tests/mutants/types/ (its name starts with the type its
- * file is quantized to: q4_0-, q5_0-, q3_k_m-, q2_k-) fails the gate, and
+ * file is quantized to: q4_0-, q5_1-, q3_k_m-, ...) fails the gate, and
  * the replay of p1 names its stage first. */
 static void test_mutants(void **state)
 {
@@ -276,8 +290,8 @@ static void test_mutants(void **state)
         snprintf(type, sizeof type, "%.*s", (int)strcspn(names[i], "-"), names[i]);
         const int f = file_index(type);
         if (f < 0)
-            fail_msg("%s/%s.mut: the name must start with the type of its file (q4_0-, q5_0-, q3_k_m- or q2_k-)",
-                     dirp, names[i]);
+            fail_msg("%s/%s.mut: the name must start with the type of its file (q4_0-, q4_1-, q5_0-, q5_1-, "
+                     "q3_k_m- or q2_k-)", dirp, names[i]);
         char mp[PATH_MAX * 2], wd[PATH_MAX * 2], model[PATH_MAX + 64], spec[PATH_MAX + 64], db[PATH_MAX + 64];
         snprintf(mp, sizeof mp, "%s/%.63s.mut", dirp, names[i]);
         snprintf(wd, sizeof wd, "%s/m%d", g_dir, i);
@@ -319,4 +333,4 @@ static int setup(void **state)
 }
 
 TG_TEST_MAIN_WITH(setup, testenv_teardown, test_mutants_apply, test_q4_0_gate, test_q5_0_gate, test_q3_k_m_gate,
-                  test_q2_k_gate, test_mutants)
+                  test_q2_k_gate, test_q4_1_gate, test_q5_1_gate, test_mutants)

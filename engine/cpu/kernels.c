@@ -189,6 +189,10 @@ int tg_cpu_quantize_row(uint32_t vec_dot_type, const float *x, void *y, int64_t 
         if (k % QK_K) return -1;
         kk->quantize_q8_K(x, y, k);
         return 0;
+    case TG_TYPE_Q8_1:   /* Q4_1 and Q5_1 activations: ggml's reference quantizer */
+        if (k % QK8_0) return -1;
+        tg_traits(TG_TYPE_Q8_1)->from_float(x, y, k);
+        return 0;
     default:
         return -1;
     }

@@ -172,7 +172,8 @@ static int upload(tg_gpu *g, const tg_weight *w, int as_f32, int is_matmul, size
     } else {
         if (is_matmul && !gk_type_supported(w->type))
             return tg_errf(e, "%s: weight type %s is not served by the GPU kernels (expected f32, f16, bf16, "
-                           "q4_0, q5_0, q8_0, q2_K, q3_K, q4_K, q5_K or q6_K)", w->name, tg_type_name(w->type));
+                           "q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K or q6_K)", w->name,
+                           tg_type_name(w->type));
         GPU_CHECK(e, cudaMemcpy(dst, w->data, w->row_size * (size_t)w->rows, cudaMemcpyHostToDevice));
         dw->type = w->type;
     }

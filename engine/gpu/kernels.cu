@@ -260,6 +260,49 @@ struct tr_q5_0 {
     }
 };
 
+/* Q4_1: Q4_0's layout with a min: value = d * q + m (m at byte 2, qs at
+ * 4). */
+struct tr_q4_1 {
+    static constexpr int QK = QK4_1, BYTES = sizeof(block_q4_1), PARTS = 1;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = true;
+    __device__ static int off(int p, int r) { return 16 * r; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        (void)p;
+        a[0] = a[1] = h2f((uint16_t)(b[0] | (b[1] << 8)));
+        m[0] = m[1] = h2f((uint16_t)(b[2] | (b[3] << 8)));
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const int q = b[4 + l];
+            v[l] = (float)(q & 0xF);
+            v[16 + l] = (float)(q >> 4);
+        }
+    }
+};
+
+/* Q5_1: Q5_0's layout with a min: value = d * q + m (qh at byte 4, qs at
+ * 8). */
+struct tr_q5_1 {
+    static constexpr int QK = QK5_1, BYTES = sizeof(block_q5_1), PARTS = 1;
+    static constexpr int NRUN = 2, RUNLEN = 16;
+    static constexpr bool HAS_MIN = true;
+    __device__ static int off(int p, int r) { return 16 * r; }
+    __device__ static void deq(const uint8_t *b, int p, float *v, float *a, float *m)
+    {
+        (void)p;
+        a[0] = a[1] = h2f((uint16_t)(b[0] | (b[1] << 8)));
+        m[0] = m[1] = h2f((uint16_t)(b[2] | (b[3] << 8)));
+        const uint32_t qh = (uint32_t)b[4] | ((uint32_t)b[5] << 8) | ((uint32_t)b[6] << 16) | ((uint32_t)b[7] << 24);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            const int q = b[8 + l];
+            v[l] = (float)((q & 0xF) | (int)(((qh >> l) & 1) << 4));
+            v[16 + l] = (float)((q >> 4) | (int)(((qh >> (l + 16)) & 1) << 4));
+        }
+    }
+};
+
 /* Q2_K: part p = (h = p/4, k = p%4) holds values 128h + 32k + 16r + i
  * (runs r < 2 of i < 16), bits 2k of qs[32h + 16r + i]; run r is sub-block
  * 8h + 2k + r, value = (d * (sc & 15)) * q - dmin * (sc >> 4). */
@@ -1042,6 +1085,8 @@ static const gk_type_entry gk_types[] = {
     {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>, TC_LAUNCH(tr_q8_0), TC2_LAUNCH(tr_q8_0)},
     {TG_TYPE_Q4_0, tr_q4_0::QK, launch_mm_cols<tr_q4_0>, launch_get_rows<tr_q4_0>, TC_LAUNCH(tr_q4_0), TC2_LAUNCH(tr_q4_0)},
     {TG_TYPE_Q5_0, tr_q5_0::QK, launch_mm_cols<tr_q5_0>, launch_get_rows<tr_q5_0>, TC_LAUNCH(tr_q5_0), TC2_LAUNCH(tr_q5_0)},
+    {TG_TYPE_Q4_1, tr_q4_1::QK, launch_mm_cols<tr_q4_1>, launch_get_rows<tr_q4_1>, TC_LAUNCH(tr_q4_1), TC2_LAUNCH(tr_q4_1)},
+    {TG_TYPE_Q5_1, tr_q5_1::QK, launch_mm_cols<tr_q5_1>, launch_get_rows<tr_q5_1>, TC_LAUNCH(tr_q5_1), TC2_LAUNCH(tr_q5_1)},
     {TG_TYPE_Q2_K, tr_q2_K::QK, launch_mm_cols<tr_q2_K>, launch_get_rows<tr_q2_K>, TC_LAUNCH(tr_q2_K), TC2_LAUNCH(tr_q2_K)},
     {TG_TYPE_Q3_K, tr_q3_K::QK, launch_mm_cols<tr_q3_K>, launch_get_rows<tr_q3_K>, TC_LAUNCH(tr_q3_K), TC2_LAUNCH(tr_q3_K)},
     {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>, TC_LAUNCH(tr_q4_K), TC2_LAUNCH(tr_q4_K)},

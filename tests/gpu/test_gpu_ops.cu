@@ -1129,7 +1129,8 @@ int main(void)
     }
 
     const uint32_t types[] = {TG_TYPE_F32,  TG_TYPE_F16,  TG_TYPE_BF16, TG_TYPE_Q8_0, TG_TYPE_Q4_K, TG_TYPE_Q5_K,
-                              TG_TYPE_Q6_K, TG_TYPE_Q4_0, TG_TYPE_Q5_0, TG_TYPE_Q2_K, TG_TYPE_Q3_K};
+                              TG_TYPE_Q6_K, TG_TYPE_Q4_0, TG_TYPE_Q5_0, TG_TYPE_Q2_K, TG_TYPE_Q3_K, TG_TYPE_Q4_1,
+                              TG_TYPE_Q5_1};
     /* cols >= 16 with K a multiple of 128: the tensor-core kernel (partial
      * row and token tiles included) */
     struct { int K, rows, cols; } mm[] = {{256, 64, 1}, {1024, 301, 1}, {4096, 128, 1}, {768, 96, 8},
