@@ -4,7 +4,8 @@
  *
  *  - tg-llama-quantize requantizes the shipped model with llama.cpp's own
  *    quantizer (llama_model_quantize) into each type; the loader reads the
- *    file and its layer matrices are of that type;
+ *    file and its layer matrices are of that type (some of them, in the
+ *    K mixtures);
  *  - a gate of the cpu tier against llama.cpp's CPU build on that file,
  *    the ref tier as the exact arbiter, a stage replay, judged like the
  *    default spec (the calibrated policy over a panel of legitimate
