@@ -10,6 +10,8 @@
  *    the ref tier as the exact arbiter, a stage replay, judged like the
  *    default spec (the calibrated policy over a panel of legitimate
  *    variants): the cpu tier PASSes, its replay too;
+ *  - a file in a type the engine refuses (IQ4_NL): the engine arms are
+ *    NOT_MEASURABLE with the loader's message, llama.cpp runs it;
  *  - the same gate with a mutant tg-engine (the .mut files of
  *    tests/mutants/types/, e.g. a Q5_0 unpacking slip) fails, and the
  *    replay's first stage over budget is the one the mutation file names.
@@ -265,6 +267,40 @@ static void test_q5_1_gate(void **state)
     gate_passes("q5_1");
 }
 
+/* A type the engine does not compute with (IQ4_NL): the engine arms'
+ * legs fail to load with the loader's message (the tensor, its type, the
+ * types taken), the arms are NOT_MEASURABLE with that reason, nothing
+ * aborts, and llama.cpp still runs the file. */
+static void test_refused_type(void **state)
+{
+    (void)state;
+    if (!have_tools()) skip_msg("llama.cpp's library, tg-engine or tg-llama-quantize missing");
+    if (strstr(g_build, "asan")) skip_msg("gates in a sanitizer build");
+    char tool[2 * PATH_MAX], in[2 * PATH_MAX], model[PATH_MAX + 64], spec[PATH_MAX + 64], db[PATH_MAX + 64];
+    snprintf(tool, sizeof tool, "%s/tg-llama-quantize", g_bin);
+    snprintf(in, sizeof in, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", g_root);
+    path_in(model, sizeof model, "tiny-iq4_nl.gguf");
+    char *argv[] = {tool, "--lib", g_lib, in, model, "iq4_nl", NULL};
+    char *err = NULL;
+    int rc = run_argv(argv, &err);
+    if (rc != 0) fail_msg("tg-llama-quantize iq4_nl exited %d:\n%s", rc, err);
+    free(err);
+    write_spec("tiny-iq4_nl", model, 0, spec, sizeof spec);
+    path_in(db, sizeof db, "gate.db");
+    rc = gate(NULL, spec, db, &err);
+    char word[32], why[1024], ref[32];
+    arm_key(db, "cpu", "TOKEN_GATE", word, sizeof word);
+    arm_key(db, "cpu", "REASON", why, sizeof why);
+    arm_key(db, "llama-cpu", "LEGS_CLEAN", ref, sizeof ref);
+    printf("  iq4_nl: gate exit %d; cpu %s: %s; llama-cpu legs clean %s\n", rc, word, why, ref);
+    if (rc < 0) fail_msg("the gate did not run to an exit:\n%s", err);
+    assert_string_equal(word, "NOT_MEASURABLE");
+    if (!strstr(why, "iq4_nl") || !strstr(why, "blk.") || !strstr(why, "expected one of"))
+        fail_msg("the cpu arm's reason does not name the tensor, its type and the types taken: %s", why);
+    assert_string_equal(ref, "2/2");
+    free(err);
+}
+
 static void test_mutants_apply(void **state)
 {
     (void)state;
@@ -334,4 +370,4 @@ static int setup(void **state)
 }
 
 TG_TEST_MAIN_WITH(setup, testenv_teardown, test_mutants_apply, test_q4_0_gate, test_q5_0_gate, test_q3_k_m_gate,
-                  test_q2_k_gate, test_q4_1_gate, test_q5_1_gate, test_mutants)
+                  test_q2_k_gate, test_q4_1_gate, test_q5_1_gate, test_refused_type, test_mutants)

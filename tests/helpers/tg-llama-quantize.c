@@ -7,8 +7,8 @@
  *
  *   tg-llama-quantize --lib LIBLLAMA IN.gguf OUT.gguf TYPE [--pure]
  *
- * TYPE: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_m, q6_k
- * (llama-quantize's mixtures;
+ * TYPE: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_m, q6_k,
+ * iq4_nl (llama-quantize's mixtures;
  * --pure: every matrix in the type itself). Exit 0 on success, 1 with a
  * message naming what failed. The process only ever runs this one call.
  */
@@ -25,12 +25,13 @@ static const struct { const char *name; enum llama_ftype ftype; } TYPES[] = {
     {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q6_k", LLAMA_FTYPE_MOSTLY_Q6_K},
     {"q3_k_m", LLAMA_FTYPE_MOSTLY_Q3_K_M}, {"q2_k", LLAMA_FTYPE_MOSTLY_Q2_K},
     {"q4_1", LLAMA_FTYPE_MOSTLY_Q4_1},     {"q5_1", LLAMA_FTYPE_MOSTLY_Q5_1},
+    {"iq4_nl", LLAMA_FTYPE_MOSTLY_IQ4_NL}, /* a type the engine refuses: for the refusal's test */
 };
 
 static int usage(void)
 {
     fprintf(stderr, "usage: tg-llama-quantize --lib LIBLLAMA IN.gguf OUT.gguf TYPE [--pure]\n"
-                    "  TYPE: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_m or q6_k\n");
+                    "  TYPE: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_m, q6_k or iq4_nl\n");
     return 1;
 }
 
@@ -50,8 +51,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcmp(TYPES[i].name, pos[2])) t = (int)i;
     if (t < 0) {
-        fprintf(stderr, "tg-llama-quantize: type '%s': expected q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_m or "
-                        "q6_k\n", pos[2]);
+        fprintf(stderr, "tg-llama-quantize: type '%s': expected q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_m, "
+                        "q6_k or iq4_nl\n", pos[2]);
         return 1;
     }
     llama_dl *dl;
