@@ -812,6 +812,53 @@ static void vec_dot_q5_0(int n, float *s, const void *vx, const void *vy)
     *s = hsum_ps(acc);
 }
 
+/* The unsigned codes (0..15 or 0..31, one a byte) times a Q8_1 block's
+ * quants as 8 int32 partial sums. */
+static inline __m256i u8_block_dot(__m256i qx, const int8_t *yq)
+{
+    const __m256i p = _mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)yq));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* q4_1 x q8_1: per block the 32 products into 8 int32 lanes, scaled by
+ * dx * dy into one f32 accumulator, and m * s summed apart (llama.cpp's
+ * AVX2 order). */
+static void vec_dot_q4_1(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int i = 0; i < n / QK4_1; i++) {
+        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
+        summs += half_to_f32(x[i].m) * half_to_f32(y[i].s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(u8_block_dot(nibbles_32(x[i].qs), y[i].qs)), acc);
+    }
+    *s = hsum_ps(acc) + summs;
+}
+
+/* q5_1 x q8_1: as q4_1 with the fifth bits or'ed in (0x10 where set). */
+static void vec_dot_q5_1(int n, float *s, const void *vx, const void *vy)
+{
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int i = 0; i < n / QK5_1; i++) {
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof qh);
+        const __m256i hb = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
+        const __m256i set = _mm256_cmpeq_epi8(hb, bit);
+        const __m256i qx = _mm256_or_si256(nibbles_32(x[i].qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
+        summs += half_to_f32(x[i].m) * half_to_f32(y[i].s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(u8_block_dot(qx, y[i].qs)), acc);
+    }
+    *s = hsum_ps(acc) + summs;
+}
+
 /* The 2-bit fields k (0..3) of 32 bytes of Q2_K/Q3_K quants: values 32k
  * .. 32k + 31 of their half-block, each 0..3. */
 static inline __m256i bits2_32(__m256i q, int k)
@@ -1075,6 +1122,8 @@ void tg_cpu_fill_avx2(tg_cpu_kernels *k)
     k->vec_dot[TG_TYPE_Q8_0] = vec_dot_q8_0;
     k->vec_dot[TG_TYPE_Q4_0] = vec_dot_q4_0;
     k->vec_dot[TG_TYPE_Q5_0] = vec_dot_q5_0;
+    k->vec_dot[TG_TYPE_Q4_1] = vec_dot_q4_1;
+    k->vec_dot[TG_TYPE_Q5_1] = vec_dot_q5_1;
     k->vec_dot[TG_TYPE_Q2_K] = vec_dot_q2_K;
     k->vec_dot[TG_TYPE_Q3_K] = vec_dot_q3_K;
     k->vec_dot[TG_TYPE_F32] = vec_dot_f32;
