@@ -418,39 +418,34 @@ static void matmul_rows(void *ctx, int chunk, int ith)
 
 /* Q4_1 and Q5_1 against Q8_1 activations take each block's min term as
  * m * s with the activation block's s stored as a half (ggml's arithmetic,
- * declared by the arm), not as m * d * sum(q): out gets, for each row and
- * token, sum over blocks of m * (s - d * sum(q)), the blocks quantized
- * again from x (the matmul's input before its rounding through Q8_1: the
- * same bytes). */
-static void q8_1_min_terms(tg_session *s, double *out, const tg_weight *w, const double *x, int n)
+ * declared by the arm), not as m * d * sum(q). q8_1_gap: c[b] = s - d *
+ * sum(q) of each block of one quantized row; q8_1_min_terms: out gets, for
+ * each row and token t, sum over blocks of m * c[t][b]. */
+static void q8_1_gap(const block_q8_1 *a, int64_t nb, double *c)
 {
-    ref_state *r = s->tier;
+    for (int64_t b = 0; b < nb; b++) {
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) sum += a[b].qs[j];
+        c[b] = (double)tg_half_to_f32(a[b].s) - (double)tg_half_to_f32(a[b].d) * sum;
+    }
+}
+
+static void q8_1_min_terms(double *out, const tg_weight *w, const double *c, int n)
+{
     const int64_t nb = w->cols / QK8_0;
-    double *c = malloc((size_t)nb * sizeof *c);
-    if (!c) return;   /* out of memory: the arbiter keeps the exact min term */
-    const tg_type_traits *q81 = tg_traits(TG_TYPE_Q8_1);
-    for (int t = 0; t < n; t++) {
-        for (int64_t i = 0; i < w->cols; i++) r->xf[i] = (float)x[(size_t)t * w->cols + i];
-        q81->from_float(r->xf, r->xq, w->cols);
-        const block_q8_1 *a = (const block_q8_1 *)r->xq;
-        for (int64_t b = 0; b < nb; b++) {
-            int sum = 0;
-            for (int j = 0; j < QK8_0; j++) sum += a[b].qs[j];
-            c[b] = (double)tg_half_to_f32(a[b].s) - (double)tg_half_to_f32(a[b].d) * sum;
-        }
-        const size_t bs = tg_traits(w->type)->type_size;
-        for (int64_t row = 0; row < w->rows; row++) {
-            const uint8_t *wr = (const uint8_t *)w->data + (size_t)row * w->row_size;
+    const size_t bs = tg_traits(w->type)->type_size;
+    for (int64_t row = 0; row < w->rows; row++) {
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)row * w->row_size;
+        for (int t = 0; t < n; t++) {
             double corr = 0;
             for (int64_t b = 0; b < nb; b++) {
                 tg_half m;
                 memcpy(&m, wr + (size_t)b * bs + 2, sizeof m);   /* m follows d in both layouts */
-                corr += (double)tg_half_to_f32(m) * c[b];
+                corr += (double)tg_half_to_f32(m) * c[(size_t)t * nb + b];
             }
             out[(size_t)t * w->rows + row] += corr;
         }
     }
-    free(c);
 }
 
 /* out (n, w->rows) = W x for the n vectors x (n, w->cols): one dot per
@@ -462,14 +457,16 @@ static void matmul(tg_session *s, double *out, const tg_weight *w, const double 
     ref_state *r = s->tier;
     const tg_replay_num *nm = num(s);
     const uint32_t vt = tg_traits(w->type)->vec_dot_type;
-    const double *x_in = x;
+    double *gap = NULL;   /* Q8_1: each token's block gaps (q8_1_gap); NULL when out of memory */
     if (nm && nm->act_vec_dot && vt != TG_TYPE_F32) {
         // a replay's declared numerics: the input rows through the vec_dot type
         const tg_type_traits *tr = tg_traits(vt);
+        if (vt == TG_TYPE_Q8_1) gap = malloc((size_t)n * (size_t)(w->cols / QK8_0) * sizeof *gap);
         for (int t = 0; t < n; t++) {
             for (int64_t i = 0; i < w->cols; i++)
                 r->xf[i] = (float)x[(size_t)t * w->cols + i];
             tr->from_float(r->xf, r->xq, w->cols);
+            if (gap) q8_1_gap((const block_q8_1 *)r->xq, w->cols / QK8_0, gap + (size_t)t * (w->cols / QK8_0));
             tr->to_float(r->xq, r->xf, w->cols);
             for (int64_t i = 0; i < w->cols; i++)
                 r->xr[(size_t)t * w->cols + i] = r->xf[i];
@@ -483,8 +480,8 @@ static void matmul(tg_session *s, double *out, const tg_weight *w, const double 
     else
         for (int c = 0; c < nchunks; c++)
             matmul_rows(&d, c, 0);
-    if (nm && nm->act_vec_dot && vt == TG_TYPE_Q8_1)
-        q8_1_min_terms(s, out, w, x_in, n);
+    if (gap) q8_1_min_terms(out, w, gap, n);
+    free(gap);
     for (int t = 0; t < n; t++)
         tg_ops_count(&s->ops, TG_OP_MATMUL, w->type, TG_TIER_REF);
 }

@@ -775,6 +775,17 @@ static inline __m256i nibbles_32(const uint8_t *qs)
     return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
 }
 
+/* The 32 bits of a Q5_0/Q5_1 block's qh as bytes: 0xFF where bit j is set. */
+static inline __m256i bits_32(const uint8_t *qhp)
+{
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    uint32_t qh;
+    memcpy(&qh, qhp, sizeof qh);
+    const __m256i hb = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
+    return _mm256_cmpeq_epi8(hb, bit);
+}
+
 /* q4_0 x q8_0: per block the 32 products of q - 8 into 8 int32 lanes,
  * scaled by dx * dy into one f32 accumulator (llama.cpp's AVX2 order). */
 static void vec_dot_q4_0(int n, float *s, const void *vx, const void *vy)
@@ -796,15 +807,9 @@ static void vec_dot_q5_0(int n, float *s, const void *vx, const void *vy)
 {
     const block_q5_0 *x = vx;
     const block_q8_0 *y = vy;
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK5_0; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, sizeof qh);
-        /* byte j: 0xFF where bit j of qh is set */
-        const __m256i hb = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
-        const __m256i set = _mm256_cmpeq_epi8(hb, bit);
+        const __m256i set = bits_32(x[i].qh);
         const __m256i qx = _mm256_or_si256(nibbles_32(x[i].qs), _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
         const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(i8_block_dot(qx, y[i].qs)), acc);
@@ -842,15 +847,10 @@ static void vec_dot_q5_1(int n, float *s, const void *vx, const void *vy)
 {
     const block_q5_1 *x = vx;
     const block_q8_1 *y = vy;
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
     for (int i = 0; i < n / QK5_1; i++) {
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, sizeof qh);
-        const __m256i hb = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
-        const __m256i set = _mm256_cmpeq_epi8(hb, bit);
+        const __m256i set = bits_32(x[i].qh);
         const __m256i qx = _mm256_or_si256(nibbles_32(x[i].qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
         const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
         summs += half_to_f32(x[i].m) * half_to_f32(y[i].s);
