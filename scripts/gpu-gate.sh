@@ -211,12 +211,43 @@ M06=$W/models/tg-mkmodel-0.6b-q4_k_m-s1.gguf   # the specs name models/...; pin(
 M8=$W/models/tg-mkmodel-8b-q4_k_m-s1.gguf
 if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once llama.cpp is built
   mk 8b $M8 $NPROC || exit 1
+  # the kernels first: a decode setting whose kernels fail test_gpu_ops is
+  # not timed
+  timeout 150 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops.txt" 2>&1; rco=$?
+  say "test_gpu_ops rc=$rco $(grep -c '^OK' "$OUT/test_gpu_ops.txt") OK $(grep -c '^FAIL' "$OUT/test_gpu_ops.txt") FAIL"
+  grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
+  cands="TG_GPU_FLAT=1 TG_GPU_NORM_TAIL=1 TG_GPU_FLAT=1,TG_GPU_NORM_TAIL=1"
+  grep -q '^FAIL flat ' "$OUT/test_gpu_ops.txt" && cands=TG_GPU_NORM_TAIL=1 && say "flat streaming FAILED: not timed"
+  if grep -qE '^FAIL (flat )?mv_add_norm' "$OUT/test_gpu_ops.txt"; then
+    cands=${cands/TG_GPU_NORM_TAIL=1/}; cands=${cands/TG_GPU_FLAT=1,TG_GPU_NORM_TAIL=1/}
+    say "folded norm FAILED: not timed"
+  fi
+  [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
+  dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   timeout 90 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b.txt" 2>&1
   say "bench_gpu 8b rc=$?"; cat "$OUT/bench_gpu-8b.txt"
+  best=$(dtok "$OUT/bench_gpu-8b.txt"); best=${best:-0}; kept=
+  for cfg in $cands; do
+    f="$OUT/bench_gpu-8b-$(echo $cfg | tr '=,' '--').txt"
+    env $(echo $cfg | tr , ' ') timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$f" 2>&1
+    d=$(dtok "$f"); say "bench_gpu 8b ($cfg): decode ${d:-?} tok/s, $(grep -o 'decode_digest=[0-9a-f]*' "$f") (best so far $best)"
+    [ -n "$d" ] && awk -v a="$d" -v b="$best" 'BEGIN { exit !(a > b * 1.015) }' || continue
+    t="$OUT/test_gpu_ops-$(echo $cfg | tr '=,' '--').txt"
+    env $(echo $cfg | tr , ' ') timeout 150 $W/bin/test_gpu_ops > "$t" 2>&1
+    if [ "$(grep -c '^FAIL' "$t")" = 0 ] && grep -q '^test_gpu_ops: ' "$t"; then kept=$cfg; best=$d; say "kept: $cfg"
+    else say "$cfg was faster but test_gpu_ops fails under it: not kept"; fi
+  done
+  grep -o 'decode_digest=[0-9a-f]*' "$OUT/bench_gpu-8b.txt" | head -1 | sed 's/^/default /'
+  [ -n "$kept" ] && env $(echo $kept | tr , ' ') TG_GPU_PROFILE=1 timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 64 \
+      > "$OUT/bench_gpu-8b-profile.txt" 2>&1 && grep -A20 "^profile" "$OUT/bench_gpu-8b-profile.txt"
   if [ -n "$LPID" ]; then say "waiting for the llama.cpp build"; wait $LPID; fi
   cat "$OUT/llama.txt" 2>/dev/null
   if [ -f $LL/lib/libllama.so ]; then
     bench_pair
+    if [ -n "$kept" ]; then   # the protocol pair again with the kept setting
+      say "the pair again with $kept"
+      export $(echo $kept | tr , ' '); CMDLINE="$kept $CMDLINE"; bench_pair
+    fi
   fi
   bundle; say "done"; exit 0
 fi
