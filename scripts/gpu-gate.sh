@@ -216,12 +216,8 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   timeout 150 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops.txt" 2>&1; rco=$?
   say "test_gpu_ops rc=$rco $(grep -c '^OK' "$OUT/test_gpu_ops.txt") OK $(grep -c '^FAIL' "$OUT/test_gpu_ops.txt") FAIL"
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
-  cands="TG_GPU_FLAT=1 TG_GPU_NORM_TAIL=1 TG_GPU_FLAT=1,TG_GPU_NORM_TAIL=1"
-  grep -q '^FAIL flat ' "$OUT/test_gpu_ops.txt" && cands=TG_GPU_NORM_TAIL=1 && say "flat streaming FAILED: not timed"
-  if grep -qE '^FAIL (flat )?mv_add_norm' "$OUT/test_gpu_ops.txt"; then
-    cands=${cands/TG_GPU_NORM_TAIL=1/}; cands=${cands/TG_GPU_FLAT=1,TG_GPU_NORM_TAIL=1/}
-    say "folded norm FAILED: not timed"
-  fi
+  cands="TG_GPU_FOLD=1"
+  grep -qE '^FAIL mv_add_q8' "$OUT/test_gpu_ops.txt" && cands= && say "folded norms FAILED: not timed"
   [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   timeout 90 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b.txt" 2>&1
@@ -234,10 +230,15 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
     [ -n "$d" ] && awk -v a="$d" -v b="$best" 'BEGIN { exit !(a > b * 1.015) }' || continue
     t="$OUT/test_gpu_ops-$(echo $cfg | tr '=,' '--').txt"
     env $(echo $cfg | tr , ' ') timeout 150 $W/bin/test_gpu_ops > "$t" 2>&1
-    if [ "$(grep -c '^FAIL' "$t")" = 0 ] && grep -q '^test_gpu_ops: ' "$t"; then kept=$cfg; best=$d; say "kept: $cfg"
-    else say "$cfg was faster but test_gpu_ops fails under it: not kept"; fi
+    m="$OUT/test_gpu_model-$(echo $cfg | tr '=,' '--').txt"   # the shipped model against the ref tier
+    env $(echo $cfg | tr , ' ') timeout 100 $W/bin/test_gpu_model > "$m" 2>&1; rcm=$?
+    if [ "$(grep -c '^FAIL' "$t")" = 0 ] && grep -q '^test_gpu_ops: ' "$t" && [ $rcm = 0 ]; then
+      kept=$cfg; best=$d; say "kept: $cfg (test_gpu_ops and test_gpu_model pass under it)"
+    else say "$cfg was faster but test_gpu_ops or test_gpu_model (rc=$rcm) fails under it: not kept"; tail -3 "$m"; fi
   done
   grep -o 'decode_digest=[0-9a-f]*' "$OUT/bench_gpu-8b.txt" | head -1 | sed 's/^/default /'
+  TG_GPU_PROFILE=1 timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 64 > "$OUT/bench_gpu-8b-profile-default.txt" 2>&1 \
+    && grep -A20 "^profile" "$OUT/bench_gpu-8b-profile-default.txt"
   [ -n "$kept" ] && env $(echo $kept | tr , ' ') TG_GPU_PROFILE=1 timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 64 \
       > "$OUT/bench_gpu-8b-profile.txt" 2>&1 && grep -A20 "^profile" "$OUT/bench_gpu-8b-profile.txt"
   if [ -n "$LPID" ]; then say "waiting for the llama.cpp build"; wait $LPID; fi
@@ -270,14 +271,11 @@ timeout 120 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops.txt" 2>&1; rco=$?
 say "test_gpu_ops rc=$rco $(grep -c '^OK' "$OUT/test_gpu_ops.txt") OK $(grep -c '^FAIL' "$OUT/test_gpu_ops.txt") FAIL"
 grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
 if grep -q '^FAIL topk(' "$OUT/test_gpu_ops.txt"; then export TG_GPU_TOPK_BOUND=0; say "top-k FAILED: TG_GPU_TOPK_BOUND=0"; fi
-# the two decode settings that are off by default until a device run keeps
-# them (the A/B below): not tried where their kernels fail
-AB_NEW="TG_GPU_FLAT=1 TG_GPU_NORM_TAIL=1"
-if grep -q '^FAIL flat ' "$OUT/test_gpu_ops.txt"; then
-  AB_NEW=${AB_NEW/TG_GPU_FLAT=1/}; say "flat streaming FAILED: TG_GPU_FLAT=1 not tried"
-fi
-if grep -qE '^FAIL (flat )?mv_add_norm' "$OUT/test_gpu_ops.txt"; then
-  AB_NEW=${AB_NEW/TG_GPU_NORM_TAIL=1/}; say "folded norm FAILED: TG_GPU_NORM_TAIL=1 not tried"
+# the decode setting that is off by default until a device run keeps it
+# (the A/B below): not tried where its kernels fail
+AB_NEW="TG_GPU_FOLD=1"
+if grep -qE '^FAIL mv_add_q8' "$OUT/test_gpu_ops.txt"; then
+  AB_NEW=; say "folded norms FAILED: TG_GPU_FOLD=1 not tried"
 fi
 if grep -qE "$FZRE" "$OUT/test_gpu_ops.txt" || [ $rco -gt 1 ]; then
   TG_GPU_STREAM=0 timeout 120 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops-direct.txt" 2>&1

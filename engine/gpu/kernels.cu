@@ -548,29 +548,53 @@ template <> struct fz_x<TG_TYPE_Q4_K> { typedef fz_x4 T; };
 template <> struct fz_x<TG_TYPE_Q6_K> { typedef fz_x6 T; };
 template <> struct fz_x<TG_TYPE_Q8_0> { typedef fz_x8 T; };
 
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x4 &r)
+/* The activations of part p of block ib, their scales d times mul (1, or a
+ * folded norm's scale: fz_q8_mul; x * 1.0f is x, so the path without a
+ * folded norm rounds as before). */
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x4 &r, float mul)
 {
     const int g = p >> 1, hh = p & 1;
     const int8_t *xq = x.q + ib * QK_K + 64 * g + 16 * hh;
     r.l = *(const int4 *)xq;
     r.h = *(const int4 *)(xq + 32);
     r.d = *(const float2 *)(x.d + ib * 8 + 2 * g);
+    r.d.x *= mul;
+    r.d.y *= mul;
     r.s = *(const float2 *)(x.s + ib * 8 + 2 * g);
 }
 
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x6 &r)
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x6 &r, float mul)
 {
     const int h = p >> 3, l0 = 4 * (p & 7);
     const int8_t *xb = x.q + ib * QK_K + 128 * h + l0;
 #pragma unroll
     for (int i = 0; i < 4; i++) r.q[i] = *(const int *)(xb + 32 * i);
     r.d = *(const float4 *)(x.d + ib * 8 + 4 * h);
+    r.d.x *= mul;
+    r.d.y *= mul;
+    r.d.z *= mul;
+    r.d.w *= mul;
 }
 
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x8 &r)
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x8 &r, float mul)
 {
     r.q = *(const int2 *)(x.q + ib * QK8_0 + 8 * p);
-    r.d = x.d[ib];
+    r.d = x.d[ib] * mul;
+}
+
+/* The factor of x's scales: 1, or for a folded norm's input (x.part set)
+ * 1/sqrt(mean of squares + eps) from the per-32-row sums of squares, summed
+ * by every lane in the same order (lane l: parts l, l + 32, ..., then the
+ * warp's butterfly), so every warp of every reader gets the same bits.
+ * Read after pdl_wait (the previous kernel wrote the parts). */
+__device__ __forceinline__ float fz_q8_mul(const gk_q8 &x)
+{
+    if (!x.part) return 1.0f;
+    const int lane = threadIdx.x % TG_WARP;
+    float ss = 0.0f;
+    for (int i = lane; i < x.npart; i += TG_WARP) ss += ld_l2(x.part + i);
+    ss = warp_sum(ss);
+    return 1.0f / sqrtf(ss / (float)(32 * x.npart) + x.eps);
 }
 
 /* Q4_K part p (as tr_q4_K: 16 bytes of qs, 16 values of sub-blocks 2g and
@@ -665,7 +689,7 @@ k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__
         }
     }
     __syncthreads();
-    const gk_q8 xsm = {xq, xd, xs};   /* the same layout, in shared memory */
+    const gk_q8 xsm = {xq, xd, xs, NULL, 0, 0.0f};   /* the same layout, in shared memory */
     constexpr int PARTS = TYPE == TG_TYPE_Q4_K ? tr_q4_K::PARTS : tr_q6_K::PARTS;
     constexpr int BYTES = TYPE == TG_TYPE_Q4_K ? tr_q4_K::BYTES : tr_q6_K::BYTES;
     const int row0 = (blockIdx.x * MV_WARPS + warp) * rpw;
@@ -680,7 +704,7 @@ k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__
             const int ib = p / PARTS, part = p % PARTS;
             const uint8_t *b = wr + (size_t)ib * BYTES;
             typename fz_x<TYPE>::T xv;
-            fz_load_x(xsm, ib, part, xv);
+            fz_load_x(xsm, ib, part, xv, 1.0f);
             acc += fz_part(b, part, xv);
         }
         acc = warp_sum(acc);
@@ -1046,11 +1070,12 @@ static cudaError_t tc_optin(void)
     return cudaFuncSetAttribute((const void *)k_matmul_tc<T, TC_BM, TC_BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)TC_SMEM(TC_BM, TC_BN));
 }
-#define TC_LAUNCH(T) launch_mm_tc<T>
-#define TC2_LAUNCH(T) launch_mm_tc2<T>
+/* Both tiles of type T: the launchers and their shared-memory opt-ins,
+ * one table entry's worth, so a type cannot get a tile without its opt-in
+ * (a tile launched without it is refused: "invalid argument"). */
+#define TC_LAUNCH(T) launch_mm_tc<T>, launch_mm_tc2<T>, tc_optin<T>, tc2_optin<T>
 #else
-#define TC_LAUNCH(T) NULL
-#define TC2_LAUNCH(T) NULL
+#define TC_LAUNCH(T) NULL, NULL, NULL, NULL
 #endif
 
 /* x (n values, n a multiple of 4) rounded to f16. */
@@ -1070,6 +1095,7 @@ static int tc_ready;   /* gk_init: the tensor-core kernels may use their TC_SMEM
 typedef void (*mm_fn)(cudaStream_t, const void *, int, int, const float *, int, float *);
 typedef void (*rows_fn)(cudaStream_t, const void *, int, const int32_t *, int, float *);
 typedef void (*mm2_fn)(cudaStream_t, const tc_segs &, int, const __half *, int, int, int);
+typedef cudaError_t (*optin_fn)(void);
 struct gk_type_entry {
     uint32_t type;
     int qk;
@@ -1077,21 +1103,22 @@ struct gk_type_entry {
     rows_fn rows;
     mm_fn tc;
     mm2_fn tc2;   /* the pipelined tile over f16 activations (gk_matmul_group) */
+    optin_fn tc_optin, tc2_optin;   /* gk_init: the tiles' shared memory over the default */
 };
 static const gk_type_entry gk_types[] = {
-    {TG_TYPE_F32, tr_f32::QK, launch_mm_cols<tr_f32>, launch_get_rows<tr_f32>, TC_LAUNCH(tr_f32), TC2_LAUNCH(tr_f32)},
-    {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>, TC_LAUNCH(tr_f16), TC2_LAUNCH(tr_f16)},
-    {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>, TC_LAUNCH(tr_bf16), TC2_LAUNCH(tr_bf16)},
-    {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>, TC_LAUNCH(tr_q8_0), TC2_LAUNCH(tr_q8_0)},
-    {TG_TYPE_Q4_0, tr_q4_0::QK, launch_mm_cols<tr_q4_0>, launch_get_rows<tr_q4_0>, TC_LAUNCH(tr_q4_0), TC2_LAUNCH(tr_q4_0)},
-    {TG_TYPE_Q5_0, tr_q5_0::QK, launch_mm_cols<tr_q5_0>, launch_get_rows<tr_q5_0>, TC_LAUNCH(tr_q5_0), TC2_LAUNCH(tr_q5_0)},
-    {TG_TYPE_Q4_1, tr_q4_1::QK, launch_mm_cols<tr_q4_1>, launch_get_rows<tr_q4_1>, TC_LAUNCH(tr_q4_1), TC2_LAUNCH(tr_q4_1)},
-    {TG_TYPE_Q5_1, tr_q5_1::QK, launch_mm_cols<tr_q5_1>, launch_get_rows<tr_q5_1>, TC_LAUNCH(tr_q5_1), TC2_LAUNCH(tr_q5_1)},
-    {TG_TYPE_Q2_K, tr_q2_K::QK, launch_mm_cols<tr_q2_K>, launch_get_rows<tr_q2_K>, TC_LAUNCH(tr_q2_K), TC2_LAUNCH(tr_q2_K)},
-    {TG_TYPE_Q3_K, tr_q3_K::QK, launch_mm_cols<tr_q3_K>, launch_get_rows<tr_q3_K>, TC_LAUNCH(tr_q3_K), TC2_LAUNCH(tr_q3_K)},
-    {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>, TC_LAUNCH(tr_q4_K), TC2_LAUNCH(tr_q4_K)},
-    {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>, TC_LAUNCH(tr_q5_K), TC2_LAUNCH(tr_q5_K)},
-    {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>, TC_LAUNCH(tr_q6_K), TC2_LAUNCH(tr_q6_K)},
+    {TG_TYPE_F32, tr_f32::QK, launch_mm_cols<tr_f32>, launch_get_rows<tr_f32>, TC_LAUNCH(tr_f32)},
+    {TG_TYPE_F16, tr_f16::QK, launch_mm_cols<tr_f16>, launch_get_rows<tr_f16>, TC_LAUNCH(tr_f16)},
+    {TG_TYPE_BF16, tr_bf16::QK, launch_mm_cols<tr_bf16>, launch_get_rows<tr_bf16>, TC_LAUNCH(tr_bf16)},
+    {TG_TYPE_Q8_0, tr_q8_0::QK, launch_mm_cols<tr_q8_0>, launch_get_rows<tr_q8_0>, TC_LAUNCH(tr_q8_0)},
+    {TG_TYPE_Q4_0, tr_q4_0::QK, launch_mm_cols<tr_q4_0>, launch_get_rows<tr_q4_0>, TC_LAUNCH(tr_q4_0)},
+    {TG_TYPE_Q5_0, tr_q5_0::QK, launch_mm_cols<tr_q5_0>, launch_get_rows<tr_q5_0>, TC_LAUNCH(tr_q5_0)},
+    {TG_TYPE_Q4_1, tr_q4_1::QK, launch_mm_cols<tr_q4_1>, launch_get_rows<tr_q4_1>, TC_LAUNCH(tr_q4_1)},
+    {TG_TYPE_Q5_1, tr_q5_1::QK, launch_mm_cols<tr_q5_1>, launch_get_rows<tr_q5_1>, TC_LAUNCH(tr_q5_1)},
+    {TG_TYPE_Q2_K, tr_q2_K::QK, launch_mm_cols<tr_q2_K>, launch_get_rows<tr_q2_K>, TC_LAUNCH(tr_q2_K)},
+    {TG_TYPE_Q3_K, tr_q3_K::QK, launch_mm_cols<tr_q3_K>, launch_get_rows<tr_q3_K>, TC_LAUNCH(tr_q3_K)},
+    {TG_TYPE_Q4_K, tr_q4_K::QK, launch_mm_cols<tr_q4_K>, launch_get_rows<tr_q4_K>, TC_LAUNCH(tr_q4_K)},
+    {TG_TYPE_Q5_K, tr_q5_K::QK, launch_mm_cols<tr_q5_K>, launch_get_rows<tr_q5_K>, TC_LAUNCH(tr_q5_K)},
+    {TG_TYPE_Q6_K, tr_q6_K::QK, launch_mm_cols<tr_q6_K>, launch_get_rows<tr_q6_K>, TC_LAUNCH(tr_q6_K)},
 };
 
 static const gk_type_entry *gk_find(uint32_t type)
@@ -2364,13 +2391,6 @@ __device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, flo
     }
 }
 
-/* ss plus the squares of v's four values, in the order every norm of the
- * fused path sums them (k_rmsnorm_q8 and the folded tail must agree). */
-__device__ __forceinline__ float sq4_acc(float ss, float4 v)
-{
-    return ss + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
-}
-
 /* One row: y = x * (1/sqrt(mean(x^2) + eps)) * w, into y (when not NULL)
  * and quantized into out. One thread block per 32-value block of the
  * output: each block sums the squares of the whole row itself (the row is
@@ -2384,8 +2404,10 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
     pdl_wait();
     float ss = 0.0f;
     if (n % 4 == 0)
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
-            ss = sq4_acc(ss, ((const float4 *)x)[i]);
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            const float4 v = ((const float4 *)x)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
     else
         for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
     ss = block_sum(ss, sh);
@@ -2412,7 +2434,8 @@ template <int TYPE> struct fz_fmt {
  * The lanes take the rows' block parts in turn; each part's activations are
  * loaded once for all R rows. */
 template <int TYPE, int R>
-__device__ __forceinline__ void fz_rows_dot(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane, float *acc)
+__device__ __forceinline__ void fz_rows_dot(const uint8_t *const *wr, int nb, const gk_q8 &x, float mul, int lane,
+                                            float *acc)
 {
     typedef fz_fmt<TYPE> F;
     const int nparts = nb * F::PARTS;
@@ -2422,7 +2445,7 @@ __device__ __forceinline__ void fz_rows_dot(const uint8_t *const *wr, int nb, co
     for (int p = lane; p < nparts; p += TG_WARP) {
         const int ib = p / F::PARTS, part = p % F::PARTS;
         typename fz_x<TYPE>::T xv;
-        fz_load_x(x, ib, part, xv);
+        fz_load_x(x, ib, part, xv, mul);
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] += fz_part(wr[r] + (size_t)ib * F::BYTES, part, xv);
     }
@@ -2443,8 +2466,8 @@ struct fz_segs {
 };
 
 template <int TYPE, int R>
-__device__ __forceinline__ void fz_seg_rows(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
-                                            int accumulate)
+__device__ __forceinline__ void fz_seg_rows(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, float mul,
+                                            int lane, int accumulate)
 {
     const size_t rb = fz_row_bytes(TYPE, K);
     const uint8_t *wr[R];
@@ -2454,7 +2477,7 @@ __device__ __forceinline__ void fz_seg_rows(const gk_mv_seg &sg, int row0, int K
         wr[r] = (const uint8_t *)sg.W + (size_t)row * rb;
     }
     float acc[R];
-    fz_rows_dot<TYPE, R>(wr, K / fz_fmt<TYPE>::QK, x, lane, acc);
+    fz_rows_dot<TYPE, R>(wr, K / fz_fmt<TYPE>::QK, x, mul, lane, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -2479,10 +2502,11 @@ k_mv_fused(fz_segs segs, int K, gk_q8 x, int accumulate)
     while (i < segs.n && w >= (segs.s[i].nrows + R - 1) / R) w -= (segs.s[i++].nrows + R - 1) / R;
     if (i == segs.n) return;
     const gk_mv_seg &sg = segs.s[i];
+    const float mul = fz_q8_mul(x);
     switch (sg.type) {
-    case TG_TYPE_Q4_K: fz_seg_rows<TG_TYPE_Q4_K, R>(sg, w * R, K, x, lane, accumulate); break;
-    case TG_TYPE_Q6_K: fz_seg_rows<TG_TYPE_Q6_K, R>(sg, w * R, K, x, lane, accumulate); break;
-    default: fz_seg_rows<TG_TYPE_Q8_0, R>(sg, w * R, K, x, lane, accumulate); break;
+    case TG_TYPE_Q4_K: fz_seg_rows<TG_TYPE_Q4_K, R>(sg, w * R, K, x, mul, lane, accumulate); break;
+    case TG_TYPE_Q6_K: fz_seg_rows<TG_TYPE_Q6_K, R>(sg, w * R, K, x, mul, lane, accumulate); break;
+    default: fz_seg_rows<TG_TYPE_Q8_0, R>(sg, w * R, K, x, mul, lane, accumulate); break;
     }
 }
 
@@ -2517,217 +2541,155 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* ns sets of NR rows (rows(t, r): the first byte of row r of set t) dotted
- * with x as one stream through sm (NR * FZ_STAGES chunks of this warp): the
- * ring runs on from one set into the next instead of draining between
- * them, so the warp keeps FZ_STAGES - 1 chunks per row in flight from its
- * first chunk to its last. done(t, acc) is called by every lane once set
- * t's last chunk is in, with acc[r] summed over the warp. Each row's sum is
- * taken in the same order whatever ns is. */
-template <int TYPE, int NR, typename RowsF, typename DoneF>
-__device__ __forceinline__ void fz_stream_sets(int ns, RowsF rows, int nb, const gk_q8 &x, int lane, uint8_t *sm,
-                                               DoneF done)
+/* NR rows (row(r): the first byte of row r) dotted with x, streamed
+ * through sm (NR * FZ_STAGES chunks of this warp); acc[r] summed over the
+ * warp (every lane has them). The first FZ_STAGES - 1 chunks are issued
+ * before pdl_wait (the weights are constant); mul, x's scale factor, is
+ * read after it on the warp's first call (mul < 0: not read yet). */
+template <int TYPE, int NR, typename RowF>
+__device__ __forceinline__ void fz_stream_rows(RowF row, int nb, const gk_q8 &x, float &mul, int lane, uint8_t *sm,
+                                               float *acc)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
-    const int nch = nb / C::CB, total = ns * nch;
-    float acc[NR];
+    const int nch = nb / C::CB;
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    auto issue = [&](int g) {
-        if (g < total) {
-            const int t = g / nch, c = g - t * nch;
+    auto issue = [&](int c) {
+        if (c < nch)
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + g % FZ_STAGES) * C::BYTES;
-                const uint8_t *src = rows(t, r) + (size_t)c * C::BYTES;
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
+                const uint8_t *src = row(r) + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
-        }
         cp_async_commit();
     };
 #pragma unroll
-    for (int g = 0; g < FZ_STAGES - 1; g++) issue(g);
-    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
-    int t = 0, c = 0;
-    for (int g = 0; g < total; g++) {
-        issue(g + FZ_STAGES - 1);
+    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
+    pdl_wait();   /* the activations come from the previous kernel */
+    if (mul < 0.0f) mul = fz_q8_mul(x);
+    for (int c = 0; c < nch; c++) {
+        issue(c + FZ_STAGES - 1);
         cp_async_wait<FZ_STAGES - 1>();
         warp_sync();
 #pragma unroll
         for (int it = 0; it < C::ITERS; it++) {
-            const int p = it * TG_WARP + lane;
-            const int ibl = p / F::PARTS, part = p % F::PARTS;
+            const int p = it * TG_WARP + lane, ibl = p / F::PARTS, part = p % F::PARTS;
             typename fz_x<TYPE>::T xv;
-            fz_load_x(x, c * C::CB + ibl, part, xv);
+            fz_load_x(x, c * C::CB + ibl, part, xv, mul);
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + g % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
         }
         warp_sync();   /* every lane is done with this stage before it is refilled */
-        if (++c == nch) {
-#pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
-            done(t, acc);
-#pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-            c = 0;
-            t++;
-        }
     }
     cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-/* The row groups first, first + stride, ... (cnt of them, NR rows each) of
- * segment sg: one stream when flat, else one stream per group; the rows'
- * sums stored into y, or added to it with accumulate. */
+/* The rows row0 .. row0 + NR - 1 of segment sg: their sums stored into y,
+ * or added to it with accumulate. */
 template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int first, int stride, int cnt, int K,
-                                              const gk_q8 &x, int lane, int accumulate, int flat, uint8_t *sm)
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, float &mul,
+                                              int lane, int accumulate, uint8_t *sm)
 {
     const size_t rb = fz_row_bytes(TYPE, K);
-    auto rows = [&](int t, int r) {
-        const int row0 = (first + t * stride) * NR;
-        const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
-        return (const uint8_t *)sg.W + (size_t)row * rb;
+    auto row = [&](int r) {
+        const int i = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
+        return (const uint8_t *)sg.W + (size_t)i * rb;
     };
-    auto done = [&](int t, const float *acc) {
-        const int row0 = (first + t * stride) * NR;
-        if (lane == 0)
+    float acc[NR];
+    fz_stream_rows<TYPE, NR>(row, K / fz_fmt<TYPE>::QK, x, mul, lane, sm, acc);
+    if (lane == 0)
 #pragma unroll
-            for (int r = 0; r < NR; r++) {
-                if (row0 + r >= sg.nrows) break;
-                if (accumulate) sg.y[row0 + r] += acc[r];
-                else sg.y[row0 + r] = acc[r];
-            }
-    };
-    const int nb = K / fz_fmt<TYPE>::QK;
-    if (flat) fz_stream_sets<TYPE, NR>(cnt, rows, nb, x, lane, sm, done);
-    else
-        for (int j = 0; j < cnt; j++)
-            fz_stream_sets<TYPE, NR>(
-                1, [&](int, int r) { return rows(j, r); }, nb, x, lane, sm,
-                [&](int, const float *acc) { done(j, acc); });
+        for (int r = 0; r < NR; r++) {
+            if (row0 + r >= sg.nrows) break;
+            if (accumulate) sg.y[row0 + r] += acc[r];
+            else sg.y[row0 + r] = acc[r];
+        }
 }
-
-/* The RMS norm of the n values at x (n a multiple of 32) with weights w,
- * quantized into out: k_rmsnorm_q8's arithmetic bit for bit, by one block
- * of 128 threads. The sum of squares follows k_rmsnorm_q8's 256 threads
- * (thread t here sums as its threads t and t + 128 did, and the warp and
- * block sums combine in the same order); the quantization of each 32-value
- * block (its maximum and its sum of integers are order-free) runs on eight
- * lanes of four values. x is read through L2 (other blocks wrote it). */
-__device__ __forceinline__ void fz_norm_tail(const float *x, const float *w, int n, float eps, gk_q8 out, float *sh)
-{
-    const int t = threadIdx.x, lane = t % TG_WARP, wid = t / TG_WARP;
-    static_assert(FZ_NORM_THREADS == 256, "the tail follows k_rmsnorm_q8's 256 threads");
-    const float4 *x4 = (const float4 *)x;   /* n % 32 == 0: k_rmsnorm_q8's float4 loop */
-    float a = 0.0f, b = 0.0f;
-    for (int i = t; i < n / 4; i += 256) a = sq4_acc(a, ld_l2(x4 + i));
-    for (int i = t + 128; i < n / 4; i += 256) b = sq4_acc(b, ld_l2(x4 + i));
-    a = warp_sum(a);
-    b = warp_sum(b);
-    __syncthreads();
-    if (lane == 0) {
-        sh[wid] = a;
-        sh[wid + 4] = b;
-    }
-    __syncthreads();
-    const float ss = warp_sum(lane < 8 ? sh[lane] : 0.0f);
-    const float scale = 1.0f / sqrtf(ss / n + eps);
-    for (int base = 0; base < n / 4; base += 128) {
-        const int i = base + t;   /* four values; lanes 8k..8k+7 hold one 32-value block */
-        const bool on = i < n / 4;
-        float v[4] = {0, 0, 0, 0};
-        if (on) {
-            const float4 xv = ld_l2((const float4 *)x + i);
-            v[0] = xv.x * scale * w[4 * i];
-            v[1] = xv.y * scale * w[4 * i + 1];
-            v[2] = xv.z * scale * w[4 * i + 2];
-            v[3] = xv.w * scale * w[4 * i + 3];
-        }
-        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, warp_shfl_xor(amax, o));
-        const float dd = amax / 127.0f;
-        int qi[4];
-        float sq = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            qi[c] = dd > 0.0f ? __float2int_rn(v[c] / dd) : 0;
-            sq += (float)qi[c];
-        }
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) sq += warp_shfl_xor(sq, o);
-        if (on) {
-            *(char4 *)(out.q + 4 * i) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2],
-                                                   (signed char)qi[3]);
-            if (lane % 8 == 0) {
-                out.d[i / 8] = dd;
-                out.s[i / 8] = sq;
-            }
-        }
-    }
-}
-
-/* The folded norm of a streamed mat-vec (w NULL: none): once every block
- * has added its rows into segment 0's y, the last block to finish takes
- * the RMS norm of y with weights w and quantizes it into out (count:
- * the blocks finished, left at 0 again). */
-struct fz_tail {
-    const float *w;
-    float eps;
-    gk_q8 out;
-    int *count;
-};
 
 /* Streamed k_mv_fused: warps take NR consecutive rows of a segment at a
- * time (grid-stride over the segments' row groups, a warp's groups of one
- * segment streamed as one when flat); every segment's type streams at this
- * K (checked by the launcher). Then the folded norm when tail.w is set.
- * Dynamic shared memory: FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the
- * largest chunk of its segments' types). */
+ * time (grid-stride over the segments' row groups); every segment's type
+ * streams at this K (checked by the launcher). Dynamic shared memory:
+ * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
+ * segments' types). */
 template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, int flat, fz_tail tail)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
-    __shared__ float sh[8];
-    __shared__ int last;
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * ring;
-    const int stride = gridDim.x * FZ_WARPS, gw = blockIdx.x * FZ_WARPS + wid;
-    int start = 0;   /* the first group number of segment i */
-    for (int i = 0; i < 3; i++) {
-        if (i >= segs.n) break;
+    const int n0 = (segs.s[0].nrows + NR - 1) / NR;
+    const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
+    const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
+    float mul = -1.0f;
+    for (int v = blockIdx.x * FZ_WARPS + wid; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
+        const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
+        const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
-        const int ng = (sg.nrows + NR - 1) / NR;
-        int first = (gw - start) % stride;   /* this warp's first group of the segment */
-        if (first < 0) first += stride;
-        const int cnt = first < ng ? (ng - first + stride - 1) / stride : 0;
-        start += ng;
-        if (!cnt) continue;
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, first, stride, cnt, K, x, lane, accumulate, flat, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, first, stride, cnt, K, x, lane, accumulate, flat, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, first, stride, cnt, K, x, lane, accumulate, flat, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, mul, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, mul, lane, accumulate, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, mul, lane, accumulate, sm); break;
         }
     }
     pdl_wait();   /* a warp without rows also completes after the previous kernel */
-    if (!tail.w) return;
-    __threadfence();   /* this block's rows are visible before it counts itself */
+}
+
+/* A residual mat-vec with the next RMS norm folded in (gk_mv_add_q8): rows
+ * r0..r0+31 (8 warps, 4 rows each, streamed two at a time as k_mv_stream
+ * streams them, so each row's sum is the same), y += the dots; then per the
+ * block's 32 rows u = y * w quantized into out (block blockIdx.x) and the
+ * sum of y^2 into part[blockIdx.x]. */
+template <int TYPE>
+__global__ void __launch_bounds__(8 * TG_WARP)
+k_mv_add_q8(const uint8_t *__restrict__ W, int K, gk_q8 x, float *y, const float *__restrict__ w, gk_q8 out,
+            float *part)
+{
+    extern __shared__ __align__(16) uint8_t fz_sm[];
+    __shared__ float dot[32];
+    pdl_trigger();
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+    uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
+    const size_t rb = fz_row_bytes(TYPE, K);
+    const int nb = K / fz_fmt<TYPE>::QK;
+    const int r0 = blockIdx.x * 32;
+    float mul = -1.0f;
+    for (int j = 0; j < 2; j++) {
+        const int rr = r0 + wid * 4 + 2 * j;
+        float acc[2];
+        fz_stream_rows<TYPE, 2>([&](int r) { return W + (size_t)(rr + r) * rb; }, nb, x, mul, lane, sm, acc);
+        if (lane == 0) {
+            dot[wid * 4 + 2 * j] = acc[0];
+            dot[wid * 4 + 2 * j + 1] = acc[1];
+        }
+    }
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tail.count, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    fz_norm_tail(segs.s[0].y, tail.w, segs.s[0].nrows, tail.eps, tail.out, sh);
-    if (threadIdx.x == 0) *tail.count = 0;
+    if (wid == 0) {
+        const float v = y[r0 + lane] + dot[lane];
+        y[r0 + lane] = v;
+        q8_block_store(v * w[r0 + lane], lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
+        const float ss = warp_sum(v * v);
+        if (lane == 0) part[blockIdx.x] = ss;
+    }
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
 static int fz_optin;
+static int add_q8_optin;   /* gk_init: k_mv_add_q8 may use add_q8_smem */
+
+/* k_mv_add_q8's shared memory: 8 warps, a ring of two rows each. */
+static size_t add_q8_smem(uint32_t type)
+{
+    return (size_t)8 * 2 * FZ_STAGES * (type == TG_TYPE_Q4_K   ? fz_chunk<TG_TYPE_Q4_K>::BYTES
+                                        : type == TG_TYPE_Q6_K ? fz_chunk<TG_TYPE_Q6_K>::BYTES
+                                                               : fz_chunk<TG_TYPE_Q8_0>::BYTES);
+}
 static int pdl_on;   /* gk_init: launch the fused path's kernels with programmatic dependent launch */
 static int pdl_early;   /* gk_init: and let the next kernel start at once (TG_GPU_PDL=1) */
 
@@ -2764,21 +2726,21 @@ int gk_init(tg_err *e)
     GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
     fz_optin = 1;
+    /* k_mv_add_q8's ring (105 KiB for q6_K): where the device refuses it,
+     * the norms are not folded (gk_mv_add_q8_ok) */
+    add_q8_optin =
+        cudaFuncSetAttribute((const void *)k_mv_add_q8<TG_TYPE_Q4_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)add_q8_smem(TG_TYPE_Q4_K)) == cudaSuccess &&
+        cudaFuncSetAttribute((const void *)k_mv_add_q8<TG_TYPE_Q6_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)add_q8_smem(TG_TYPE_Q6_K)) == cudaSuccess &&
+        cudaFuncSetAttribute((const void *)k_mv_add_q8<TG_TYPE_Q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)add_q8_smem(TG_TYPE_Q8_0)) == cudaSuccess;
+    (void)cudaGetLastError();   /* a refusal is not left pending for the next check */
 #ifndef TG_GPU_HIP
-    GPU_CHECK(e, tc_optin<tr_f32>());
-    GPU_CHECK(e, tc_optin<tr_f16>());
-    GPU_CHECK(e, tc_optin<tr_bf16>());
-    GPU_CHECK(e, tc_optin<tr_q8_0>());
-    GPU_CHECK(e, tc_optin<tr_q4_K>());
-    GPU_CHECK(e, tc_optin<tr_q5_K>());
-    GPU_CHECK(e, tc_optin<tr_q6_K>());
-    GPU_CHECK(e, tc2_optin<tr_f32>());
-    GPU_CHECK(e, tc2_optin<tr_f16>());
-    GPU_CHECK(e, tc2_optin<tr_bf16>());
-    GPU_CHECK(e, tc2_optin<tr_q8_0>());
-    GPU_CHECK(e, tc2_optin<tr_q4_K>());
-    GPU_CHECK(e, tc2_optin<tr_q5_K>());
-    GPU_CHECK(e, tc2_optin<tr_q6_K>());
+    for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
+        if (gk_types[i].tc_optin) GPU_CHECK(e, gk_types[i].tc_optin());
+        if (gk_types[i].tc2_optin) GPU_CHECK(e, gk_types[i].tc2_optin());
+    }
     GPU_CHECK(e, (attention_tc_optin<0, 64>()));
     GPU_CHECK(e, (attention_tc_optin<1, 64>()));
     GPU_CHECK(e, (attention_tc_optin<0, 128>()));
@@ -2810,12 +2772,11 @@ int gk_pdl_on(void)
 }
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
- * rows at a time (8 warps, 4 pairs each; the four pairs one stream when
- * flat). */
+ * rows at a time (8 warps, 4 pairs each). */
 template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out, int flat)
+                   gk_q8 out)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
@@ -2825,16 +2786,13 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    auto rows = [&](int j, int r) { return (r ? Wu : Wg) + (size_t)(r0 + wid * 4 + j) * rb; };
-    auto done = [&](int j, const float *gu) {
+    float mul = -1.0f;
+    for (int j = 0; j < 4; j++) {
+        const size_t off = (size_t)(r0 + wid * 4 + j) * rb;
+        float gu[2];
+        fz_stream_rows<TYPE, 2>([&](int r) { return (r ? Wu : Wg) + off; }, nb, x, mul, lane, sm, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
-    };
-    if (flat) fz_stream_sets<TYPE, 2>(4, rows, nb, x, lane, sm, done);
-    else
-        for (int j = 0; j < 4; j++)
-            fz_stream_sets<TYPE, 2>(
-                1, [&](int, int r) { return rows(j, r); }, nb, x, lane, sm,
-                [&](int, const float *gu) { done(j, gu); });
+    }
     __syncthreads();
     if (wid == 0) {
         const float v = act[lane];
@@ -2881,12 +2839,13 @@ k_mv_swiglu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int 
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
+    const float mul = fz_q8_mul(x);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_rows_dot<TYPE, 2>(wr, nb, x, lane, gu);
+        fz_rows_dot<TYPE, 2>(wr, nb, x, mul, lane, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -3067,53 +3026,16 @@ int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int 
     return 0;
 }
 
-/* TG_GPU_FLAT (read once; gk_set_flat overrides it): a warp's row groups
- * of one launch as one stream (1) or a stream each (0, the default until
- * it is measured on a device). */
-static int flat_cache = -1;
-
-static int fz_flat_on(void)
-{
-    return env_switch(&flat_cache, "TG_GPU_FLAT", 0);
-}
-
-void gk_set_flat(int on)
-{
-    flat_cache = on < 0 ? -1 : on ? 1 : 0;
-}
-
-/* TG_GPU_NORM_TAIL (read once): the RMS norm after the output and down
- * projections folded into their launch (1) or its own launch (0, the
- * default until it is measured on a device). */
-int gk_norm_tail_on(void)
+/* TG_GPU_FOLD (read once): the RMS norms after the output and down
+ * projections folded into them (gk_mv_add_q8, 1) or in their own launch
+ * (k_rmsnorm_q8, 0: the default until a device run measures the fold). */
+int gk_fold_on(void)
 {
     static int on = -1;
-    return env_switch(&on, "TG_GPU_NORM_TAIL", 0);
+    return env_switch(&on, "TG_GPU_FOLD", 0);
 }
 
-/* The thread blocks of k_mv_stream<nr> with sm bytes of dynamic shared
- * memory that the device holds at once (132 * 16 where unknown), cached
- * for the last few shapes asked. */
-static int mv_stream_resident(int nr, size_t sm)
-{
-    static struct { int nr; size_t sm; int n; } memo[8];
-    static int nmemo;
-    for (int i = 0; i < nmemo; i++)
-        if (memo[i].nr == nr && memo[i].sm == sm) return memo[i].n;
-    int per_sm = 0;
-    if (n_sm <= 0 || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nr == 2 ? k_mv_stream<2> : k_mv_stream<1>,
-                                                                  FZ_WARPS * TG_WARP, sm) != cudaSuccess ||
-        per_sm <= 0)
-        return 132 * 16;
-    const int n = per_sm * n_sm;
-    if (nmemo < 8) memo[nmemo++] = {nr, sm, n};
-    return n;
-}
-
-/* gk_mv_fused, and the folded norm when tail is not NULL (the launcher of
- * gk_mv_add_norm has checked that the streamed kernel serves it). */
-static int mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate,
-                    const fz_tail *tail, tg_err *e)
+int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
 {
     if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu mv_fused: %d segments: expected 1..3", nseg);
     fz_segs fs;
@@ -3145,19 +3067,11 @@ static int mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q
         int groups = 0;   /* of nr rows, a warp each */
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
-        /* flat: at most the blocks that fit at once (a launch with more
-         * row groups, the vocabulary projection, streams several a warp);
-         * else up to 16 waves of 132 */
-        const int flat = fz_flat_on();
-        const int cap = flat ? mv_stream_resident(nr, (size_t)FZ_WARPS * ring) : 132 * 16;
-        const int grid = blocks_needed < cap ? blocks_needed : cap;
-        fz_tail tl = {};
-        if (tail) tl = *tail;
+        const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
         GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
-                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring, flat, tl));
+                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
         return 0;
     }
-    if (tail) return tg_errf(e, "gpu mv_add_norm: the streamed mat-vec does not serve type %u at K=%d", segs[0].type, K);
     /* the direct kernel: two rows per warp share their activation loads */
     int warps = 0;
     for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
@@ -3166,25 +3080,24 @@ static int mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q
     return 0;
 }
 
-int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
+int gk_mv_add_q8_ok(uint32_t type, int K, int n)
 {
-    return mv_fused(s, segs, nseg, K, x, accumulate, NULL, e);
+    return fz_stream_on() && gk_fused_type_supported(type) && fz_k_ok(type, K) && fz_streams(type, K) && n > 0 &&
+           n % 32 == 0 && (add_q8_optin || add_q8_smem(type) <= 48 * 1024);
 }
 
-int gk_mv_add_norm_ok(uint32_t type, int K, int n)
+int gk_mv_add_q8(cudaStream_t s, const gk_mv_seg *seg, int K, gk_q8 x, const float *w, gk_q8 out, float *part,
+                 tg_err *e)
 {
-    return fz_stream_on() && gk_fused_type_supported(type) && fz_k_ok(type, K) &&
-           fz_streams(type, K) && n > 0 && n % 32 == 0;
-}
-
-int gk_mv_add_norm(cudaStream_t s, const gk_mv_seg *seg, int K, gk_q8 x, const float *w, float eps, gk_q8 out,
-                   int *count, tg_err *e)
-{
-    if (!gk_mv_add_norm_ok(seg->type, K, seg->nrows) || !w || !count)
-        return tg_errf(e, "gpu mv_add_norm: type %u, K=%d, %d rows: expected a streamed type and K, rows a "
-                       "multiple of 32, norm weights and a counter", seg->type, K, seg->nrows);
-    const fz_tail tl = {w, eps, out, count};
-    return mv_fused(s, seg, 1, K, x, 1, &tl, e);
+    if (!gk_mv_add_q8_ok(seg->type, K, seg->nrows) || !w || !part)
+        return tg_errf(e, "gpu mv_add_q8: type %u, K=%d, %d rows: expected a streamed type and K, rows a multiple "
+                       "of 32, norm weights and room for the sums of squares", seg->type, K, seg->nrows);
+    GPU_CHECK(e, gk_launch(seg->type == TG_TYPE_Q4_K   ? k_mv_add_q8<TG_TYPE_Q4_K>
+                           : seg->type == TG_TYPE_Q6_K ? k_mv_add_q8<TG_TYPE_Q6_K>
+                                                       : k_mv_add_q8<TG_TYPE_Q8_0>,
+                           seg->nrows / 32, 8 * TG_WARP, add_q8_smem(seg->type), s, (const uint8_t *)seg->W, K, x,
+                           seg->y, w, out, part));
+    return 0;
 }
 
 int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
@@ -3200,7 +3113,7 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
         GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
                                : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
                                                       : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, fz_flat_on()));
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
         return 0;
     }
     GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
@@ -3259,10 +3172,10 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s%s, top-k %s%s",
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             fz_stream_on() && fz_flat_on() ? ", flat" : "", fz_stream_on() && gk_norm_tail_on() ? ", folded norm" : "",
+             fz_stream_on() && gk_fold_on() && add_q8_optin ? ", folded norms" : "",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }
