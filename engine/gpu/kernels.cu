@@ -2642,15 +2642,17 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
 }
 
 /* A residual mat-vec with the next RMS norm folded in (gk_mv_add_q8): rows
- * r0..r0+31 (8 warps, 4 rows each, streamed two at a time as k_mv_stream
- * streams them, so each row's sum is the same), y += the dots; then per the
- * block's 32 rows u = y * w quantized into out (block blockIdx.x) and the
- * sum of y^2 into part[blockIdx.x]. */
-template <int TYPE>
-__global__ void __launch_bounds__(8 * TG_WARP)
+ * r0..r0+31 (WARPS warps of 32 / WARPS rows, streamed two at a time as
+ * k_mv_stream streams them, so each row's sum is the same), y += the dots;
+ * then per the block's 32 rows u = y * w quantized into out (block
+ * blockIdx.x) and the sum of y^2 into part[blockIdx.x]. */
+template <int TYPE, int WARPS>
+__global__ void __launch_bounds__(WARPS * TG_WARP)
 k_mv_add_q8(const uint8_t *__restrict__ W, int K, gk_q8 x, float *y, const float *__restrict__ w, gk_q8 out,
             float *part)
 {
+    constexpr int RPW = 32 / WARPS;   /* rows a warp */
+    static_assert(RPW % 2 == 0, "rows streamed in pairs");
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float dot[32];
     pdl_trigger();
@@ -2660,13 +2662,13 @@ k_mv_add_q8(const uint8_t *__restrict__ W, int K, gk_q8 x, float *y, const float
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
     float mul = -1.0f;
-    for (int j = 0; j < 2; j++) {
-        const int rr = r0 + wid * 4 + 2 * j;
+    for (int j = 0; j < RPW / 2; j++) {
+        const int rr = r0 + wid * RPW + 2 * j;
         float acc[2];
         fz_stream_rows<TYPE, 2>([&](int r) { return W + (size_t)(rr + r) * rb; }, nb, x, mul, lane, sm, acc);
         if (lane == 0) {
-            dot[wid * 4 + 2 * j] = acc[0];
-            dot[wid * 4 + 2 * j + 1] = acc[1];
+            dot[wid * RPW + 2 * j] = acc[0];
+            dot[wid * RPW + 2 * j + 1] = acc[1];
         }
     }
     __syncthreads();
@@ -2683,12 +2685,36 @@ k_mv_add_q8(const uint8_t *__restrict__ W, int K, gk_q8 x, float *y, const float
 static int fz_optin;
 static int add_q8_optin;   /* gk_init: k_mv_add_q8 may use add_q8_smem */
 
-/* k_mv_add_q8's shared memory: 8 warps, a ring of two rows each. */
-static size_t add_q8_smem(uint32_t type)
+/* TG_GPU_FOLD_WARPS (read once): k_mv_add_q8's warps a block, 16 (two rows
+ * each, one stream: the default) or 8 (four rows each, two streams). */
+static int add_q8_warps(void)
 {
-    return (size_t)8 * 2 * FZ_STAGES * (type == TG_TYPE_Q4_K   ? fz_chunk<TG_TYPE_Q4_K>::BYTES
-                                        : type == TG_TYPE_Q6_K ? fz_chunk<TG_TYPE_Q6_K>::BYTES
-                                                               : fz_chunk<TG_TYPE_Q8_0>::BYTES);
+    static int w = -1;
+    if (w < 0) {
+        const char *v = getenv("TG_GPU_FOLD_WARPS");
+        w = v && !strcmp(v, "8") ? 8 : 16;
+    }
+    return w;
+}
+
+/* k_mv_add_q8's shared memory at warps warps: a ring of two rows each. */
+static size_t add_q8_smem(uint32_t type, int warps)
+{
+    return (size_t)warps * 2 * FZ_STAGES * (type == TG_TYPE_Q4_K   ? fz_chunk<TG_TYPE_Q4_K>::BYTES
+                                            : type == TG_TYPE_Q6_K ? fz_chunk<TG_TYPE_Q6_K>::BYTES
+                                                                   : fz_chunk<TG_TYPE_Q8_0>::BYTES);
+}
+
+/* Lets k_mv_add_q8<T, *> use its ring; 0 or the refusal. */
+template <int T>
+static cudaError_t add_q8_optin_type(void)
+{
+    cudaError_t rc = cudaFuncSetAttribute((const void *)k_mv_add_q8<T, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)add_q8_smem(T, 8));
+    if (rc == cudaSuccess)
+        rc = cudaFuncSetAttribute((const void *)k_mv_add_q8<T, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)add_q8_smem(T, 16));
+    return rc;
 }
 static int pdl_on;   /* gk_init: launch the fused path's kernels with programmatic dependent launch */
 static int pdl_early;   /* gk_init: and let the next kernel start at once (TG_GPU_PDL=1) */
@@ -2726,15 +2752,10 @@ int gk_init(tg_err *e)
     GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
     fz_optin = 1;
-    /* k_mv_add_q8's ring (105 KiB for q6_K): where the device refuses it,
-     * the norms are not folded (gk_mv_add_q8_ok) */
-    add_q8_optin =
-        cudaFuncSetAttribute((const void *)k_mv_add_q8<TG_TYPE_Q4_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)add_q8_smem(TG_TYPE_Q4_K)) == cudaSuccess &&
-        cudaFuncSetAttribute((const void *)k_mv_add_q8<TG_TYPE_Q6_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)add_q8_smem(TG_TYPE_Q6_K)) == cudaSuccess &&
-        cudaFuncSetAttribute((const void *)k_mv_add_q8<TG_TYPE_Q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)add_q8_smem(TG_TYPE_Q8_0)) == cudaSuccess;
+    /* k_mv_add_q8's ring (210 KiB for q6_K at 16 warps): where the device
+     * refuses it, the norms are not folded (gk_mv_add_q8_ok) */
+    add_q8_optin = add_q8_optin_type<TG_TYPE_Q4_K>() == cudaSuccess && add_q8_optin_type<TG_TYPE_Q6_K>() == cudaSuccess &&
+                   add_q8_optin_type<TG_TYPE_Q8_0>() == cudaSuccess;
     (void)cudaGetLastError();   /* a refusal is not left pending for the next check */
 #ifndef TG_GPU_HIP
     for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
@@ -3083,7 +3104,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
 int gk_mv_add_q8_ok(uint32_t type, int K, int n)
 {
     return fz_stream_on() && gk_fused_type_supported(type) && fz_k_ok(type, K) && fz_streams(type, K) && n > 0 &&
-           n % 32 == 0 && (add_q8_optin || add_q8_smem(type) <= 48 * 1024);
+           n % 32 == 0 && (add_q8_optin || add_q8_smem(type, add_q8_warps()) <= 48 * 1024);
 }
 
 int gk_mv_add_q8(cudaStream_t s, const gk_mv_seg *seg, int K, gk_q8 x, const float *w, gk_q8 out, float *part,
@@ -3092,11 +3113,12 @@ int gk_mv_add_q8(cudaStream_t s, const gk_mv_seg *seg, int K, gk_q8 x, const flo
     if (!gk_mv_add_q8_ok(seg->type, K, seg->nrows) || !w || !part)
         return tg_errf(e, "gpu mv_add_q8: type %u, K=%d, %d rows: expected a streamed type and K, rows a multiple "
                        "of 32, norm weights and room for the sums of squares", seg->type, K, seg->nrows);
-    GPU_CHECK(e, gk_launch(seg->type == TG_TYPE_Q4_K   ? k_mv_add_q8<TG_TYPE_Q4_K>
-                           : seg->type == TG_TYPE_Q6_K ? k_mv_add_q8<TG_TYPE_Q6_K>
-                                                       : k_mv_add_q8<TG_TYPE_Q8_0>,
-                           seg->nrows / 32, 8 * TG_WARP, add_q8_smem(seg->type), s, (const uint8_t *)seg->W, K, x,
-                           seg->y, w, out, part));
+    const int wp = add_q8_warps();
+    auto k = seg->type == TG_TYPE_Q4_K   ? (wp == 8 ? k_mv_add_q8<TG_TYPE_Q4_K, 8> : k_mv_add_q8<TG_TYPE_Q4_K, 16>)
+           : seg->type == TG_TYPE_Q6_K ? (wp == 8 ? k_mv_add_q8<TG_TYPE_Q6_K, 8> : k_mv_add_q8<TG_TYPE_Q6_K, 16>)
+                                       : (wp == 8 ? k_mv_add_q8<TG_TYPE_Q8_0, 8> : k_mv_add_q8<TG_TYPE_Q8_0, 16>);
+    GPU_CHECK(e, gk_launch(k, seg->nrows / 32, wp * TG_WARP, add_q8_smem(seg->type, wp), s, (const uint8_t *)seg->W,
+                           K, x, seg->y, w, out, part));
     return 0;
 }
 
@@ -3176,6 +3198,8 @@ void gk_describe(char *buf, size_t n)
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             fz_stream_on() && gk_fold_on() && add_q8_optin ? ", folded norms" : "",
+             fz_stream_on() && gk_fold_on() && add_q8_optin ? (add_q8_warps() == 8 ? ", folded norms (8 warps)"
+                                                                                    : ", folded norms")
+                                                            : "",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }
