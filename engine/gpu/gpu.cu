@@ -78,7 +78,6 @@ struct tg_gpu {
     void *topk_scratch;
     void *xxh_scratch;
     void *att_scratch;           /* split attention partials of a single-token step */
-    float *norm_part;            /* (n_embd / 32) gk_mv_add_q8's sums of squares */
     tg_top *dtop;                /* (TG_GPU_MAX_TOPK) device */
     uint64_t *ddigest;           /* device */
     /* pinned host results: the top-k and the digest */
@@ -328,7 +327,7 @@ static int gpu_init(tg_session *ss, tg_err *e)
             dalloc(&g->dparams, sizeof(int32_t) * (nb + 1), e) ||
             dalloc(&g->topk_scratch, topk_bytes, e) ||
             dalloc(&g->att_scratch, gk_attention_scratch(hp->n_head, hp->head_dim), e) ||
-            dalloc(&g->xxh_scratch, xxh_bytes, e) || dalloc(&g->norm_part, (size_t)(hp->n_embd / 32 + 1) * 4, e) ||
+            dalloc(&g->xxh_scratch, xxh_bytes, e) ||
             dalloc(&g->dtop, sizeof(tg_top) * TG_GPU_MAX_TOPK, e) || dalloc(&g->ddigest, sizeof(uint64_t), e))
             goto fail;
         /* gk_attn_decode's arrival counters start at zero (it leaves them so) */
@@ -399,7 +398,7 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
                    g->x16, g->x16b, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch,
-                   g->norm_part, g->dtop, g->ddigest, g->q8_mem, g->dscores};
+                   g->dtop, g->ddigest, g->q8_mem, g->dscores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (g->hparams) cudaFreeHost(g->hparams);
@@ -589,29 +588,17 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, 1, g->x, e)) return -1;
     COUNT(ops, TG_OP_EMBED, g->token_embd.type);
     PROF("embed");
-    /* the norms folded into the output and down projections (gk_mv_add_q8,
-     * TG_GPU_FOLD=1) where every launch that writes or reads them serves
-     * it; q8n then holds u = x * w and the per-32-row sums of squares in
-     * norm_part, and its readers scale it (gk_q8.part) */
-    const int fold = gk_fold_on();
-    gk_q8 q8fold = g->q8n;
-    q8fold.part = g->norm_part;
-    q8fold.npart = E / 32;
-    q8fold.eps = hp->eps;
-    int normed = 0;   /* q8fold holds this layer's attention norm (folded into the last down projection) */
     for (int l = 0; l < hp->n_layer; l++) {
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
         void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
-        if (!normed) {
-            if (gk_rmsnorm_q8(s, g->x, (const float *)L->attn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
-            PROF("rmsnorm_q8");
-        }
+        if (gk_rmsnorm_q8(s, g->x, (const float *)L->attn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+        PROF("rmsnorm_q8");
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         const gk_mv_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q},
                                   {L->wk.type, L->wk.d, KVD, g->k},
                                   {L->wv.type, L->wv.d, KVD, g->v}};
-        if (gk_mv_fused(s, qkv, 3, E, normed ? q8fold : g->q8n, 0, e)) return -1;
+        if (gk_mv_fused(s, qkv, 3, E, g->q8n, 0, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->wq.type);
         COUNT(ops, TG_OP_MATMUL, L->wk.type);
         COUNT(ops, TG_OP_MATMUL, L->wv.type);
@@ -630,49 +617,32 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
         COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
         PROF("qk norm + rope + store + attention");
-        /* the output projection onto the residual, and the ffn norm in the
-         * same launch when folded */
+        /* the output projection onto the residual, then the ffn norm */
         const gk_mv_seg wo = {L->wo.type, L->wo.d, E, g->x};
-        const int ffn_folded = fold && gk_mv_add_q8_ok(L->wo.type, QD, E);
-        if (ffn_folded) {
-            if (gk_mv_add_q8(s, &wo, QD, g->q8a, (const float *)L->ffn_norm.d, g->q8n, g->norm_part, e)) return -1;
-            PROF("mv wo+add+norm");
-        } else {
-            if (gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
-            PROF("mv wo+add");
-            if (gk_rmsnorm_q8(s, g->x, (const float *)L->ffn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
-            PROF("rmsnorm_q8");
-        }
+        if (gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
+        PROF("mv wo+add");
+        if (gk_rmsnorm_q8(s, g->x, (const float *)L->ffn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+        PROF("rmsnorm_q8");
         COUNT(ops, TG_OP_MATMUL, L->wo.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        if (gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, ffn_folded ? q8fold : g->q8n, NULL, g->q8f, e))
-            return -1;
+        if (gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->gate.type);
         COUNT(ops, TG_OP_MATMUL, L->up.type);
         COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
         PROF("mv gate+up+swiglu");
-        /* the down projection onto the residual, and the next norm (the
-         * next layer's attention norm, or the output norm) in the same
-         * launch when folded */
+        /* the down projection onto the residual */
         const gk_mv_seg down = {L->down.type, L->down.d, E, g->x};
-        const float *next_w = (const float *)(l + 1 < hp->n_layer ? g->layers[l + 1].attn_norm.d : g->output_norm.d);
-        normed = fold && gk_mv_add_q8_ok(L->down.type, FF, E);
-        if (normed ? gk_mv_add_q8(s, &down, FF, g->q8f, next_w, g->q8n, g->norm_part, e)
-                   : gk_mv_fused(s, &down, 1, FF, g->q8f, 1, e))
-            return -1;
+        if (gk_mv_fused(s, &down, 1, FF, g->q8f, 1, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->down.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
-        PROF(normed ? (L->down.type == TG_TYPE_Q6_K ? "mv down+add+norm q6_K" : "mv down+add+norm")
-                    : (L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add"));
+        PROF(L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add");
     }
-    if (!normed) {
-        if (gk_rmsnorm_q8(s, g->x, (const float *)g->output_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
-        PROF("rmsnorm_q8");
-    }
+    if (gk_rmsnorm_q8(s, g->x, (const float *)g->output_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+    PROF("rmsnorm_q8");
     COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
     const gk_mv_seg out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
-    if (gk_mv_fused(s, &out, 1, E, normed ? q8fold : g->q8n, 0, e)) return -1;
+    if (gk_mv_fused(s, &out, 1, E, g->q8n, 0, e)) return -1;
     COUNT(ops, TG_OP_MATMUL, g->output.type);
     PROF("mv output");
     if (k > 0) {

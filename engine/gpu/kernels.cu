@@ -548,54 +548,31 @@ template <> struct fz_x<TG_TYPE_Q4_K> { typedef fz_x4 T; };
 template <> struct fz_x<TG_TYPE_Q6_K> { typedef fz_x6 T; };
 template <> struct fz_x<TG_TYPE_Q8_0> { typedef fz_x8 T; };
 
-/* The activations of part p of block ib, their scales d times mul (1, or a
- * folded norm's scale: fz_q8_mul; x * 1.0f is x, so the path without a
- * folded norm rounds as before). */
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x4 &r, float mul)
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x4 &r)
 {
     const int g = p >> 1, hh = p & 1;
     const int8_t *xq = x.q + ib * QK_K + 64 * g + 16 * hh;
     r.l = *(const int4 *)xq;
     r.h = *(const int4 *)(xq + 32);
     r.d = *(const float2 *)(x.d + ib * 8 + 2 * g);
-    r.d.x *= mul;
-    r.d.y *= mul;
     r.s = *(const float2 *)(x.s + ib * 8 + 2 * g);
 }
 
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x6 &r, float mul)
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x6 &r)
 {
     const int h = p >> 3, l0 = 4 * (p & 7);
     const int8_t *xb = x.q + ib * QK_K + 128 * h + l0;
 #pragma unroll
     for (int i = 0; i < 4; i++) r.q[i] = *(const int *)(xb + 32 * i);
     r.d = *(const float4 *)(x.d + ib * 8 + 4 * h);
-    r.d.x *= mul;
-    r.d.y *= mul;
-    r.d.z *= mul;
-    r.d.w *= mul;
 }
 
-__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x8 &r, float mul)
+__device__ __forceinline__ void fz_load_x(const gk_q8 &x, int ib, int p, fz_x8 &r)
 {
     r.q = *(const int2 *)(x.q + ib * QK8_0 + 8 * p);
-    r.d = x.d[ib] * mul;
+    r.d = x.d[ib];
 }
 
-/* The factor of x's scales: 1, or for a folded norm's input (x.part set)
- * 1/sqrt(mean of squares + eps) from the per-32-row sums of squares, summed
- * by every lane in the same order (lane l: parts l, l + 32, ..., then the
- * warp's butterfly), so every warp of every reader gets the same bits.
- * Read after pdl_wait (the previous kernel wrote the parts). */
-__device__ __forceinline__ float fz_q8_mul(const gk_q8 &x)
-{
-    if (!x.part) return 1.0f;
-    const int lane = threadIdx.x % TG_WARP;
-    float ss = 0.0f;
-    for (int i = lane; i < x.npart; i += TG_WARP) ss += ld_l2(x.part + i);
-    ss = warp_sum(ss);
-    return 1.0f / sqrtf(ss / (float)(32 * x.npart) + x.eps);
-}
 
 /* Q4_K part p (as tr_q4_K: 16 bytes of qs, 16 values of sub-blocks 2g and
  * 2g+1 each) of block b against its activations: 4-byte integer dot
@@ -689,7 +666,7 @@ k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__
         }
     }
     __syncthreads();
-    const gk_q8 xsm = {xq, xd, xs, NULL, 0, 0.0f};   /* the same layout, in shared memory */
+    const gk_q8 xsm = {xq, xd, xs};   /* the same layout, in shared memory */
     constexpr int PARTS = TYPE == TG_TYPE_Q4_K ? tr_q4_K::PARTS : tr_q6_K::PARTS;
     constexpr int BYTES = TYPE == TG_TYPE_Q4_K ? tr_q4_K::BYTES : tr_q6_K::BYTES;
     const int row0 = (blockIdx.x * MV_WARPS + warp) * rpw;
@@ -704,7 +681,7 @@ k_mv_q8(const uint8_t *__restrict__ W, size_t row_bytes, int nb, const float *__
             const int ib = p / PARTS, part = p % PARTS;
             const uint8_t *b = wr + (size_t)ib * BYTES;
             typename fz_x<TYPE>::T xv;
-            fz_load_x(xsm, ib, part, xv, 1.0f);
+            fz_load_x(xsm, ib, part, xv);
             acc += fz_part(b, part, xv);
         }
         acc = warp_sum(acc);
@@ -2434,8 +2411,7 @@ template <int TYPE> struct fz_fmt {
  * The lanes take the rows' block parts in turn; each part's activations are
  * loaded once for all R rows. */
 template <int TYPE, int R>
-__device__ __forceinline__ void fz_rows_dot(const uint8_t *const *wr, int nb, const gk_q8 &x, float mul, int lane,
-                                            float *acc)
+__device__ __forceinline__ void fz_rows_dot(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane, float *acc)
 {
     typedef fz_fmt<TYPE> F;
     const int nparts = nb * F::PARTS;
@@ -2445,7 +2421,7 @@ __device__ __forceinline__ void fz_rows_dot(const uint8_t *const *wr, int nb, co
     for (int p = lane; p < nparts; p += TG_WARP) {
         const int ib = p / F::PARTS, part = p % F::PARTS;
         typename fz_x<TYPE>::T xv;
-        fz_load_x(x, ib, part, xv, mul);
+        fz_load_x(x, ib, part, xv);
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] += fz_part(wr[r] + (size_t)ib * F::BYTES, part, xv);
     }
@@ -2466,8 +2442,8 @@ struct fz_segs {
 };
 
 template <int TYPE, int R>
-__device__ __forceinline__ void fz_seg_rows(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, float mul,
-                                            int lane, int accumulate)
+__device__ __forceinline__ void fz_seg_rows(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                            int accumulate)
 {
     const size_t rb = fz_row_bytes(TYPE, K);
     const uint8_t *wr[R];
@@ -2477,7 +2453,7 @@ __device__ __forceinline__ void fz_seg_rows(const gk_mv_seg &sg, int row0, int K
         wr[r] = (const uint8_t *)sg.W + (size_t)row * rb;
     }
     float acc[R];
-    fz_rows_dot<TYPE, R>(wr, K / fz_fmt<TYPE>::QK, x, mul, lane, acc);
+    fz_rows_dot<TYPE, R>(wr, K / fz_fmt<TYPE>::QK, x, lane, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -2502,11 +2478,10 @@ k_mv_fused(fz_segs segs, int K, gk_q8 x, int accumulate)
     while (i < segs.n && w >= (segs.s[i].nrows + R - 1) / R) w -= (segs.s[i++].nrows + R - 1) / R;
     if (i == segs.n) return;
     const gk_mv_seg &sg = segs.s[i];
-    const float mul = fz_q8_mul(x);
     switch (sg.type) {
-    case TG_TYPE_Q4_K: fz_seg_rows<TG_TYPE_Q4_K, R>(sg, w * R, K, x, mul, lane, accumulate); break;
-    case TG_TYPE_Q6_K: fz_seg_rows<TG_TYPE_Q6_K, R>(sg, w * R, K, x, mul, lane, accumulate); break;
-    default: fz_seg_rows<TG_TYPE_Q8_0, R>(sg, w * R, K, x, mul, lane, accumulate); break;
+    case TG_TYPE_Q4_K: fz_seg_rows<TG_TYPE_Q4_K, R>(sg, w * R, K, x, lane, accumulate); break;
+    case TG_TYPE_Q6_K: fz_seg_rows<TG_TYPE_Q6_K, R>(sg, w * R, K, x, lane, accumulate); break;
+    default: fz_seg_rows<TG_TYPE_Q8_0, R>(sg, w * R, K, x, lane, accumulate); break;
     }
 }
 
@@ -2541,14 +2516,11 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* NR rows (row(r): the first byte of row r) dotted with x, streamed
- * through sm (NR * FZ_STAGES chunks of this warp); acc[r] summed over the
- * warp (every lane has them). The first FZ_STAGES - 1 chunks are issued
- * before pdl_wait (the weights are constant); mul, x's scale factor, is
- * read after it on the warp's first call (mul < 0: not read yet). */
-template <int TYPE, int NR, typename RowF>
-__device__ __forceinline__ void fz_stream_rows(RowF row, int nb, const gk_q8 &x, float &mul, int lane, uint8_t *sm,
-                                               float *acc)
+/* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
+ * chunks of this warp); acc[r] summed over the warp (every lane has them). */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
+                                               uint8_t *sm, float *acc)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
@@ -2560,24 +2532,24 @@ __device__ __forceinline__ void fz_stream_rows(RowF row, int nb, const gk_q8 &x,
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
-                const uint8_t *src = row(r) + (size_t)c * C::BYTES;
+                const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
         cp_async_commit();
     };
 #pragma unroll
     for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
-    pdl_wait();   /* the activations come from the previous kernel */
-    if (mul < 0.0f) mul = fz_q8_mul(x);
+    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
     for (int c = 0; c < nch; c++) {
         issue(c + FZ_STAGES - 1);
         cp_async_wait<FZ_STAGES - 1>();
         warp_sync();
 #pragma unroll
         for (int it = 0; it < C::ITERS; it++) {
-            const int p = it * TG_WARP + lane, ibl = p / F::PARTS, part = p % F::PARTS;
+            const int p = it * TG_WARP + lane;
+            const int ibl = p / F::PARTS, part = p % F::PARTS;
             typename fz_x<TYPE>::T xv;
-            fz_load_x(x, c * C::CB + ibl, part, xv, mul);
+            fz_load_x(x, c * C::CB + ibl, part, xv);
 #pragma unroll
             for (int r = 0; r < NR; r++)
                 acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
@@ -2589,19 +2561,18 @@ __device__ __forceinline__ void fz_stream_rows(RowF row, int nb, const gk_q8 &x,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-/* The rows row0 .. row0 + NR - 1 of segment sg: their sums stored into y,
- * or added to it with accumulate. */
 template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, float &mul,
-                                              int lane, int accumulate, uint8_t *sm)
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                              int accumulate, uint8_t *sm)
 {
-    const size_t rb = fz_row_bytes(TYPE, K);
-    auto row = [&](int r) {
-        const int i = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
-        return (const uint8_t *)sg.W + (size_t)i * rb;
-    };
+    const uint8_t *wr[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
+        wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
+    }
     float acc[NR];
-    fz_stream_rows<TYPE, NR>(row, K / fz_fmt<TYPE>::QK, x, mul, lane, sm, acc);
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2627,95 +2598,21 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
     const int n0 = (segs.s[0].nrows + NR - 1) / NR;
     const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
     const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
-    float mul = -1.0f;
     for (int v = blockIdx.x * FZ_WARPS + wid; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
         const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, mul, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, mul, lane, accumulate, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, mul, lane, accumulate, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
         }
     }
     pdl_wait();   /* a warp without rows also completes after the previous kernel */
 }
 
-/* A residual mat-vec with the next RMS norm folded in (gk_mv_add_q8): rows
- * r0..r0+31 (WARPS warps of 32 / WARPS rows, streamed two at a time as
- * k_mv_stream streams them, so each row's sum is the same), y += the dots;
- * then per the block's 32 rows u = y * w quantized into out (block
- * blockIdx.x) and the sum of y^2 into part[blockIdx.x]. */
-template <int TYPE, int WARPS>
-__global__ void __launch_bounds__(WARPS * TG_WARP)
-k_mv_add_q8(const uint8_t *__restrict__ W, int K, gk_q8 x, float *y, const float *__restrict__ w, gk_q8 out,
-            float *part)
-{
-    constexpr int RPW = 32 / WARPS;   /* rows a warp */
-    static_assert(RPW % 2 == 0, "rows streamed in pairs");
-    extern __shared__ __align__(16) uint8_t fz_sm[];
-    __shared__ float dot[32];
-    pdl_trigger();
-    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
-    const size_t rb = fz_row_bytes(TYPE, K);
-    const int nb = K / fz_fmt<TYPE>::QK;
-    const int r0 = blockIdx.x * 32;
-    float mul = -1.0f;
-    for (int j = 0; j < RPW / 2; j++) {
-        const int rr = r0 + wid * RPW + 2 * j;
-        float acc[2];
-        fz_stream_rows<TYPE, 2>([&](int r) { return W + (size_t)(rr + r) * rb; }, nb, x, mul, lane, sm, acc);
-        if (lane == 0) {
-            dot[wid * RPW + 2 * j] = acc[0];
-            dot[wid * RPW + 2 * j + 1] = acc[1];
-        }
-    }
-    __syncthreads();
-    if (wid == 0) {
-        const float v = y[r0 + lane] + dot[lane];
-        y[r0 + lane] = v;
-        q8_block_store(v * w[r0 + lane], lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
-        const float ss = warp_sum(v * v);
-        if (lane == 0) part[blockIdx.x] = ss;
-    }
-}
-
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
 static int fz_optin;
-static int add_q8_optin;   /* gk_init: k_mv_add_q8 may use add_q8_smem */
-
-/* TG_GPU_FOLD_WARPS (read once): k_mv_add_q8's warps a block, 16 (two rows
- * each, one stream: the default) or 8 (four rows each, two streams). */
-static int add_q8_warps(void)
-{
-    static int w = -1;
-    if (w < 0) {
-        const char *v = getenv("TG_GPU_FOLD_WARPS");
-        w = v && !strcmp(v, "8") ? 8 : 16;
-    }
-    return w;
-}
-
-/* k_mv_add_q8's shared memory at warps warps: a ring of two rows each. */
-static size_t add_q8_smem(uint32_t type, int warps)
-{
-    return (size_t)warps * 2 * FZ_STAGES * (type == TG_TYPE_Q4_K   ? fz_chunk<TG_TYPE_Q4_K>::BYTES
-                                            : type == TG_TYPE_Q6_K ? fz_chunk<TG_TYPE_Q6_K>::BYTES
-                                                                   : fz_chunk<TG_TYPE_Q8_0>::BYTES);
-}
-
-/* Lets k_mv_add_q8<T, *> use its ring; 0 or the refusal. */
-template <int T>
-static cudaError_t add_q8_optin_type(void)
-{
-    cudaError_t rc = cudaFuncSetAttribute((const void *)k_mv_add_q8<T, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)add_q8_smem(T, 8));
-    if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute((const void *)k_mv_add_q8<T, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)add_q8_smem(T, 16));
-    return rc;
-}
 static int pdl_on;   /* gk_init: launch the fused path's kernels with programmatic dependent launch */
 static int pdl_early;   /* gk_init: and let the next kernel start at once (TG_GPU_PDL=1) */
 
@@ -2752,11 +2649,6 @@ int gk_init(tg_err *e)
     GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
     fz_optin = 1;
-    /* k_mv_add_q8's ring (210 KiB for q6_K at 16 warps): where the device
-     * refuses it, the norms are not folded (gk_mv_add_q8_ok) */
-    add_q8_optin = add_q8_optin_type<TG_TYPE_Q4_K>() == cudaSuccess && add_q8_optin_type<TG_TYPE_Q6_K>() == cudaSuccess &&
-                   add_q8_optin_type<TG_TYPE_Q8_0>() == cudaSuccess;
-    (void)cudaGetLastError();   /* a refusal is not left pending for the next check */
 #ifndef TG_GPU_HIP
     for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
         if (gk_types[i].tc_optin) GPU_CHECK(e, gk_types[i].tc_optin());
@@ -2807,11 +2699,11 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    float mul = -1.0f;
     for (int j = 0; j < 4; j++) {
-        const size_t off = (size_t)(r0 + wid * 4 + j) * rb;
+        const int r = r0 + wid * 4 + j;
+        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2>([&](int r) { return (r ? Wu : Wg) + off; }, nb, x, mul, lane, sm, gu);
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2860,13 +2752,12 @@ k_mv_swiglu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int 
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    const float mul = fz_q8_mul(x);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_rows_dot<TYPE, 2>(wr, nb, x, mul, lane, gu);
+        fz_rows_dot<TYPE, 2>(wr, nb, x, lane, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -3047,15 +2938,6 @@ int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int 
     return 0;
 }
 
-/* TG_GPU_FOLD (read once): the RMS norms after the output and down
- * projections folded into them (gk_mv_add_q8, 1) or in their own launch
- * (k_rmsnorm_q8, 0: the default until a device run measures the fold). */
-int gk_fold_on(void)
-{
-    static int on = -1;
-    return env_switch(&on, "TG_GPU_FOLD", 0);
-}
-
 int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
 {
     if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu mv_fused: %d segments: expected 1..3", nseg);
@@ -3098,27 +2980,6 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
     for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
     GPU_CHECK(e, gk_launch(k_mv_fused<2>, (warps + FZ_WARPS - 1) / FZ_WARPS, FZ_WARPS * TG_WARP, 0, s, fs, K, x,
                            accumulate));
-    return 0;
-}
-
-int gk_mv_add_q8_ok(uint32_t type, int K, int n)
-{
-    return fz_stream_on() && gk_fused_type_supported(type) && fz_k_ok(type, K) && fz_streams(type, K) && n > 0 &&
-           n % 32 == 0 && (add_q8_optin || add_q8_smem(type, add_q8_warps()) <= 48 * 1024);
-}
-
-int gk_mv_add_q8(cudaStream_t s, const gk_mv_seg *seg, int K, gk_q8 x, const float *w, gk_q8 out, float *part,
-                 tg_err *e)
-{
-    if (!gk_mv_add_q8_ok(seg->type, K, seg->nrows) || !w || !part)
-        return tg_errf(e, "gpu mv_add_q8: type %u, K=%d, %d rows: expected a streamed type and K, rows a multiple "
-                       "of 32, norm weights and room for the sums of squares", seg->type, K, seg->nrows);
-    const int wp = add_q8_warps();
-    auto k = seg->type == TG_TYPE_Q4_K   ? (wp == 8 ? k_mv_add_q8<TG_TYPE_Q4_K, 8> : k_mv_add_q8<TG_TYPE_Q4_K, 16>)
-           : seg->type == TG_TYPE_Q6_K ? (wp == 8 ? k_mv_add_q8<TG_TYPE_Q6_K, 8> : k_mv_add_q8<TG_TYPE_Q6_K, 16>)
-                                       : (wp == 8 ? k_mv_add_q8<TG_TYPE_Q8_0, 8> : k_mv_add_q8<TG_TYPE_Q8_0, 16>);
-    GPU_CHECK(e, gk_launch(k, seg->nrows / 32, wp * TG_WARP, add_q8_smem(seg->type, wp), s, (const uint8_t *)seg->W,
-                           K, x, seg->y, w, out, part));
     return 0;
 }
 
@@ -3194,12 +3055,9 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s, top-k %s%s",
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             fz_stream_on() && gk_fold_on() && add_q8_optin ? (add_q8_warps() == 8 ? ", folded norms (8 warps)"
-                                                                                    : ", folded norms")
-                                                            : "",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }

@@ -178,13 +178,6 @@ int gk_xxh3(cudaStream_t s, const void *data, size_t len, void *scratch,
 typedef struct {
     int8_t *q;
     float *d, *s;
-    /* A folded norm's input (gk_mv_add_q8), part NULL otherwise: the blocks
-     * hold u = x * w quantized, and the mat-vecs that read them multiply
-     * each d by 1/sqrt(sum(part[0..npart-1]) / (32 npart) + eps), the
-     * RMS norm's scale, summed in a fixed order by every reader. */
-    const float *part;
-    int npart;
-    float eps;
 } gk_q8;
 
 /* One mat-vec of a fused launch: y[r] = dot(W row r, x) for r < nrows. */
@@ -215,22 +208,6 @@ int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int 
 /* 1 to 3 mat-vecs over the same quantized input of K values in one launch;
  * with accumulate, y[r] += the dot (the residual add) instead of y[r] =. */
 int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e);
-
-/* Whether gk_mv_add_q8 serves a seg of type with K columns and n rows. */
-int gk_mv_add_q8_ok(uint32_t type, int K, int n);
-
-/* Whether the fused path folds its norms with gk_mv_add_q8 (TG_GPU_FOLD). */
-int gk_fold_on(void);
-
-/* seg->y += W x (gk_mv_fused with accumulate), and in the same launch, per
- * 32 rows, u = y * w quantized into out (its q, d, s) and the sum of y^2
- * into part[block]: out read with out.part = part, out.npart = n / 32 and
- * out.eps = eps is the RMS norm of y with weights w, quantized (the scale
- * enters each block's d where it is read, so the integers may differ from
- * gk_rmsnorm_q8's by one where u / d rounds at a half). part: n / 32
- * floats. */
-int gk_mv_add_q8(cudaStream_t s, const gk_mv_seg *seg, int K, gk_q8 x, const float *w, gk_q8 out, float *part,
-                 tg_err *e);
 
 /* a[r] = silu(dot(Wg row r, x)) * dot(Wu row r, x) for r < n_ff (a multiple
  * of 32), into y (NULL: not kept) and quantized into out. Wg and Wu share
