@@ -51,6 +51,7 @@ struct tg_gpu {
     int kv_f32, n_ctx, n_batch;  /* the session's resolved options */
     int no_graph;                /* the option, or forced by TG_GPU_PROFILE */
     char device[192];            /* the description (describe) */
+    int drop;                    /* TG_GPU_TIMING_DROP: launch classes left out of fused steps (DROP_*) */
     int want_dump;               /* the eval in progress dumps its last token */
     int sel_k;                   /* top entries the last eval selected on the device; 0: none */
 
@@ -232,6 +233,36 @@ static int fused_suits(const tg_gpu *g)
 
 static void gpu_state_free(tg_gpu *g);
 
+/* TG_GPU_TIMING_DROP: a comma-separated list of the fused step's launch
+ * classes to leave out, so that a benchmark run times the step without them
+ * (each class's share of a graph-replayed step, which per-launch events
+ * cannot give). The logits are then wrong: the session's description
+ * (every report's record of the arm's device) says so. Single-token steps
+ * on the plain path are not affected. */
+enum { DROP_NORM = 1, DROP_QKV = 2, DROP_ATTN = 4, DROP_WO = 8, DROP_FFN = 16, DROP_DOWN = 32, DROP_OUT = 64 };
+static const char *const drop_names[] = {"norm", "qkv", "attn", "wo", "ffn", "down", "out"};
+
+static int parse_drop(const char *v, int *mask, tg_err *e)
+{
+    *mask = 0;
+    if (!v || !*v) return 0;
+    const char *p = v;
+    for (;;) {
+        const size_t n = strcspn(p, ",");
+        int found = 0;
+        for (int i = 0; i < 7; i++)
+            if (strlen(drop_names[i]) == n && !strncmp(p, drop_names[i], n)) {
+                *mask |= 1 << i;
+                found = 1;
+            }
+        if (!found)
+            return tg_errf(e, "TG_GPU_TIMING_DROP=%s: '%.*s': expected a comma-separated list of norm, qkv, attn, "
+                           "wo, ffn, down, out", v, (int)n, p);
+        if (!p[n]) return 0;
+        p += n + 1;
+    }
+}
+
 /* The table's init: uploads s->m's weights and allocates the cache and
  * buffers on device s->o.device (the device holds its own copy of the
  * weights). Returns 0 with s->tier set, or -1 with e (no device, an option
@@ -256,6 +287,15 @@ static int gpu_init(tg_session *ss, tg_err *e)
     const tg_hparams *hp = &g->hp;
     snprintf(g->device, sizeof g->device, "%s, %s KV, %s", desc, g->kv_f32 ? "f32" : "f16",
              g->no_graph ? "no graphs" : "graphs");
+    if (parse_drop(getenv("TG_GPU_TIMING_DROP"), &g->drop, e)) {
+        free(g);
+        return -1;
+    }
+    if (g->drop) {
+        const size_t len = strlen(g->device);
+        snprintf(g->device + len, sizeof g->device - len, ", TIMING DROP %s (logits wrong)",
+                 getenv("TG_GPU_TIMING_DROP"));
+    }
     const int nb = g->n_batch, n_ctx = g->n_ctx;
     const int qdim = hp->n_head * hp->head_dim, kvdim = hp->n_head_kv * hp->head_dim;
     size_t total = 0;
@@ -577,6 +617,7 @@ static int enqueue_select(tg_gpu *g, int k, tg_err *e)
 
 static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
 {
+    const int dm = g->drop;
     const tg_hparams *hp = &g->hp;
     cudaStream_t s = g->stream;
     const int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KVD = hp->n_head_kv * HD, FF = hp->n_ff;
@@ -592,18 +633,20 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
         void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
-        if (gk_rmsnorm_q8(s, g->x, (const float *)L->attn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+        if (!(dm & DROP_NORM) && gk_rmsnorm_q8(s, g->x, (const float *)L->attn_norm.d, NULL, E, hp->eps, g->q8n, e))
+            return -1;
         PROF("rmsnorm_q8");
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         const gk_mv_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q},
                                   {L->wk.type, L->wk.d, KVD, g->k},
                                   {L->wv.type, L->wv.d, KVD, g->v}};
-        if (gk_mv_fused(s, qkv, 3, E, g->q8n, 0, e)) return -1;
+        if (!(dm & DROP_QKV) && gk_mv_fused(s, qkv, 3, E, g->q8n, 0, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->wq.type);
         COUNT(ops, TG_OP_MATMUL, L->wk.type);
         COUNT(ops, TG_OP_MATMUL, L->wv.type);
         PROF(L->wv.type == TG_TYPE_Q6_K ? "mv qkv (v q6_K)" : "mv qkv");
-        if (gk_attn_decode(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
+        if (!(dm & DROP_ATTN) &&
+            gk_attn_decode(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
                            hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD, g->n_ctx,
                            pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, g->att_scratch,
                            e))
@@ -619,21 +662,22 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         PROF("qk norm + rope + store + attention");
         /* the output projection onto the residual, then the ffn norm */
         const gk_mv_seg wo = {L->wo.type, L->wo.d, E, g->x};
-        if (gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
+        if (!(dm & DROP_WO) && gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
         PROF("mv wo+add");
-        if (gk_rmsnorm_q8(s, g->x, (const float *)L->ffn_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+        if (!(dm & DROP_NORM) && gk_rmsnorm_q8(s, g->x, (const float *)L->ffn_norm.d, NULL, E, hp->eps, g->q8n, e))
+            return -1;
         PROF("rmsnorm_q8");
         COUNT(ops, TG_OP_MATMUL, L->wo.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        if (gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e)) return -1;
+        if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->gate.type);
         COUNT(ops, TG_OP_MATMUL, L->up.type);
         COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
         PROF("mv gate+up+swiglu");
         /* the down projection onto the residual */
         const gk_mv_seg down = {L->down.type, L->down.d, E, g->x};
-        if (gk_mv_fused(s, &down, 1, FF, g->q8f, 1, e)) return -1;
+        if (!(dm & DROP_DOWN) && gk_mv_fused(s, &down, 1, FF, g->q8f, 1, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->down.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         PROF(L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add");
@@ -642,7 +686,7 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     PROF("rmsnorm_q8");
     COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
     const gk_mv_seg out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
-    if (gk_mv_fused(s, &out, 1, E, g->q8n, 0, e)) return -1;
+    if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, e)) return -1;
     COUNT(ops, TG_OP_MATMUL, g->output.type);
     PROF("mv output");
     if (k > 0) {

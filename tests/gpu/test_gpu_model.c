@@ -211,6 +211,41 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
     return 0;
 }
 
+/* TG_GPU_TIMING_DROP (a benchmark's attribution switch): a name it does not
+ * know is refused at session start, naming the variable and the name; a
+ * known one is said in the session's description. */
+static void test_timing_drop(const char *path)
+{
+    tg_err e = {{0}};
+    tg_model *m = NULL;
+    if (tg_model_load(&m, path, &e)) { fail("load", e.msg); return; }
+    tg_opts go = tg_opts_default();
+    go.tier = TG_TIER_GPU;
+    tg_session *g = NULL;
+    setenv("TG_GPU_TIMING_DROP", "attn,bogus", 1);
+    if (!tg_session_new(&g, m, &go, &e)) {
+        fail("TG_GPU_TIMING_DROP=attn,bogus", "the session started");
+        tg_session_free(g);
+        g = NULL;
+    } else if (!strstr(e.msg, "TG_GPU_TIMING_DROP") || !strstr(e.msg, "'bogus'")) {
+        fail("TG_GPU_TIMING_DROP=attn,bogus: the error does not name the variable and the name", e.msg);
+    } else {
+        printf("OK   TG_GPU_TIMING_DROP=attn,bogus refused: %s\n", e.msg);
+    }
+    setenv("TG_GPU_TIMING_DROP", "attn,wo", 1);
+    memset(&e, 0, sizeof e);
+    if (tg_session_new(&g, m, &go, &e)) {
+        fail("TG_GPU_TIMING_DROP=attn,wo", e.msg);
+    } else {
+        if (!strstr(tg_session_device(g), "TIMING DROP attn,wo (logits wrong)"))
+            fail("TG_GPU_TIMING_DROP=attn,wo: not in the session's description", tg_session_device(g));
+        else printf("OK   TG_GPU_TIMING_DROP=attn,wo said in the description\n");
+        tg_session_free(g);
+    }
+    unsetenv("TG_GPU_TIMING_DROP");
+    tg_model_free(m);
+}
+
 int main(int argc, char **argv)
 {
     char desc[160];
@@ -254,9 +289,11 @@ int main(int argc, char **argv)
     }
     printf("test_gpu_model on %s: %d prompts x %d steps\n", desc, np, steps);
     if (argc > 1) {
+        test_timing_drop(argv[1]);
         for (int i = 1; i < argc; i++) test_model(argv[i], steps, prompts, np);
     } else {
         snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", root);
+        test_timing_drop(path);
         test_model(path, steps, prompts, np);
     }
     printf("test_gpu_model: %s\n", n_fail ? "FAIL" : "OK");
