@@ -31,7 +31,9 @@
 #    --tier gpu and to tg-llama over the CUDA libllama (a 512-token prompt
 #    then 128 steps, after one warm-up request): prefill and decode tokens/s
 #    and the ratio; a decode A/B of the TG_GPU_* settings; bench_gpu
-#    for the copy bandwidth, the roofline and a per-kernel profile;
+#    for the copy bandwidth, the roofline, a per-kernel profile and each
+#    launch class's share of the graph-replayed step (ATTRIB lines, the
+#    step timed without the class: TG_GPU_TIMING_DROP);
 # 5. stage replay of the gpu tier against the ref tier: specs/gpu-tiny-replay.yaml
 #    (the shipped model) and specs/gpu-0.6b-replay.yaml, gates with `replay:`,
 #    and `tokgate localize` of one step of each (its stage table, in $OUT);
@@ -240,6 +242,18 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
     && grep -A20 "^profile" "$OUT/bench_gpu-8b-profile-default.txt"
   [ -n "$kept" ] && env $(echo $kept | tr , ' ') TG_GPU_PROFILE=1 timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 64 \
       > "$OUT/bench_gpu-8b-profile.txt" 2>&1 && grep -A20 "^profile" "$OUT/bench_gpu-8b-profile.txt"
+  # each launch class's share of the graph-replayed step: the step timed
+  # with the class left out (TG_GPU_TIMING_DROP; the logits are then wrong),
+  # while llama.cpp builds
+  base=$(dtok "$OUT/bench_gpu-8b.txt")
+  for cls in attn qkv wo ffn down norm out; do
+    f="$OUT/bench_gpu-8b-drop-$cls.txt"
+    TG_GPU_TIMING_DROP=$cls timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$f" 2>&1
+    awk -v c=$cls -v a="${base:-0}" -v b="$(dtok "$f")" 'BEGIN { if (a > 0 && b > 0)
+      printf "ATTRIB %-5s step %7.1f us without it (%.1f tok/s), its share %6.1f us = %4.1f%%\n", c, 1e6/b, b,
+             1e6/a - 1e6/b, 100 * (1e6/a - 1e6/b) / (1e6/a); else printf "ATTRIB %s: no figure\n", c }' \
+      | tee -a "$OUT/attrib.txt"
+  done
   if [ -n "$LPID" ]; then say "waiting for the llama.cpp build"; wait $LPID; fi
   cat "$OUT/llama.txt" 2>/dev/null
   if [ -f $LL/lib/libllama.so ]; then
