@@ -218,6 +218,8 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   timeout 150 $W/bin/test_gpu_ops > "$OUT/test_gpu_ops.txt" 2>&1; rco=$?
   say "test_gpu_ops rc=$rco $(grep -c '^OK' "$OUT/test_gpu_ops.txt") OK $(grep -c '^FAIL' "$OUT/test_gpu_ops.txt") FAIL"
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
+  timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model.txt" 2>&1   # the shipped model against the ref tier
+  say "test_gpu_model (tiny) rc=$?"; grep -v '^OK' "$OUT/test_gpu_model.txt" | tail -4
   cands=   # decode settings off by default, timed against the default (a comma joins one's variables)
   [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
