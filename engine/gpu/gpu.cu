@@ -670,7 +670,8 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         COUNT(ops, TG_OP_MATMUL, L->wo.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e)) return -1;
+        if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e))
+            return -1;
         COUNT(ops, TG_OP_MATMUL, L->gate.type);
         COUNT(ops, TG_OP_MATMUL, L->up.type);
         COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
