@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu-gate.sh --pack DIR [--out DIR] [--work DIR]
 #        [--time-limit SECONDS] [--only 8b-ref|bench] [--with-8b-llama] [--keep-llama]
-#        [--no-replay]
+#        [--no-replay] [--no-llama]
 #
 #   --pack DIR          what scripts/gpu-pack.sh wrote (required)
 #   --out DIR           logs, stores and reports (/tmp/gpu-out)
@@ -19,6 +19,9 @@
 #                       (a later run takes it from the pack folder, by that name)
 #   --no-replay         skip step 5 (the stage replay gates, about 150 s), so
 #                       that the benchmark and the gates fit a shorter call
+#   --no-llama          do not build llama.cpp (a call too short for its
+#                       build): with --only bench, our arm's figures and the
+#                       A/B only, no ratio
 #
 # 1. builds llama.cpp's libllama + ggml with CUDA (sm_90, CUDA graphs on,
 #    flash attention kernels on) from the bundled source into
@@ -57,7 +60,7 @@
 set -u
 CMDLINE="bash scripts/gpu-gate.sh $*"
 usage() { sed -n '/^#   bash scripts\/gpu-gate.sh/,/the benchmark and the gates fit/p' "$0" | sed 's/^#//' >&2; exit 2; }
-C= OUT=/tmp/gpu-out W=build/gpu-dev BUDGET=1000000000 ONLY= WITH_8B_LLAMA=0 KEEP_LLAMA=0 REPLAY=1
+C= OUT=/tmp/gpu-out W=build/gpu-dev BUDGET=1000000000 ONLY= WITH_8B_LLAMA=0 KEEP_LLAMA=0 REPLAY=1 NO_LLAMA=0
 while [ $# -gt 0 ]; do
   case $1 in
     --pack) C=${2:?--pack DIR}; shift 2 ;;
@@ -68,6 +71,7 @@ while [ $# -gt 0 ]; do
     --with-8b-llama) WITH_8B_LLAMA=1; shift ;;
     --keep-llama) KEEP_LLAMA=1; shift ;;
     --no-replay) REPLAY=0; shift ;;
+    --no-llama) NO_LLAMA=1; shift ;;
     -h|--help) usage ;;
     *) echo "gpu-gate: unknown argument $1" >&2; usage ;;
   esac
@@ -100,7 +104,7 @@ if [ ! -f $LL/lib/libllama.so ] && [ -f $C/llama-cuda-lib.tar.gz ]; then
   mkdir -p $LL/lib && tar -C $LL/lib -xzf $C/llama-cuda-lib.tar.gz && say "llama.cpp CUDA: from $C/llama-cuda-lib.tar.gz"
 fi
 if [ -n "$ONLY" ] && [ "$ONLY" != 8b-ref ] && [ "$ONLY" != bench ]; then say "--only $ONLY: expected 8b-ref or bench"; exit 2; fi
-if [ ! -f $LL/lib/libllama.so ] && [ "$ONLY" != 8b-ref ]; then
+if [ ! -f $LL/lib/libllama.so ] && [ "$ONLY" != 8b-ref ] && [ $NO_LLAMA = 0 ]; then
   rm -rf $W/lsrc && mkdir -p $W/lsrc && tar -C $W/lsrc -xzf $C/llama-src.tar.gz
   (
     s=$(date +%s)
@@ -119,7 +123,7 @@ if [ ! -f $LL/lib/libllama.so ] && [ "$ONLY" != 8b-ref ]; then
   LPID=$!
 else
   LPID=
-  if [ -f $LL/lib/libllama.so ]; then say "llama.cpp CUDA: reusing $LL/lib"; else say "llama.cpp CUDA: not built (--only)"; fi
+  if [ -f $LL/lib/libllama.so ]; then say "llama.cpp CUDA: reusing $LL/lib"; else say "llama.cpp CUDA: not built (--only 8b-ref or --no-llama)"; fi
 fi
 
 # ---- 2. our binaries, libraries, the CPU libllama, the tokenizer -----------
@@ -220,13 +224,19 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
   timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model.txt" 2>&1   # the shipped model against the ref tier
   say "test_gpu_model (tiny) rc=$?"; grep -v '^OK' "$OUT/test_gpu_model.txt" | tail -4
-  cands=   # decode settings off by default, timed against the default (a comma joins one's variables)
+  # decode settings off by default, timed against the default (a comma joins
+  # one's variables): the register caps of the streamed mat-vecs, gate/up
+  # streaming its four row pairs through one ring, the RoPE table a step
+  cands="TG_GPU_MV_MINB=8 TG_GPU_MV_MINB=8,TG_GPU_SWIGLU_MINB=4 TG_GPU_MV_MINB=8,TG_GPU_SWIGLU_MINB=4,TG_GPU_SWIGLU_RING=1
+         TG_GPU_MV_MINB=8,TG_GPU_SWIGLU_MINB=4,TG_GPU_SWIGLU_RING=1,TG_GPU_ROPE_STEP=1
+         TG_GPU_MV_MINB=6,TG_GPU_SWIGLU_MINB=4,TG_GPU_SWIGLU_RING=1"
   [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   timeout 90 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b.txt" 2>&1
   say "bench_gpu 8b rc=$?"; cat "$OUT/bench_gpu-8b.txt"
   best=$(dtok "$OUT/bench_gpu-8b.txt"); best=${best:-0}; kept=
   for cfg in $cands; do
+    [ "$(left)" -gt 110 ] || { say "no time left for $cfg and the rest"; break; }
     f="$OUT/bench_gpu-8b-$(echo $cfg | tr '=,' '--').txt"
     env $(echo $cfg | tr , ' ') timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$f" 2>&1
     d=$(dtok "$f"); say "bench_gpu 8b ($cfg): decode ${d:-?} tok/s, $(grep -o 'decode_digest=[0-9a-f]*' "$f") (best so far $best)"
@@ -247,10 +257,13 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   # each launch class's share of the graph-replayed step: the step timed
   # with the class left out (TG_GPU_TIMING_DROP; the logits are then wrong),
   # while llama.cpp builds
-  base=$(dtok "$OUT/bench_gpu-8b.txt")
+  base=$best   # the kept setting's figure (the default's when none was kept)
+  [ -n "$kept" ] && say "attribution under $kept"
   for cls in attn qkv wo ffn down norm out; do
+    [ "$(left)" -gt 110 ] || { say "attribution cut short: no time left"; break; }
     f="$OUT/bench_gpu-8b-drop-$cls.txt"
-    TG_GPU_TIMING_DROP=$cls timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$f" 2>&1
+    env $(echo $kept | tr , ' ') TG_GPU_TIMING_DROP=$cls timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 \
+      > "$f" 2>&1
     awk -v c=$cls -v a="${base:-0}" -v b="$(dtok "$f")" 'BEGIN { if (a > 0 && b > 0)
       printf "ATTRIB %-5s step %7.1f us without it (%.1f tok/s), its share %6.1f us = %4.1f%%\n", c, 1e6/b, b,
              1e6/a - 1e6/b, 100 * (1e6/a - 1e6/b) / (1e6/a); else printf "ATTRIB %s: no figure\n", c }' \
