@@ -629,12 +629,6 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, 1, g->x, e)) return -1;
     COUNT(ops, TG_OP_EMBED, g->token_embd.type);
     PROF("embed");
-    /* TG_GPU_ROPE_STEP: the step's RoPE angles once, for every layer */
-    const int rope_tab = gk_rope_step_on() && !(dm & DROP_ATTN);
-    if (rope_tab) {
-        if (gk_rope_step(s, pos0, hp->rope_base, HD, hp->n_head, g->att_scratch, e)) return -1;
-        PROF("rope table");
-    }
     for (int l = 0; l < hp->n_layer; l++) {
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
@@ -654,8 +648,8 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         if (!(dm & DROP_ATTN) &&
             gk_attn_decode(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
                            hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD, g->n_ctx,
-                           pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, rope_tab,
-                           g->att_scratch, e))
+                           pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, g->att_scratch,
+                           e))
             return -1;
         if (hp->qk_norm) {
             COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);

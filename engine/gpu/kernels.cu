@@ -16,7 +16,6 @@
 
 #include <math.h>
 #include <stdio.h>
-#include <string.h>
 
 /* A switch read once from the environment into *cache (-1: not read yet):
  * "1..." on, "0..." off, unset or anything else def. */
@@ -1697,17 +1696,9 @@ static size_t att_part_bytes(int n_head, int head_dim)
     return (size_t)n_head * ATT_SPLITS_MAX * (head_dim + 2) * sizeof(float);
 }
 
-#define ROPE_STEP_MAX 256   /* rope pairs of the step's table (head_dim up to 512) */
-
-/* The step's RoPE table (gk_rope_step) after the counters, 16-byte aligned. */
-static size_t att_rope_off(int n_head, int head_dim)
-{
-    return (att_part_bytes(n_head, head_dim) + (size_t)n_head * sizeof(int) + 15) / 16 * 16;
-}
-
 size_t gk_attention_scratch(int n_head, int head_dim)
 {
-    return att_rope_off(n_head, head_dim) + (size_t)ROPE_STEP_MAX * sizeof(float2);
+    return att_part_bytes(n_head, head_dim) + (size_t)n_head * sizeof(int);
 }
 
 /* ---- prompt attention on tensor cores (CUDA) ------------------------------
@@ -2525,34 +2516,22 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* The ring slots a row of nb blocks of type takes: FZ_STAGES chunks, or all
- * of a shorter row's chunks (a 4096-wide Q6_K row is two: its slots then
- * never wrap, and the ring is half the size). */
-__host__ __device__ inline int fz_slots(int nch)
-{
-    return nch < FZ_STAGES ? nch : FZ_STAGES;
-}
-
-/* NR rows (wr[r]) dotted with x, streamed through sm (NR * slots chunks
- * of this warp: FZ_STAGES, or fz_slots with SHORT); acc[r] summed over the
- * warp (every lane has them). Chunk c of row r sits in slot c % FZ_STAGES:
- * below fz_slots when the row has fewer chunks than stages. (SHORT is left
- * to the register-capped instances: the slot count as a variable costs the
- * uncapped kernels 20-25 registers a thread, a block an SM.) */
-template <int TYPE, int NR, bool SHORT>
+/* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
+ * chunks of this warp); acc[r] summed over the warp (every lane has them). */
+template <int TYPE, int NR>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
                                                uint8_t *sm, float *acc)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
-    const int nch = nb / C::CB, slots = SHORT ? fz_slots(nch) : FZ_STAGES;
+    const int nch = nb / C::CB;
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
     auto issue = [&](int c) {
         if (c < nch)
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * slots + c % FZ_STAGES) * C::BYTES;
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
                 const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
@@ -2573,7 +2552,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
             fz_load_x(x, c * C::CB + ibl, part, xv);
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * slots + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
         }
         warp_sync();   /* every lane is done with this stage before it is refilled */
     }
@@ -2582,7 +2561,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-template <int TYPE, int NR, bool SHORT>
+template <int TYPE, int NR>
 __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
                                               int accumulate, uint8_t *sm)
 {
@@ -2593,7 +2572,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
     float acc[NR];
-    fz_stream_rows<TYPE, NR, SHORT>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2606,13 +2585,11 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
 /* Streamed k_mv_fused: warps take NR consecutive rows of a segment at a
  * time (grid-stride over the segments' row groups); every segment's type
  * streams at this K (checked by the launcher). Dynamic shared memory:
- * FZ_WARPS * ring (a warp's: NR * the largest fz_slots * chunk of its
- * segments' types). MINB > 1 caps the registers so that MINB blocks fit an
- * SM (TG_GPU_MV_MINB): uncapped, NR = 2 takes 122 registers a thread, 4
- * blocks fill an SM's register file, and no block of the next kernel can
- * start early beside them. */
-template <int NR, int MINB>
-__device__ __forceinline__ void mv_stream_body(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
+ * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
+ * segments' types). */
+template <int NR>
+__global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     pdl_trigger();
@@ -2626,68 +2603,15 @@ __device__ __forceinline__ void mv_stream_body(fz_segs segs, int K, gk_q8 x, int
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR, (MINB > 1)>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR, (MINB > 1)>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR, (MINB > 1)>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
         }
     }
     pdl_wait();   /* a warp without rows also completes after the previous kernel */
 }
 
-/* (MINB 1 has no second launch bound: with one, ptxas takes more registers
- * than the plain bound gives it.) */
-template <int NR, int MINB>
-__global__ void __launch_bounds__(FZ_WARPS * TG_WARP, MINB)
-k_mv_stream_cap(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
-{
-    mv_stream_body<NR, MINB>(segs, K, x, accumulate, ring);
-}
-
-template <int NR>
-__global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
-{
-    mv_stream_body<NR, 1>(segs, K, x, accumulate, ring);
-}
-
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
-
-/* TG_GPU_MV_MINB (read once): the register cap of k_mv_stream, as the
- * blocks an SM must hold: 1 (none, the default), 6 (80 registers) or 8
- * (64). */
-#define MV_MINB_N 3
-static const int mv_minb_v[MV_MINB_N] = {1, 6, 8};
-static int mv_minb(void)
-{
-    static int m = -1;
-    if (m < 0) {
-        const char *v = getenv("TG_GPU_MV_MINB");
-        m = v && !strcmp(v, "6") ? 6 : v && !strcmp(v, "8") ? 8 : 1;
-    }
-    return m;
-}
-
-typedef void (*mv_stream_fn)(fz_segs, int, gk_q8, int, int);
-static mv_stream_fn mv_stream_k(int nr, int minb)
-{
-    if (nr == 2) return minb == 8 ? k_mv_stream_cap<2, 8> : minb == 6 ? k_mv_stream_cap<2, 6> : k_mv_stream<2>;
-    return minb == 8 ? k_mv_stream_cap<1, 8> : minb == 6 ? k_mv_stream_cap<1, 6> : k_mv_stream<1>;
-}
-
-/* TG_GPU_SWIGLU_MINB (read once): the register cap of k_mv_swiglu_stream:
- * 1 (none, the default) or 4 blocks of 256 threads an SM (64 registers). */
-static int swiglu_minb(void)
-{
-    static int m = -1;
-    if (m < 0) {
-        const char *v = getenv("TG_GPU_SWIGLU_MINB");
-        m = v && !strcmp(v, "4") ? 4 : 1;
-    }
-    return m;
-}
-
-/* The bytes of ring a row of K values of type takes (fz_slots chunks). */
-static int fz_ring_row(uint32_t type, int K, int short_ring);
 static int fz_optin;
 static int pdl_on;   /* gk_init: launch the fused path's kernels with programmatic dependent launch */
 static int pdl_early;   /* gk_init: and let the next kernel start at once (TG_GPU_PDL=1) */
@@ -2720,12 +2644,10 @@ static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, 
 
 int gk_init(tg_err *e)
 {
-    for (int i = 0; i < MV_MINB_N; i++) {
-        GPU_CHECK(e, cudaFuncSetAttribute((const void *)mv_stream_k(1, mv_minb_v[i]),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
-        GPU_CHECK(e, cudaFuncSetAttribute((const void *)mv_stream_k(2, mv_minb_v[i]),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
-    }
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      FZ_SMEM_OPTIN));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
     for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
@@ -2764,23 +2686,24 @@ int gk_pdl_on(void)
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
  * rows at a time (8 warps, 4 pairs each). */
-template <int TYPE, int MINB>
-__device__ __forceinline__ void swiglu_stream_body(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu,
-                                                   int K, gk_q8 x, float *y, gk_q8 out)
+template <int TYPE>
+__global__ void __launch_bounds__(8 * TG_WARP)
+k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
+                   gk_q8 out)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+    uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
-    uint8_t *sm = fz_sm + (size_t)wid * 2 * (MINB > 1 ? fz_slots(nb / fz_chunk<TYPE>::CB) : FZ_STAGES) * fz_chunk<TYPE>::BYTES;
     const int r0 = blockIdx.x * 32;
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2, (MINB > 1)>(wr, nb, x, lane, sm, gu);
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2789,97 +2712,6 @@ __device__ __forceinline__ void swiglu_stream_body(const uint8_t *__restrict__ W
         if (y) y[r0 + lane] = v;
         q8_block_store(v, lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
     }
-}
-
-template <int TYPE>
-__global__ void __launch_bounds__(8 * TG_WARP)
-k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out)
-{
-    swiglu_stream_body<TYPE, 1>(Wg, Wu, K, x, y, out);
-}
-
-/* k_mv_swiglu_stream with its registers capped for 4 blocks an SM
- * (TG_GPU_SWIGLU_MINB=4), each warp's ring fz_slots chunks a row. */
-template <int TYPE>
-__global__ void __launch_bounds__(8 * TG_WARP, 4)
-k_mv_swiglu_stream_cap(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                       gk_q8 out)
-{
-    swiglu_stream_body<TYPE, 4>(Wg, Wu, K, x, y, out);
-}
-
-/* k_mv_swiglu_stream with one ring for a warp's four row pairs: pair j + 1's
- * first chunks are in flight while pair j's last ones are summed, where
- * fz_stream_rows lets the ring drain at the end of each pair
- * (TG_GPU_SWIGLU_RING=1). The same sums in the same order. Dynamic shared
- * memory: 8 warps * 2 rows * FZ_STAGES chunks. */
-template <int TYPE, int MINB>
-__global__ void __launch_bounds__(8 * TG_WARP, MINB)
-k_mv_swiglu_ring(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                 gk_q8 out)
-{
-    typedef fz_fmt<TYPE> F;
-    typedef fz_chunk<TYPE> C;
-    extern __shared__ __align__(16) uint8_t fz_sm[];
-    __shared__ float act[32];
-    pdl_trigger();
-    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    const size_t rb = fz_row_bytes(TYPE, K);
-    const int nch = K / F::QK / C::CB, nt = 4 * nch;
-    uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * C::BYTES;
-    const int r0 = blockIdx.x * 32, rw = r0 + wid * 4;
-    auto issue = [&](int t) {   /* chunk t % nch of pair t / nch, both rows, into slot t % FZ_STAGES */
-        if (t < nt) {
-            const size_t off = (size_t)(rw + t / nch) * rb + (size_t)(t % nch) * C::BYTES;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + t % FZ_STAGES) * C::BYTES;
-                const uint8_t *src = (r ? Wu : Wg) + off;
-                for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
-            }
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int t = 0; t < FZ_STAGES - 1; t++) issue(t);
-    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
-    float acc[2] = {0.0f, 0.0f};
-    for (int t = 0; t < nt; t++) {
-        issue(t + FZ_STAGES - 1);
-        cp_async_wait<FZ_STAGES - 1>();
-        warp_sync();
-        const int c = t % nch;
-#pragma unroll
-        for (int it = 0; it < C::ITERS; it++) {
-            const int p = it * TG_WARP + lane;
-            const int ibl = p / F::PARTS, part = p % F::PARTS;
-            typename fz_x<TYPE>::T xv;
-            fz_load_x(x, c * C::CB + ibl, part, xv);
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + t % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
-        }
-        warp_sync();   /* every lane is done with this slot before it is refilled */
-        if (c == nch - 1) {
-            const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
-            if (lane == 0) act[wid * 4 + t / nch] = g / (1.0f + expf(-g)) * u;
-            acc[0] = acc[1] = 0.0f;
-        }
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    if (wid == 0) {
-        const float v = act[lane];
-        if (y) y[r0 + lane] = v;
-        q8_block_store(v, lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
-    }
-}
-
-static int swiglu_ring_on(void)
-{
-    static int on = -1;
-    return env_switch(&on, "TG_GPU_SWIGLU_RING", 0);
 }
 
 static int fz_stream_on(void)
@@ -2904,15 +2736,6 @@ static int fz_chunk_bytes(uint32_t type)
 {
     return type == TG_TYPE_Q4_K ? fz_chunk<TG_TYPE_Q4_K>::BYTES
          : type == TG_TYPE_Q6_K ? fz_chunk<TG_TYPE_Q6_K>::BYTES : fz_chunk<TG_TYPE_Q8_0>::BYTES;
-}
-
-static int fz_ring_row(uint32_t type, int K, int short_ring)
-{
-    if (!short_ring) return FZ_STAGES * fz_chunk_bytes(type);
-    const int nch = type == TG_TYPE_Q4_K ? K / QK_K / fz_chunk<TG_TYPE_Q4_K>::CB
-                  : type == TG_TYPE_Q6_K ? K / QK_K / fz_chunk<TG_TYPE_Q6_K>::CB
-                                         : K / QK8_0 / fz_chunk<TG_TYPE_Q8_0>::CB;
-    return fz_slots(nch) * fz_chunk_bytes(type);
 }
 
 /* Gate and up rows r0..r0+31 (8 warps, 4 rows each; a gate row and its up
@@ -3009,8 +2832,7 @@ template <int F16>
 __global__ void __launch_bounds__(ATT_THREADS)
 k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
               int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
-              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys,
-              const float2 *rope_tab)
+              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys)
 {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[32];
@@ -3041,16 +2863,8 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
         cp_async_commit();
     }
     float rc[2], rs[2];
-    if (!rope_tab) rope_pre(pos, theta_scale, head_dim / 2, rc, rs);
+    rope_pre(pos, theta_scale, head_dim / 2, rc, rs);
     pdl_wait();
-    if (rope_tab)   /* the step's table, written by gk_rope_step before this step's first layer */
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int i = threadIdx.x + j * blockDim.x;
-            const float2 cs = i < head_dim / 2 ? rope_tab[i] : make_float2(1.0f, 0.0f);
-            rc[j] = cs.x;
-            rs[j] = cs.y;
-        }
     head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, rc, rs, neox, eps, qs, red);
     if (q_out && z == 0)
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
@@ -3136,12 +2950,10 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         fs.s[i] = segs[i];
     }
     int stream = fz_stream_on();
-    int chunk_max = 0, row_ring = 0;
+    int chunk_max = 0;
     for (int i = 0; i < nseg; i++) {
         stream = stream && fz_streams(segs[i].type, K);
         if (fz_chunk_bytes(segs[i].type) > chunk_max) chunk_max = fz_chunk_bytes(segs[i].type);
-        if (fz_streams(segs[i].type, K) && fz_ring_row(segs[i].type, K, mv_minb() > 1) > row_ring)
-            row_ring = fz_ring_row(segs[i].type, K, mv_minb() > 1);
     }
     if (stream) {
         /* two rows per warp where the shared memory allows (the default:
@@ -3153,13 +2965,13 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const int nr_env = stream_rows_env();
         const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
         const int want2 = nr_env == 2 || (nr_env == 3 && chunk_max != fz_chunk_bytes(TG_TYPE_Q6_K));
-        const int nr = want2 && (size_t)FZ_WARPS * 2 * row_ring <= lim ? 2 : 1;
-        const int ring = nr * row_ring;
+        const int nr = want2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
+        const int ring = nr * FZ_STAGES * chunk_max;
         int groups = 0;   /* of nr rows, a warp each */
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
-        GPU_CHECK(e, gk_launch(mv_stream_k(nr, mv_minb()), grid, FZ_WARPS * TG_WARP,
+        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
                                (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
         return 0;
     }
@@ -3179,26 +2991,11 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
                        "n_ff a multiple of 32", type, K, n_ff);
     const int grid = n_ff / 32;
     const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
-    const int m4 = swiglu_minb() == 4;
-    const size_t sm = fz_streams(type, K) ? (size_t)8 * 2 * fz_ring_row(type, K, m4) : 0;
-    const size_t sm_ring = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
-    if (fz_stream_on() && fz_streams(type, K) && swiglu_ring_on() && sm_ring <= 48 * 1024) {
-        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? (m4 ? k_mv_swiglu_ring<TG_TYPE_Q4_K, 4>
-                                                            : k_mv_swiglu_ring<TG_TYPE_Q4_K, 1>)
-                               : type == TG_TYPE_Q6_K ? (m4 ? k_mv_swiglu_ring<TG_TYPE_Q6_K, 4>
-                                                            : k_mv_swiglu_ring<TG_TYPE_Q6_K, 1>)
-                                                      : (m4 ? k_mv_swiglu_ring<TG_TYPE_Q8_0, 4>
-                                                            : k_mv_swiglu_ring<TG_TYPE_Q8_0, 1>),
-                               grid, 8 * TG_WARP, sm_ring, s, g, u, K, x, y, out));
-        return 0;
-    }
+    const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
     if (fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024) {
-        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? (m4 ? k_mv_swiglu_stream_cap<TG_TYPE_Q4_K>
-                                                            : k_mv_swiglu_stream<TG_TYPE_Q4_K>)
-                               : type == TG_TYPE_Q6_K ? (m4 ? k_mv_swiglu_stream_cap<TG_TYPE_Q6_K>
-                                                            : k_mv_swiglu_stream<TG_TYPE_Q6_K>)
-                                                      : (m4 ? k_mv_swiglu_stream_cap<TG_TYPE_Q8_0>
-                                                            : k_mv_swiglu_stream<TG_TYPE_Q8_0>),
+        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
+                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
+                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
                                grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
         return 0;
     }
@@ -3213,8 +3010,8 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
 
 int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *v, const float *wq, const float *wk,
                    int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0, float base, int neox,
-                   float eps, void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, int rope_ready,
-                   void *scratch, tg_err *e)
+                   float eps, void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch,
+                   tg_err *e)
 {
     if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 || head_dim % 32 ||
         head_dim > 4 * ATT_THREADS || !scratch)
@@ -3233,39 +3030,8 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
     const size_t shm = (size_t)head_dim * sizeof(float) + 2 * (size_t)stage_keys * rowb;
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
                            q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
-                           scale, part, count, out, oq, q_out, stage_keys,
-                           rope_ready ? (const float2 *)((uint8_t *)scratch + att_rope_off(n_head, head_dim)) : NULL));
+                           scale, part, count, out, oq, q_out, stage_keys));
     return 0;
-}
-
-/* The step's RoPE cosines and sines (rope_cs at *pos0), pair i at tab[i]. */
-__global__ void k_rope_step(const int32_t *pos0, float theta_scale, int half, float2 *tab)
-{
-    pdl_trigger();
-    pdl_wait();
-    const int pos = *pos0;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float c, sn;
-        rope_cs(pos, theta_scale, i, &c, &sn);
-        tab[i] = make_float2(c, sn);
-    }
-}
-
-int gk_rope_step(cudaStream_t s, const int32_t *pos0, float base, int head_dim, int n_head, void *scratch, tg_err *e)
-{
-    if (head_dim <= 0 || head_dim % 2 || head_dim / 2 > ROPE_STEP_MAX || !scratch)
-        return tg_errf(e, "gpu rope_step: head_dim=%d: expected an even head_dim up to %d, and scratch", head_dim,
-                       2 * ROPE_STEP_MAX);
-    const float theta_scale = powf(base, -2.0f / (float)head_dim);
-    float2 *tab = (float2 *)((uint8_t *)scratch + att_rope_off(n_head, head_dim));
-    GPU_CHECK(e, gk_launch(k_rope_step, 1, 128, 0, s, pos0, theta_scale, head_dim / 2, tab));
-    return 0;
-}
-
-int gk_rope_step_on(void)
-{
-    static int on = -1;
-    return env_switch(&on, "TG_GPU_ROPE_STEP", 0);
 }
 
 /* ---- the settings in force --------------------------------------------------- */
@@ -3294,10 +3060,4 @@ void gk_describe(char *buf, size_t n)
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
-    const size_t used = strlen(buf);
-    if (used < n)
-        snprintf(buf + used, n - used, "%s%s%s", mv_minb() == 8 ? ", mat-vec 64 registers" : mv_minb() == 6 ? ", mat-vec 80 registers" : "",
-                 swiglu_minb() == 4 ? ", gate/up 64 registers" : "", swiglu_ring_on() ? ", gate/up one ring" : "");
-    const size_t used2 = strlen(buf);
-    if (used2 < n && gk_rope_step_on()) snprintf(buf + used2, n - used2, ", RoPE table a step");
 }

@@ -221,24 +221,13 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
  * (as gk_kv_store), attention over rows 0..*pos0 in key ranges merged as
  * gk_attention's, the output into out and quantized into oq. q, k and v are
  * read only; n_ctx: the cache's rows (*pos0 < n_ctx). q_out (NULL: not
- * kept): the normed, rotated q. rope_ready: the RoPE angles' cosines
- * and sines are read from the table gk_rope_step wrote into scratch at
- * *pos0 earlier in the stream (the same values; 0: each block computes
- * them). scratch: gk_attention_scratch bytes, zeroed once before the first
- * call (the kernel leaves its counters at zero). */
+ * kept): the normed, rotated q. scratch: gk_attention_scratch bytes,
+ * zeroed once before the first call (the kernel leaves its counters at
+ * zero). */
 int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *v, const float *wq, const float *wk,
                    int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0, float base, int neox,
-                   float eps, void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, int rope_ready,
-                   void *scratch, tg_err *e);
-
-/* The RoPE cosines and sines of every pair at *pos0 (as gk_rope computes
- * them) into scratch (gk_attention_scratch(n_head, head_dim) bytes), once
- * a step for every layer's gk_attn_decode with rope_ready. */
-int gk_rope_step(cudaStream_t s, const int32_t *pos0, float base, int head_dim, int n_head, void *scratch, tg_err *e);
-
-/* TG_GPU_ROPE_STEP=1 (read once): the fused step takes its RoPE angles from
- * one gk_rope_step table instead of every attention block computing them. */
-int gk_rope_step_on(void);
+                   float eps, void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch,
+                   tg_err *e);
 
 /* The kernel settings the environment chose (TG_GPU_MMVQ, TG_GPU_TC,
  * TG_GPU_ATT_TC, TG_GPU_ATT_SPLITS, TG_GPU_STREAM,
