@@ -132,7 +132,7 @@ struct tg_session {
     tg_dump_fn dump_fn;
     void *dump_ud;
     tg_replay *replay;       /* a stage replay in progress, or NULL (replay_hook.h) */
-    char device[192];        /* the tier's describe() of this session */
+    char device[512];        /* the tier's describe() of this session */
 };
 
 /* Calls the dump hook for (layer, stage) with n floats. Returns 0 or -1. */

@@ -64,7 +64,8 @@ typedef struct arm_fp {
     char bin[65];            /* sha256 of the leg's binary: a llama arm's library, else its worker */
     char bin_name[64];       /* its file name */
     char worker[65];         /* the worker's own sha256 from its hello, when another file, else "" */
-    char device[128];
+    char *device;            /* its leg's device description (owned), whole: a description
+                              * cut short would hide a change in its tail */
 } arm_fp;
 
 typedef struct run_pt {
@@ -131,7 +132,10 @@ static void history_free(history *h)
 {
     for (int i = 0; i < h->n; i++) {
         free(h->runs[i].spec_text);
-        for (int a = 0; a < MAX_ARMS; a++) free(h->runs[i].fp[a].config);
+        for (int a = 0; a < MAX_ARMS; a++) {
+            free(h->runs[i].fp[a].config);
+            free(h->runs[i].fp[a].device);
+        }
     }
     free(h->runs);
     memset(h, 0, sizeof *h);
@@ -263,7 +267,8 @@ static int load_fp(sqlite3 *db, history *h, run_pt *rp, tg_err *e)
         const char *w = json_string_value(json_object_get(json_object_get(hello, "arm"), "binary_sha256"));
         if (w && strcmp(w, f->bin)) snprintf(f->worker, sizeof f->worker, "%s", w);
         json_decref(hello);
-        snprintf(f->device, sizeof f->device, "%s", col(s, 6));
+        free(f->device);
+        f->device = xstrdup(col(s, 6));
     }
     sqlite3_finalize(s);
     return 0;
@@ -554,7 +559,8 @@ static void describe_cause(const history *h, const run_pt *x, const run_pt *y, i
         sb_printf(out, " (%s itself unchanged)", h->arms[focus]);
     /* context */
     for (int a = 0; a < h->n_arms; a++)
-        if (x->fp[a].in_run && y->fp[a].in_run && strcmp(x->fp[a].device, y->fp[a].device))
+        if (x->fp[a].in_run && y->fp[a].in_run && x->fp[a].device && y->fp[a].device &&
+            strcmp(x->fp[a].device, y->fp[a].device))
             sb_printf(out, "; device of %s: %s -> %s", h->arms[a], x->fp[a].device, y->fp[a].device);
     if (strcmp(x->host, y->host)) sb_printf(out, "; host %s -> %s", x->host, y->host);
     if (strcmp(x->version, y->version)) sb_printf(out, "; tokgate %s -> %s", x->version, y->version);

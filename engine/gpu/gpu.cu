@@ -50,7 +50,7 @@ struct tg_gpu {
     tg_hparams hp;
     int kv_f32, n_ctx, n_batch;  /* the session's resolved options */
     int no_graph;                /* the option, or forced by TG_GPU_PROFILE */
-    char device[192];            /* the description (describe) */
+    char device[512];            /* the description (describe); the kernel settings make it long */
     int drop;                    /* TG_GPU_TIMING_DROP: launch classes left out of fused steps (DROP_*) */
     int want_dump;               /* the eval in progress dumps its last token */
     int sel_k;                   /* top entries the last eval selected on the device; 0: none */
@@ -250,7 +250,7 @@ static int parse_drop(const char *v, int *mask, tg_err *e)
     for (;;) {
         const size_t n = strcspn(p, ",");
         int found = 0;
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < (int)(sizeof drop_names / sizeof drop_names[0]); i++)
             if (strlen(drop_names[i]) == n && !strncmp(p, drop_names[i], n)) {
                 *mask |= 1 << i;
                 found = 1;
@@ -414,7 +414,7 @@ static int gpu_init(tg_session *ss, tg_err *e)
         }
     }
     {
-        char ks[160];
+        char ks[384];
         gk_describe(ks, sizeof ks);
         const size_t len = strlen(g->device);
         snprintf(g->device + len, sizeof g->device - len, ", %s decode, %s", g->fused ? "fused" : "plain", ks);
