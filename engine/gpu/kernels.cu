@@ -2566,8 +2566,9 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
  * XE: each chunk's first activation load is issued before the wait on the
  * chunk's weights, so that its latency (an L2 read where the activations
  * are not yet in this multiprocessor's L1) overlaps the wait rather than
- * following it (TG_GPU_X_EARLY=1, an A/B candidate). */
-template <int TYPE, int NR, int XE = 0>
+ * following it (TG_GPU_X_EARLY=1, an A/B candidate). ST: the ring's
+ * stages (FZ_STAGES; more for Q4_K rows under TG_GPU_Q4_STAGES). */
+template <int TYPE, int NR, int XE = 0, int ST = FZ_STAGES>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
                                                uint8_t *sm, float *acc)
 {
@@ -2580,20 +2581,20 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
         if (c < nch)
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
+                uint8_t *dst = sm + (size_t)(r * ST + c % ST) * C::BYTES;
                 const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
         cp_async_commit();
     };
 #pragma unroll
-    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
+    for (int c = 0; c < ST - 1; c++) issue(c);
     pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
     for (int c = 0; c < nch; c++) {
-        issue(c + FZ_STAGES - 1);
+        issue(c + ST - 1);
         typename fz_x<TYPE>::T xv0;
         if (XE) fz_load_x(x, c * C::CB + lane / F::PARTS, lane % F::PARTS, xv0);
-        cp_async_wait<FZ_STAGES - 1>();
+        cp_async_wait<ST - 1>();
         warp_sync();
 #pragma unroll
         for (int it = 0; it < C::ITERS; it++) {
@@ -2604,7 +2605,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
             else fz_load_x(x, c * C::CB + ibl, part, xv);
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+                acc[r] += fz_part(sm + (size_t)(r * ST + c % ST) * C::BYTES + ibl * F::BYTES, part, xv);
         }
         warp_sync();   /* every lane is done with this stage before it is refilled */
     }
@@ -2613,7 +2614,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-template <int TYPE, int NR, int XE>
+template <int TYPE, int NR, int XE, int ST>
 __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
                                               int accumulate, uint8_t *sm)
 {
@@ -2624,7 +2625,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
     float acc[NR];
-    fz_stream_rows<TYPE, NR, XE>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
+    fz_stream_rows<TYPE, NR, XE, ST>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2639,7 +2640,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * streams at this K (checked by the launcher). Dynamic shared memory:
  * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
  * segments' types). */
-template <int NR, int XE>
+template <int NR, int XE, int ST = FZ_STAGES>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
 k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
 {
@@ -2655,9 +2656,9 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR, XE>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR, XE>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR, XE>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR, XE, ST>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR, XE, ST>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR, XE, ST>(sg, grp * NR, K, x, lane, accumulate, sm); break;
         }
     }
     pdl_wait();   /* a warp without rows also completes after the previous kernel */
@@ -2704,6 +2705,10 @@ int gk_init(tg_err *e)
                                       FZ_SMEM_OPTIN));
     GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, 0, 8>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, 1, 8>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
     for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
@@ -2783,6 +2788,17 @@ static int fz_x_early(void)
 {
     static int on = -1;
     return env_switch(&on, "TG_GPU_X_EARLY", 0);
+}
+
+/* TG_GPU_Q4_STAGES=1: a streamed mat-vec whose segments are all Q4_K (its
+ * 576-byte chunks) streams two rows a warp through rings of 8 stages
+ * instead of FZ_STAGES, twice the bytes in flight a warp; off by default
+ * until a device A/B keeps it (session 5 measured 8 stages for every type,
+ * before two rows a warp and PDL, at 287 -> 277 tok/s) */
+static int fz_q4_deep(void)
+{
+    static int on = -1;
+    return env_switch(&on, "TG_GPU_Q4_STAGES", 0);
 }
 
 /* TG_GPU_STREAM_ROWS (read once): 2 rows per warp (the default), 1, or 3
@@ -2878,21 +2894,6 @@ __device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, 
     __syncthreads();
 }
 
-/* Decode attention of one token in one launch: a thread block per (query
- * head h, key range z of gridDim.y). Each block takes the head's q through
- * its RMS norm and RoPE itself (nothing is written back); the block whose
- * range holds the new position also takes the kv head's k through norm and
- * RoPE and stores k and v at cache row *pos0 (the blocks of the other
- * query heads of the group store the same bytes). Then attn_range over the
- * range, the partial result into part, and the last block of the head to
- * arrive (count[h], left at 0 again) merges the ranges as k_attn_combine,
- * writes the head's output and quantizes it for the output projection.
- * With stage_keys > 0 (every range at most that long) the range's cached
- * K and V rows are copied into shared memory before the kernel waits on
- * the mat-vec (they were written by earlier steps), all at once, and the
- * new row joins them there. q_out (when not NULL): the normed, rotated q,
- * for tests. Dynamic shared memory: head_dim floats, then 2 * stage_keys
- * rows of K and V. */
 /* What every block of a decode attention does before the merge: the
  * (head h, key range z of nsplit) block's q through norm and RoPE, the new
  * k and v into the cache (the range holding the position), then
@@ -3115,14 +3116,16 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
         const int want2 = nr_env == 2 || (nr_env == 3 && chunk_max != fz_chunk_bytes(TG_TYPE_Q6_K));
         const int nr = want2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
-        const int ring = nr * FZ_STAGES * chunk_max;
+        const int deep = nr == 2 && fz_q4_deep() && chunk_max == fz_chunk_bytes(TG_TYPE_Q4_K);
+        const int ring = nr * (deep ? 8 : FZ_STAGES) * chunk_max;
         int groups = 0;   /* of nr rows, a warp each */
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
         const int xe = fz_x_early();
-        GPU_CHECK(e, gk_launch(nr == 2 ? (xe ? k_mv_stream<2, 1> : k_mv_stream<2, 0>)
-                                       : (xe ? k_mv_stream<1, 1> : k_mv_stream<1, 0>), grid, FZ_WARPS * TG_WARP,
+        GPU_CHECK(e, gk_launch(deep    ? (xe ? k_mv_stream<2, 1, 8> : k_mv_stream<2, 0, 8>)
+                               : nr == 2 ? (xe ? k_mv_stream<2, 1> : k_mv_stream<2, 0>)
+                                         : (xe ? k_mv_stream<1, 1> : k_mv_stream<1, 0>), grid, FZ_WARPS * TG_WARP,
                                (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
         return 0;
     }
@@ -3241,11 +3244,12 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits%s, %s mat-vec%s%s, top-k %s%s",
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits%s, %s mat-vec%s%s%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), att_cluster() ? " (one cluster a head)" : "",
              fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
              fz_stream_on() && fz_x_early() ? ", activations early" : "",
+             fz_stream_on() && fz_q4_deep() ? ", Q4_K rings of 8" : "",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }
