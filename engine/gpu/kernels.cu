@@ -16,10 +16,6 @@
 
 #include <math.h>
 #include <stdio.h>
-#ifndef TG_GPU_HIP
-#include <cooperative_groups.h>
-namespace cg = cooperative_groups;
-#endif
 
 /* A switch read once from the environment into *cache (-1: not read yet):
  * "1..." on, "0..." off, unset or anything else def. */
@@ -1516,35 +1512,13 @@ __device__ __forceinline__ float kv_at(const void *c, size_t i)
 #define ATT_SPLITS_MAX 128   /* key ranges of a single-token step, one block each: at most */
 #define ATT_SPLITS_DEF 32    /* and by default (TG_GPU_ATT_SPLITS=n, 1..ATT_SPLITS_MAX, read once) */
 
-#define ATT_CLUSTER_MAX 16   /* thread blocks of a cluster (Hopper's non-portable limit) */
-
-/* TG_GPU_ATT_CLUSTER=n (2..16, read once; an A/B candidate, off by
- * default): a single-token step's key ranges of one head are one thread
- * block cluster of n blocks, merged through distributed shared memory
- * (k_attn_decode_cl) instead of global memory, a fence and an arrival
- * counter; the step then has n key ranges (also in gk_attention, so the
- * two still agree bit for bit). 0 where clusters are missing (HIP). */
-static int att_cluster(void)
-{
-    static int n = -1;
-    if (n < 0) {
-        const char *env = getenv("TG_GPU_ATT_CLUSTER");
-        const int v = env ? atoi(env) : 0;
-        n = v >= 2 && v <= ATT_CLUSTER_MAX ? v : 0;
-#ifdef TG_GPU_HIP
-        n = 0;
-#endif
-    }
-    return n;
-}
-
 static int att_splits(void)
 {
     static int n = 0;
     if (!n) {
         const char *env = getenv("TG_GPU_ATT_SPLITS");
         const int v = env ? atoi(env) : 0;
-        n = att_cluster() ? att_cluster() : v >= 1 && v <= ATT_SPLITS_MAX ? v : ATT_SPLITS_DEF;
+        n = v >= 1 && v <= ATT_SPLITS_MAX ? v : ATT_SPLITS_DEF;
     }
     return n;
 }
@@ -1676,49 +1650,30 @@ k_attention(const float *q, const void *kc, const void *vc, float *out, int n_he
  * M the largest m_z; returns the denominator sum_z s_z f[z] (every thread).
  * The m and s of all splits are loaded at once (a thread per split), not
  * one after the other. blockDim.x a multiple of TG_WARP. */
-template <typename LD>
-__device__ __forceinline__ float attn_split_weights_ld(LD ld, int nsplit, float *f, float *red)
+__device__ float attn_split_weights(const float *pp, int head_dim, int nsplit, float *f, float *red)
 {
     float mx = -INFINITY;
-    for (int z = threadIdx.x; z < nsplit; z += blockDim.x) mx = fmaxf(mx, ld(z, 0));
+    for (int z = threadIdx.x; z < nsplit; z += blockDim.x)
+        mx = fmaxf(mx, ld_l2(pp + (size_t)z * (head_dim + 2)));
     const float M = block_max(mx, red);
     float den = 0.0f;
     for (int z = threadIdx.x; z < nsplit; z += blockDim.x) {
-        const float m = ld(z, 0);
+        const float m = ld_l2(pp + (size_t)z * (head_dim + 2));
         const float w = m != -INFINITY ? expf(m - M) : 0.0f;
         f[z] = w;
-        den += ld(z, 1) * w;
+        den += ld_l2(pp + (size_t)z * (head_dim + 2) + 1) * w;
     }
     den = block_sum(den, red);   /* its barriers also publish f */
     return den;
 }
 
-/* Dimension d of the merged splits' numerator: sum_z acc_z[d] f[z]. ld(z,
- * i): value i of split z's partial result (attn_part_store's layout). */
-template <typename LD>
-__device__ __forceinline__ float attn_merge_dim_ld(LD ld, int nsplit, const float *f, int d)
+/* Dimension d of the merged splits' numerator: sum_z acc_z[d] f[z]. */
+__device__ __forceinline__ float attn_merge_dim(const float *pp, int head_dim, int nsplit, const float *f, int d)
 {
     float num = 0.0f;
 #pragma unroll 8
-    for (int z = 0; z < nsplit; z++) num += ld(z, 2 + d) * f[z];
+    for (int z = 0; z < nsplit; z++) num += ld_l2(pp + (size_t)z * (head_dim + 2) + 2 + d) * f[z];
     return num;
-}
-
-/* The partial results in global memory, written by other thread blocks. */
-struct attn_part_l2 {
-    const float *pp;
-    int stride;
-    __device__ float operator()(int z, int i) const { return ld_l2(pp + (size_t)z * stride + i); }
-};
-
-__device__ float attn_split_weights(const float *pp, int head_dim, int nsplit, float *f, float *red)
-{
-    return attn_split_weights_ld(attn_part_l2{pp, head_dim + 2}, nsplit, f, red);
-}
-
-__device__ __forceinline__ float attn_merge_dim(const float *pp, int head_dim, int nsplit, const float *f, int d)
-{
-    return attn_merge_dim_ld(attn_part_l2{pp, head_dim + 2}, nsplit, f, d);
 }
 
 /* Merges the splits of one (head, token): out = sum_s acc_s e^(m_s - M) /
@@ -2562,13 +2517,8 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
 }
 
 /* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
- * chunks of this warp); acc[r] summed over the warp (every lane has them).
- * XE: each chunk's first activation load is issued before the wait on the
- * chunk's weights, so that its latency (an L2 read where the activations
- * are not yet in this multiprocessor's L1) overlaps the wait rather than
- * following it (TG_GPU_X_EARLY=1, an A/B candidate). ST: the ring's
- * stages (FZ_STAGES; more for Q4_K rows under TG_GPU_Q4_STAGES). */
-template <int TYPE, int NR, int XE = 0, int ST = FZ_STAGES>
+ * chunks of this warp); acc[r] summed over the warp (every lane has them). */
+template <int TYPE, int NR>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
                                                uint8_t *sm, float *acc)
 {
@@ -2581,31 +2531,28 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
         if (c < nch)
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * ST + c % ST) * C::BYTES;
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
                 const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
         cp_async_commit();
     };
 #pragma unroll
-    for (int c = 0; c < ST - 1; c++) issue(c);
+    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
     pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
     for (int c = 0; c < nch; c++) {
-        issue(c + ST - 1);
-        typename fz_x<TYPE>::T xv0;
-        if (XE) fz_load_x(x, c * C::CB + lane / F::PARTS, lane % F::PARTS, xv0);
-        cp_async_wait<ST - 1>();
+        issue(c + FZ_STAGES - 1);
+        cp_async_wait<FZ_STAGES - 1>();
         warp_sync();
 #pragma unroll
         for (int it = 0; it < C::ITERS; it++) {
             const int p = it * TG_WARP + lane;
             const int ibl = p / F::PARTS, part = p % F::PARTS;
             typename fz_x<TYPE>::T xv;
-            if (XE && it == 0) xv = xv0;
-            else fz_load_x(x, c * C::CB + ibl, part, xv);
+            fz_load_x(x, c * C::CB + ibl, part, xv);
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * ST + c % ST) * C::BYTES + ibl * F::BYTES, part, xv);
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
         }
         warp_sync();   /* every lane is done with this stage before it is refilled */
     }
@@ -2614,7 +2561,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-template <int TYPE, int NR, int XE, int ST>
+template <int TYPE, int NR>
 __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
                                               int accumulate, uint8_t *sm)
 {
@@ -2625,7 +2572,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
     float acc[NR];
-    fz_stream_rows<TYPE, NR, XE, ST>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2640,7 +2587,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * streams at this K (checked by the launcher). Dynamic shared memory:
  * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
  * segments' types). */
-template <int NR, int XE, int ST = FZ_STAGES>
+template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
 k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
 {
@@ -2656,9 +2603,9 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR, XE, ST>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR, XE, ST>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR, XE, ST>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
         }
     }
     pdl_wait();   /* a warp without rows also completes after the previous kernel */
@@ -2697,18 +2644,10 @@ static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, 
 
 int gk_init(tg_err *e)
 {
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, 0, 8>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, 1, 8>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
     for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
@@ -2747,7 +2686,7 @@ int gk_pdl_on(void)
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
  * rows at a time (8 warps, 4 pairs each). */
-template <int TYPE, int XE>
+template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
                    gk_q8 out)
@@ -2764,7 +2703,7 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2, XE>(wr, nb, x, lane, sm, gu);
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2779,26 +2718,6 @@ static int fz_stream_on(void)
 {
     static int on = -1;
     return env_switch(&on, "TG_GPU_STREAM", 1);
-}
-
-/* TG_GPU_X_EARLY=1: the streamed mat-vecs issue each chunk's activation
- * load before waiting on its weights (fz_stream_rows' XE); off by default
- * until a device A/B keeps it */
-static int fz_x_early(void)
-{
-    static int on = -1;
-    return env_switch(&on, "TG_GPU_X_EARLY", 0);
-}
-
-/* TG_GPU_Q4_STAGES=1: a streamed mat-vec whose segments are all Q4_K (its
- * 576-byte chunks) streams two rows a warp through rings of 8 stages
- * instead of FZ_STAGES, twice the bytes in flight a warp; off by default
- * until a device A/B keeps it (session 5 measured 8 stages for every type,
- * before two rows a warp and PDL, at 287 -> 277 tok/s) */
-static int fz_q4_deep(void)
-{
-    static int on = -1;
-    return env_switch(&on, "TG_GPU_Q4_STAGES", 0);
 }
 
 /* TG_GPU_STREAM_ROWS (read once): 2 rows per warp (the default), 1, or 3
@@ -2894,24 +2813,38 @@ __device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, 
     __syncthreads();
 }
 
-/* What every block of a decode attention does before the merge: the
- * (head h, key range z of nsplit) block's q through norm and RoPE, the new
- * k and v into the cache (the range holding the position), then
- * attn_range over the range, staged or not; leaves the range's running
- * max, sum and unnormalized output (acc). qs: the dynamic shared memory
- * (head_dim floats, then the staged rows); sc and red: the kernel's. */
+/* Decode attention of one token in one launch: a thread block per (query
+ * head h, key range z of gridDim.y). Each block takes the head's q through
+ * its RMS norm and RoPE itself (nothing is written back); the block whose
+ * range holds the new position also takes the kv head's k through norm and
+ * RoPE and stores k and v at cache row *pos0 (the blocks of the other
+ * query heads of the group store the same bytes). Then attn_range over the
+ * range, the partial result into part, and the last block of the head to
+ * arrive (count[h], left at 0 again) merges the ranges as k_attn_combine,
+ * writes the head's output and quantizes it for the output projection.
+ * With stage_keys > 0 (every range at most that long) the range's cached
+ * K and V rows are copied into shared memory before the kernel waits on
+ * the mat-vec (they were written by earlier steps), all at once, and the
+ * new row joins them there. q_out (when not NULL): the normed, rotated q,
+ * for tests. Dynamic shared memory: head_dim floats, then 2 * stage_keys
+ * rows of K and V. */
 template <int F16>
-__device__ __forceinline__ void attn_decode_range(const float *q, const float *k, const float *v, const float *wq,
-                                                  const float *wk, int h, int z, int nsplit, int n_head,
-                                                  int n_head_kv, int head_dim, const int32_t *pos0,
-                                                  float theta_scale, int neox, float eps, void *kc, void *vc,
-                                                  float scale, float *q_out, int stage_keys, float *qs, float *sc,
-                                                  float *red, float acc[4], float *run_max, float *run_sum)
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
+              int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
+              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys)
 {
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[32];
+    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ int last;
+    extern __shared__ __align__(16) float qs[]; /* head_dim, then the staged rows */
+    pdl_trigger();
     /* the position is the step's parameter, copied before the step's first
      * kernel: its angles and the range's cached rows are read before
      * waiting on the mat-vec */
     const int pos = *pos0, n_kv = pos + 1;
+    const int h = blockIdx.x, z = blockIdx.y, nsplit = gridDim.y;
     const int hkv = h / (n_head / n_head_kv);
     const size_t kv_row = (size_t)n_head_kv * head_dim;
     const int per = (n_kv + nsplit - 1) / nsplit;
@@ -2959,58 +2892,17 @@ __device__ __forceinline__ void attn_decode_range(const float *q, const float *k
         }
         __syncthreads();   /* the row is visible to this block's threads */
     }
+    float acc[4] = {0, 0, 0, 0};
+    float run_max, run_sum;
     if (staged) {   /* the same arithmetic over the staged rows, keys renumbered from jb */
         cp_async_wait<0>();
         __syncthreads();
-        attn_range<F16>(qs, ks, vs, 0, head_dim, head_dim, 0, nk, scale, NULL, NULL, 0, sc, red, acc, run_max,
-                        run_sum);
+        attn_range<F16>(qs, ks, vs, 0, head_dim, head_dim, 0, nk, scale, NULL, NULL, 0, sc, red, acc, &run_max,
+                        &run_sum);
     } else {
-        attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, NULL, NULL, 0, sc, red, acc, run_max,
-                        run_sum);
+        attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, NULL, NULL, 0, sc, red, acc, &run_max,
+                        &run_sum);
     }
-}
-
-/* Head h's merged output, dimension d (whole warps: head_dim % 32 == 0),
- * into out and quantized for the output projection. */
-__device__ __forceinline__ void attn_decode_out(float val, int h, int head_dim, int d, float *out, const gk_q8 &oq)
-{
-    const size_t i = (size_t)h * head_dim + d;
-    out[i] = val;
-    q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
-}
-
-/* Decode attention of one token in one launch: a thread block per (query
- * head h, key range z of gridDim.y). Each block takes the head's q through
- * its RMS norm and RoPE itself (nothing is written back); the block whose
- * range holds the new position also takes the kv head's k through norm and
- * RoPE and stores k and v at cache row *pos0 (the blocks of the other
- * query heads of the group store the same bytes). Then attn_range over the
- * range, the partial result into part, and the last block of the head to
- * arrive (count[h], left at 0 again) merges the ranges as k_attn_combine,
- * writes the head's output and quantizes it for the output projection.
- * With stage_keys > 0 (every range at most that long) the range's cached
- * K and V rows are copied into shared memory before the kernel waits on
- * the mat-vec (they were written by earlier steps), all at once, and the
- * new row joins them there. q_out (when not NULL): the normed, rotated q,
- * for tests. Dynamic shared memory: head_dim floats, then 2 * stage_keys
- * rows of K and V. */
-template <int F16>
-__global__ void __launch_bounds__(ATT_THREADS)
-k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
-              int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
-              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys)
-{
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float red[32];
-    __shared__ float f[ATT_SPLITS_MAX];
-    __shared__ int last;
-    extern __shared__ __align__(16) float qs[]; /* head_dim, then the staged rows */
-    pdl_trigger();
-    const int h = blockIdx.x, z = blockIdx.y, nsplit = gridDim.y;
-    float acc[4] = {0, 0, 0, 0};
-    float run_max, run_sum;
-    attn_decode_range<F16>(q, k, v, wq, wk, h, z, nsplit, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps,
-                           kc, vc, scale, q_out, stage_keys, qs, sc, red, acc, &run_max, &run_sum);
     const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
     attn_part_store(part + ((size_t)h * nsplit + z) * (head_dim + 2), head_dim, run_max, run_sum, acc);
     __threadfence();
@@ -3020,56 +2912,14 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
     if (!last) return;
     __threadfence();
     const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-        attn_decode_out(attn_merge_dim(pp, head_dim, nsplit, f, d) / den, h, head_dim, d, out, oq);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
+        const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
+        const size_t i = (size_t)h * head_dim + d;
+        out[i] = val;
+        q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+    }
     if (threadIdx.x == 0) count[h] = 0;
 }
-
-#ifndef TG_GPU_HIP
-/* The partial results in the shared memory of the cluster's blocks (block
- * z's, rank z, at p in each). */
-struct attn_part_dsm {
-    cg::cluster_group cl;
-    float *p;
-    __device__ float operator()(int z, int i) const { return *cl.map_shared_rank(p + i, z); }
-};
-
-/* k_attn_decode with a head's key ranges as one thread block cluster
- * (gridDim.x == the cluster's size == the ranges, blockIdx.y the head): each
- * block keeps its partial result in its own shared memory, and after the
- * cluster's barrier the block of rank 0 merges them through distributed
- * shared memory, in k_attn_combine's order; a second barrier keeps every
- * block's shared memory alive until the merge has read it. No global
- * scratch, fence or counter. */
-template <int F16>
-__global__ void __launch_bounds__(ATT_THREADS)
-k_attn_decode_cl(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
-                 int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
-                 void *vc, float scale, float *out, gk_q8 oq, float *q_out, int stage_keys)
-{
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float red[32];
-    __shared__ float f[ATT_CLUSTER_MAX];
-    __shared__ float pl[2 + 4 * ATT_THREADS];   /* this block's partial result */
-    extern __shared__ __align__(16) float qs[];
-    pdl_trigger();
-    cg::cluster_group cl = cg::this_cluster();
-    const int z = blockIdx.x, h = blockIdx.y, nsplit = gridDim.x;
-    float acc[4] = {0, 0, 0, 0};
-    float run_max, run_sum;
-    attn_decode_range<F16>(q, k, v, wq, wk, h, z, nsplit, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps,
-                           kc, vc, scale, q_out, stage_keys, qs, sc, red, acc, &run_max, &run_sum);
-    attn_part_store(pl, head_dim, run_max, run_sum, acc);
-    cl.sync();
-    if (z == 0) {
-        const attn_part_dsm ld{cl, pl};
-        const float den = attn_split_weights_ld(ld, nsplit, f, red);
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-            attn_decode_out(attn_merge_dim_ld(ld, nsplit, f, d) / den, h, head_dim, d, out, oq);
-    }
-    cl.sync();
-}
-#endif
 
 int gk_fused_type_supported(uint32_t type)
 {
@@ -3116,16 +2966,12 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
         const int want2 = nr_env == 2 || (nr_env == 3 && chunk_max != fz_chunk_bytes(TG_TYPE_Q6_K));
         const int nr = want2 && (size_t)FZ_WARPS * 2 * FZ_STAGES * chunk_max <= lim ? 2 : 1;
-        const int deep = nr == 2 && fz_q4_deep() && chunk_max == fz_chunk_bytes(TG_TYPE_Q4_K);
-        const int ring = nr * (deep ? 8 : FZ_STAGES) * chunk_max;
+        const int ring = nr * FZ_STAGES * chunk_max;
         int groups = 0;   /* of nr rows, a warp each */
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
-        const int xe = fz_x_early();
-        GPU_CHECK(e, gk_launch(deep    ? (xe ? k_mv_stream<2, 1, 8> : k_mv_stream<2, 0, 8>)
-                               : nr == 2 ? (xe ? k_mv_stream<2, 1> : k_mv_stream<2, 0>)
-                                         : (xe ? k_mv_stream<1, 1> : k_mv_stream<1, 0>), grid, FZ_WARPS * TG_WARP,
+        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
                                (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
         return 0;
     }
@@ -3147,13 +2993,9 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
     const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
     const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
     if (fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024) {
-        const int xe = fz_x_early();
-        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? (xe ? k_mv_swiglu_stream<TG_TYPE_Q4_K, 1>
-                                                            : k_mv_swiglu_stream<TG_TYPE_Q4_K, 0>)
-                               : type == TG_TYPE_Q6_K ? (xe ? k_mv_swiglu_stream<TG_TYPE_Q6_K, 1>
-                                                            : k_mv_swiglu_stream<TG_TYPE_Q6_K, 0>)
-                                                      : (xe ? k_mv_swiglu_stream<TG_TYPE_Q8_0, 1>
-                                                            : k_mv_swiglu_stream<TG_TYPE_Q8_0, 0>),
+        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
+                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
+                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
                                grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
         return 0;
     }
@@ -3165,7 +3007,6 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
 }
 
 #define AD_STAGE_MAX (24 * 1024)   /* bytes of staged K and V rows a block of gk_attn_decode may take */
-#define AD_STAGE_MAX_CL (40 * 1024)   /* and with a cluster a head (fewer, longer ranges, fewer blocks) */
 
 int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *v, const float *wq, const float *wk,
                    int n_head, int n_head_kv, int head_dim, int n_ctx, const int32_t *pos0, float base, int neox,
@@ -3185,38 +3026,8 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
     /* the longest key range at a context of n_ctx, staged when it fits */
     const size_t rowb = (size_t)head_dim * (kv_f16 ? 2 : 4);
     const int per_max = n_ctx > 0 ? (n_ctx + nsplit - 1) / nsplit : 0;
-    const int stage_keys = 2 * per_max * rowb <= (att_cluster() ? AD_STAGE_MAX_CL : AD_STAGE_MAX) ? per_max : 0;
+    const int stage_keys = 2 * per_max * rowb <= AD_STAGE_MAX ? per_max : 0;
     const size_t shm = (size_t)head_dim * sizeof(float) + 2 * (size_t)stage_keys * rowb;
-#ifndef TG_GPU_HIP
-    if (att_cluster()) {   /* the ranges of a head as one cluster (nsplit == att_cluster()) */
-        static int nonportable;
-        if (nsplit > 8 && !nonportable) {   /* beyond the portable cluster size */
-            GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_attn_decode_cl<0>,
-                                              cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_attn_decode_cl<1>,
-                                              cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            nonportable = 1;
-        }
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[2];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = nsplit;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[1].val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = dim3(nsplit, n_head);
-        cfg.blockDim = ATT_THREADS;
-        cfg.dynamicSmemBytes = shm;
-        cfg.stream = s;
-        cfg.attrs = at;
-        cfg.numAttrs = pdl_on ? 2 : 1;
-        GPU_CHECK(e, cudaLaunchKernelEx(&cfg, kv_f16 ? k_attn_decode_cl<1> : k_attn_decode_cl<0>, q, k, v, wq, wk,
-                                        n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc, scale,
-                                        out, oq, q_out, stage_keys));
-        return 0;
-    }
-#endif
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
                            q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
                            scale, part, count, out, oq, q_out, stage_keys));
@@ -3244,12 +3055,9 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits%s, %s mat-vec%s%s%s, top-k %s%s",
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
-             att_tc ? "tensor-core" : "cuda-core", att_splits(), att_cluster() ? " (one cluster a head)" : "",
-             fz_stream_on() ? "streamed" : "direct",
+             att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             fz_stream_on() && fz_x_early() ? ", activations early" : "",
-             fz_stream_on() && fz_q4_deep() ? ", Q4_K rings of 8" : "",
              topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }
