@@ -364,6 +364,24 @@ static int step_views(cmp_run *r, const cal_run *c, int p, int step, view *vs, i
     return n;
 }
 
+/* The exact arbiter's rule for a differing step (docs/verdicts.md, "Error
+ * budget"): 1 when exact arithmetic's own margin between the reference's
+ * token and the arm's is at most budget x the reference's max |logit
+ * difference| from exact arithmetic at this step (a build as far from exact
+ * as the reference could flip it), 0 when larger, -1 without an exact arm
+ * or its view of the step. */
+static int exact_tolerates(cmp_run *r, const cal_run *c, const cmp_row *row, const tg_top *rt, int j)
+{
+    if (c->exact < 0) return -1;
+    view x;
+    double eref = c->arms[r->ref].st[j].ex_max;
+    if (!arm_view(r, c->exact, row->prompt, row->step, &x) || !isfinite(eref)) return -1;
+    double lr = noise_logit(x.top, x.n_top, rt[0].id), lt = noise_logit(x.top, x.n_top, row->token);
+    if (!isfinite(lt)) lt = x.top[x.n_top - 1].logit; /* an upper bound of its logit */
+    if (!isfinite(lr)) return -1;
+    return lr - lt <= c->budget * eref;
+}
+
 /* Reclassifies row (of an arm leg compared with reference leg rl) under
  * the policy: NEAR_TIE when tolerated, else RANK2 / TOPK by rank. */
 static void reclassify(cmp_run *r, cal_run *c, int a, cmp_row *row, const cmp_lp *rlp, const view *vs,
@@ -379,14 +397,13 @@ static void reclassify(cmp_run *r, cal_run *c, int a, cmp_row *row, const cmp_lp
         double sp = sc && sc->run ? stored_spread(sc, r->prompts[row->prompt].name, row->step)
                                   : spread_for(r, c, vs, nv, a, rt[0].id, row->token);
         if (isfinite(sp)) tolerated = m < c->factor * sp;
-    } else if (!strcmp(r->policy, "error-budget") && c->exact >= 0) {
-        view x;
-        double eref = c->arms[r->ref].st[j].ex_max;
-        if (arm_view(r, c->exact, row->prompt, row->step, &x) && isfinite(eref)) {
-            double lr = noise_logit(x.top, x.n_top, rt[0].id), lt = noise_logit(x.top, x.n_top, row->token);
-            if (!isfinite(lt)) lt = x.top[x.n_top - 1].logit; /* an upper bound of its logit */
-            if (isfinite(lr)) tolerated = lr - lt <= c->budget * eref;
-        }
+        /* the panel's spread is a floor-less estimate: where its views
+         * stray together (one code base, a machine whose builds coincide)
+         * it can be far below the rounding the reference itself shows at
+         * this step, so the exact arbiter's rule also tolerates */
+        if (tolerated != 1 && exact_tolerates(r, c, row, rt, j) == 1) tolerated = 1;
+    } else if (!strcmp(r->policy, "error-budget")) {
+        tolerated = exact_tolerates(r, c, row, rt, j);
     }
     if (tolerated < 0) return;
     row->cls = tolerated ? CMP_NEAR_TIE : row->rank == 2 ? CMP_RANK2 : CMP_TOPK;

@@ -329,6 +329,34 @@ static void test_exact_budget(void **unused)
     store_close(st);
 }
 
+/* Under calibrated, the exact arbiter's rule is a floor under the panel's
+ * band. At p1/3 the panel's views of the margin of cpu's token agree
+ * closely (llama 0.12, llama-v 0.095, ref 0.09: band 2 x 0.03 = 0.06, below
+ * the reference's margin 0.12), as a panel whose builds stray together or
+ * coincide on one machine does; exact arithmetic's margin 0.09 is within 2 x
+ * the reference's own error there (0.05): a tie. With exact arithmetic's
+ * margin at 0.115 (over 0.10) the panel's band decides again: RANK2. */
+static void test_calibrated_exact_floor(void **unused)
+{
+    (void)unused;
+    int64_t run;
+    verdict_result vr;
+    g_arms[1].d[3] = 0.095, g_arms[4].d[3] = 0.09;
+    tg_store *st = scored_run("floor.db", "calibrated", 100, &run, &vr);
+    static const row_want tie[] = {
+        {"printf('%.2f', band)", "calib_arm_step", "arm='cpu' AND prompt='p1' AND step=3", "0.06"},
+        {"class", "compare", "arm='cpu' AND leg=1 AND prompt='p1' AND step=3", "NEAR_TIE"}};
+    want_rows(st, run, vr.set, tie);
+    store_close(st);
+    g_arms[4].d[3] = 0.115;
+    st = scored_run("floor2.db", "calibrated", 100, &run, &vr);
+    g_arms[1].d[3] = 0.10, g_arms[4].d[3] = -0.02;
+    static const row_want no_tie[] = {
+        {"class", "compare", "arm='cpu' AND leg=1 AND prompt='p1' AND step=3", "RANK2"}};
+    want_rows(st, run, vr.set, no_tie);
+    store_close(st);
+}
+
 /* A run without a panel takes the bands and limits of a stored
  * calibration of another spec on the same artifact (calibration.from). */
 static void test_stored(void **unused)
@@ -505,5 +533,5 @@ static void test_mutation_suite(void **unused)
 /* ------------------------------------------------------------------ */
 
 TG_TEST_MAIN(
-    test_bands, test_sentences, test_exact_budget, test_stored, test_prompt_subset, test_mutants_apply,
+    test_bands, test_sentences, test_exact_budget, test_calibrated_exact_floor, test_stored, test_prompt_subset, test_mutants_apply,
     test_mutation_suite)
