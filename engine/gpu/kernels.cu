@@ -2508,6 +2508,13 @@ template <int TYPE> struct fz_chunk {
     static_assert(ITERS * TG_WARP == CB * fz_fmt<TYPE>::PARTS, "chunk of whole warp iterations");
 };
 
+/* Chunks in a row of K values of type (whole chunks: fz_streams). */
+__host__ __device__ inline int fz_chunks(uint32_t type, int K)
+{
+    return type == TG_TYPE_Q4_K ? K / QK_K / fz_chunk<TG_TYPE_Q4_K>::CB
+         : type == TG_TYPE_Q6_K ? K / QK_K / fz_chunk<TG_TYPE_Q6_K>::CB : K / QK8_0 / fz_chunk<TG_TYPE_Q8_0>::CB;
+}
+
 /* Whether rows of K values of type stream in whole chunks. */
 __host__ __device__ inline int fz_streams(uint32_t type, int K)
 {
@@ -2561,9 +2568,11 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int c0,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
-                                              int accumulate, uint8_t *sm)
+/* NR rows of segment sg from row0, over the slice-th of S equal ranges of
+ * their chunks; acc as fz_stream_rows. */
+template <int TYPE, int NR, int STAGES>
+__device__ __forceinline__ void fz_split_rows(const gk_mv_seg &sg, int row0, int K, int slice, int S,
+                                              const gk_q8 &x, int lane, uint8_t *sm, float *acc)
 {
     const uint8_t *wr[NR];
 #pragma unroll
@@ -2571,8 +2580,16 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
         const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
+    const int nch = fz_chunks(TYPE, K);
+    fz_stream_rows<TYPE, NR, STAGES>(wr, slice * nch / S, (slice + 1) * nch / S, x, lane, sm, acc);
+}
+
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                              int accumulate, uint8_t *sm)
+{
     float acc[NR];
-    fz_stream_rows<TYPE, NR>(wr, 0, K / fz_fmt<TYPE>::QK / fz_chunk<TYPE>::CB, x, lane, sm, acc);
+    fz_split_rows<TYPE, NR, FZ_STAGES>(sg, row0, K, 0, 1, x, lane, sm, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2622,20 +2639,6 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
  * first warp adds them in slice order, so the result does not depend on
  * timing. Blocks hold FZ_WARPS / S groups. TYPE is the segments' one type,
  * or 0 for a launch of mixed types (a switch per group). */
-
-template <int TYPE, int NR, int STAGES>
-__device__ __forceinline__ void fz_split_rows(const gk_mv_seg &sg, int row0, int K, int slice, int S,
-                                              const gk_q8 &x, int lane, uint8_t *sm, float *acc)
-{
-    const uint8_t *wr[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
-        wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
-    }
-    const int nch = K / fz_fmt<TYPE>::QK / fz_chunk<TYPE>::CB;
-    fz_stream_rows<TYPE, NR, STAGES>(wr, slice * nch / S, (slice + 1) * nch / S, x, lane, sm, acc);
-}
 
 template <int TYPE, int NR, int S, int STAGES>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP, 8)
@@ -2791,13 +2794,12 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
     const size_t rb = fz_row_bytes(TYPE, K);
-    const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, 0, nb / fz_chunk<TYPE>::CB, x, lane, sm, gu);
+        fz_stream_rows<TYPE, 2>(wr, 0, fz_chunks(TYPE, K), x, lane, sm, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -3091,9 +3093,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         int slice_max = 0;   /* chunks in the longest slice */
         for (int i = 0; i < nseg; i++) {
             if (segs[i].type != t) t = 0;
-            const int nch = K / (segs[i].type == TG_TYPE_Q8_0 ? QK8_0 : QK_K) /
-                            (segs[i].type == TG_TYPE_Q4_K ? fz_chunk<TG_TYPE_Q4_K>::CB
-                             : segs[i].type == TG_TYPE_Q6_K ? fz_chunk<TG_TYPE_Q6_K>::CB : fz_chunk<TG_TYPE_Q8_0>::CB);
+            const int nch = fz_chunks(segs[i].type, K);
             if ((nch + S - 1) / S > slice_max) slice_max = (nch + S - 1) / S;
         }
         if (t == TG_TYPE_Q8_0) t = 0;

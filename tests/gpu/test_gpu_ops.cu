@@ -895,8 +895,8 @@ static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *row
             refs[i][r] = acc;
         }
         dws[i] = dev_upload(w.data(), w.size());
-        dys[i] = accumulate ? dev_upload(y0.data(), y0.size()) : dev_poisoned(rows[i]);
-        segs[i] = {types[i], dws[i], rows[i], dys[i]};
+        dys[i] = NULL;
+        segs[i] = {types[i], dws[i], rows[i], NULL};
     }
     /* whole rows a warp, then split-K: 2 and 4 warps a row pair, each ring
      * depth (gk_mv_split_set) */
@@ -906,7 +906,7 @@ static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *row
         snprintf(vname, sizeof vname, "%s split=%d stages=%d", name, splits[v][0], splits[v][1]);
         gk_mv_split_set(splits[v][0], splits[v][1]);
         for (int i = 0; i < nseg; i++) {   /* fresh y: the poison, or y0 to accumulate onto */
-            cudaFree(dys[i]);
+            if (dys[i]) cudaFree(dys[i]);
             dys[i] = accumulate ? dev_upload(y0s[i].data(), y0s[i].size()) : dev_poisoned(rows[i]);
             segs[i].y = dys[i];
         }
