@@ -224,7 +224,7 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
   timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model.txt" 2>&1   # the shipped model against the ref tier
   say "test_gpu_model (tiny) rc=$?"; grep -v '^OK' "$OUT/test_gpu_model.txt" | tail -4
-  cands="TG_GPU_SPLITK=2 TG_GPU_SPLITK=4 TG_GPU_SPLITK=2,TG_GPU_SPLIT_STAGES=2 TG_GPU_SPLITK=4,TG_GPU_SPLIT_STAGES=4"   # decode settings off by default, timed against the default (a comma joins one's variables)
+  cands=   # decode settings off by default, timed against the default (a comma joins one's variables)
   [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   timeout 90 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b.txt" 2>&1

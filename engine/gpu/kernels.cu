@@ -2508,13 +2508,6 @@ template <int TYPE> struct fz_chunk {
     static_assert(ITERS * TG_WARP == CB * fz_fmt<TYPE>::PARTS, "chunk of whole warp iterations");
 };
 
-/* Chunks in a row of K values of type (whole chunks: fz_streams). */
-__host__ __device__ inline int fz_chunks(uint32_t type, int K)
-{
-    return type == TG_TYPE_Q4_K ? K / QK_K / fz_chunk<TG_TYPE_Q4_K>::CB
-         : type == TG_TYPE_Q6_K ? K / QK_K / fz_chunk<TG_TYPE_Q6_K>::CB : K / QK8_0 / fz_chunk<TG_TYPE_Q8_0>::CB;
-}
-
 /* Whether rows of K values of type stream in whole chunks. */
 __host__ __device__ inline int fz_streams(uint32_t type, int K)
 {
@@ -2523,33 +2516,33 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* NR rows (wr[r]) dotted with x over chunks c0..c1-1, streamed through sm
- * (NR * STAGES chunks of this warp); acc[r] summed over the warp (every lane
- * has them). */
-template <int TYPE, int NR, int STAGES = FZ_STAGES>
-__device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int c0, int c1, const gk_q8 &x, int lane,
+/* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
+ * chunks of this warp); acc[r] summed over the warp (every lane has them). */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
                                                uint8_t *sm, float *acc)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
+    const int nch = nb / C::CB;
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
     auto issue = [&](int c) {
-        if (c < c1)
+        if (c < nch)
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * STAGES + (c - c0) % STAGES) * C::BYTES;
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
                 const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
                 for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
             }
         cp_async_commit();
     };
 #pragma unroll
-    for (int c = 0; c < STAGES - 1; c++) issue(c0 + c);
+    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
     pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
-    for (int c = c0; c < c1; c++) {
-        issue(c + STAGES - 1);
-        cp_async_wait<STAGES - 1>();
+    for (int c = 0; c < nch; c++) {
+        issue(c + FZ_STAGES - 1);
+        cp_async_wait<FZ_STAGES - 1>();
         warp_sync();
 #pragma unroll
         for (int it = 0; it < C::ITERS; it++) {
@@ -2559,7 +2552,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int c0,
             fz_load_x(x, c * C::CB + ibl, part, xv);
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                acc[r] += fz_part(sm + (size_t)(r * STAGES + (c - c0) % STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
+                acc[r] += fz_part(sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES + ibl * F::BYTES, part, xv);
         }
         warp_sync();   /* every lane is done with this stage before it is refilled */
     }
@@ -2568,11 +2561,9 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int c0,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-/* NR rows of segment sg from row0, over the slice-th of S equal ranges of
- * their chunks; acc as fz_stream_rows. */
-template <int TYPE, int NR, int STAGES>
-__device__ __forceinline__ void fz_split_rows(const gk_mv_seg &sg, int row0, int K, int slice, int S,
-                                              const gk_q8 &x, int lane, uint8_t *sm, float *acc)
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                              int accumulate, uint8_t *sm)
 {
     const uint8_t *wr[NR];
 #pragma unroll
@@ -2580,16 +2571,8 @@ __device__ __forceinline__ void fz_split_rows(const gk_mv_seg &sg, int row0, int
         const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
-    const int nch = fz_chunks(TYPE, K);
-    fz_stream_rows<TYPE, NR, STAGES>(wr, slice * nch / S, (slice + 1) * nch / S, x, lane, sm, acc);
-}
-
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
-                                              int accumulate, uint8_t *sm)
-{
     float acc[NR];
-    fz_split_rows<TYPE, NR, FZ_STAGES>(sg, row0, K, 0, 1, x, lane, sm, acc);
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2626,80 +2609,6 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
         }
     }
     pdl_wait();   /* a warp without rows also completes after the previous kernel */
-}
-
-/* ---- split-K streamed mat-vec ---------------------------------------------
- *
- * The streamed kernel gives each warp whole rows. At a 4096-row projection
- * that is 2,048 warps, about 15 a multiprocessor (ncu, session 16: four
- * warps a scheduler, issue 0.4-0.5 an active cycle, the warps waiting on
- * their first dot products of each chunk, DRAM 28-48% busy). Here S warps
- * of a block share a group of NR rows, each streaming a contiguous range
- * of its chunks; their warp sums meet in shared memory and the group's
- * first warp adds them in slice order, so the result does not depend on
- * timing. Blocks hold FZ_WARPS / S groups. TYPE is the segments' one type,
- * or 0 for a launch of mixed types (a switch per group). */
-
-template <int TYPE, int NR, int S, int STAGES>
-__global__ void __launch_bounds__(FZ_WARPS * TG_WARP, 8)
-k_mv_split(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
-{
-    extern __shared__ __align__(16) uint8_t fz_sm[];
-    __shared__ float red[FZ_WARPS][NR];
-    constexpr int G = FZ_WARPS / S;   /* row groups a block */
-    pdl_trigger();
-    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    const int gi = wid / S, slice = wid % S;
-    uint8_t *sm = fz_sm + (size_t)wid * ring;
-    const int n0 = (segs.s[0].nrows + NR - 1) / NR;
-    const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
-    const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
-    const int ng = n0 + n1 + n2;
-    for (int vb = blockIdx.x * G; vb < ng; vb += gridDim.x * G) {   /* the same trips for every warp */
-        const int v = vb + gi;
-        const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
-        const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
-        const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
-        float acc[NR];
-        if (v < ng) {
-            if (TYPE == TG_TYPE_Q4_K || (TYPE == 0 && sg.type == TG_TYPE_Q4_K))
-                fz_split_rows<TG_TYPE_Q4_K, NR, STAGES>(sg, grp * NR, K, slice, S, x, lane, sm, acc);
-            else if (TYPE == TG_TYPE_Q6_K || (TYPE == 0 && sg.type == TG_TYPE_Q6_K))
-                fz_split_rows<TG_TYPE_Q6_K, NR, STAGES>(sg, grp * NR, K, slice, S, x, lane, sm, acc);
-            else
-                fz_split_rows<TG_TYPE_Q8_0, NR, STAGES>(sg, grp * NR, K, slice, S, x, lane, sm, acc);
-            if (lane == 0)
-#pragma unroll
-                for (int r = 0; r < NR; r++) red[wid][r] = acc[r];
-        }
-        __syncthreads();
-        if (v < ng && slice == 0 && lane < NR && grp * NR + lane < sg.nrows) {
-            float t = red[gi * S][lane];
-            for (int j = 1; j < S; j++) t += red[gi * S + j][lane];
-            if (accumulate) sg.y[grp * NR + lane] += t;
-            else sg.y[grp * NR + lane] = t;
-        }
-        __syncthreads();
-    }
-    pdl_wait();   /* a warp without rows also completes after the previous kernel */
-}
-
-typedef void (*fz_split_fn)(fz_segs, int, gk_q8, int, int);
-
-/* k_mv_split for a type (0: mixed), S slices and a ring of STAGES chunks;
- * NULL for a combination not built. */
-static fz_split_fn fz_split_pick(int type, int S, int stages)
-{
-#define FZ_SPLIT_T(T) \
-    if (S == 2 && stages == 2) return k_mv_split<T, 2, 2, 2>; \
-    if (S == 2 && stages == 4) return k_mv_split<T, 2, 2, 4>; \
-    if (S == 4 && stages == 2) return k_mv_split<T, 2, 4, 2>; \
-    if (S == 4 && stages == 4) return k_mv_split<T, 2, 4, 4>; \
-    return NULL
-    if (type == TG_TYPE_Q4_K) { FZ_SPLIT_T(TG_TYPE_Q4_K); }
-    if (type == TG_TYPE_Q6_K) { FZ_SPLIT_T(TG_TYPE_Q6_K); }
-    FZ_SPLIT_T(0);
-#undef FZ_SPLIT_T
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
@@ -2739,12 +2648,6 @@ int gk_init(tg_err *e)
                                       FZ_SMEM_OPTIN));
     GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
-    for (int t = 0; t < 3; t++)
-        for (int S = 2; S <= 4; S += 2)
-            for (int st = 2; st <= 4; st += 2)
-                GPU_CHECK(e, cudaFuncSetAttribute((const void *)fz_split_pick(t == 0 ? 0 : t == 1 ? TG_TYPE_Q4_K
-                                                                                             : TG_TYPE_Q6_K, S, st),
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
     for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
@@ -2794,12 +2697,13 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
     uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
     const size_t rb = fz_row_bytes(TYPE, K);
+    const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, 0, fz_chunks(TYPE, K), x, lane, sm, gu);
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2826,42 +2730,6 @@ static int stream_rows_env(void)
         nr_env = env && env[0] == '1' ? 1 : env && env[0] == 'q' ? 3 : 2;
     }
     return nr_env;
-}
-
-/* TG_GPU_SPLITK (read once): S warps share each row pair of the streamed
- * mat-vec (k_mv_split), 2 or 4; 0 or 1: whole rows a warp (k_mv_stream).
- * TG_GPU_SPLIT_STAGES: the split kernel's ring, 2 or 4 chunks (default:
- * 4 when a slice has more than 2 chunks, else 2). */
-static int split_sk = -1, split_st = -1;
-
-static int split_env(void)
-{
-    if (split_sk < 0) {
-        const char *env = getenv("TG_GPU_SPLITK");
-        split_sk = env && (env[0] == '2' || env[0] == '4') ? env[0] - '0' : 1;
-    }
-    return split_sk;
-}
-
-static int split_stages_env(void)
-{
-    if (split_st < 0) {
-        const char *env = getenv("TG_GPU_SPLIT_STAGES");
-        split_st = env && (env[0] == '2' || env[0] == '4') ? env[0] - '0' : 0;
-    }
-    return split_st;
-}
-
-int gk_mv_split_set(int S, int stages)
-{
-    if (S == 0) {   /* the environment's again */
-        split_sk = split_st = -1;
-        return 0;
-    }
-    if ((S != 1 && S != 2 && S != 4) || (stages != 0 && stages != 2 && stages != 4)) return -1;
-    split_sk = S;
-    split_st = stages;
-    return 0;
 }
 
 static int fz_chunk_bytes(uint32_t type)
@@ -3086,30 +2954,6 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
     for (int i = 0; i < nseg; i++) {
         stream = stream && fz_streams(segs[i].type, K);
         if (fz_chunk_bytes(segs[i].type) > chunk_max) chunk_max = fz_chunk_bytes(segs[i].type);
-    }
-    const int S = split_env();
-    if (stream && S > 1) {
-        uint32_t t = segs[0].type;
-        int slice_max = 0;   /* chunks in the longest slice */
-        for (int i = 0; i < nseg; i++) {
-            if (segs[i].type != t) t = 0;
-            const int nch = fz_chunks(segs[i].type, K);
-            if ((nch + S - 1) / S > slice_max) slice_max = (nch + S - 1) / S;
-        }
-        if (t == TG_TYPE_Q8_0) t = 0;
-        const int st = split_stages_env() ? split_stages_env() : slice_max > 2 ? 4 : 2;
-        const int ring = 2 * st * chunk_max;
-        const size_t lim = fz_optin ? FZ_SMEM_OPTIN : 48 * 1024;
-        if ((size_t)FZ_WARPS * ring <= lim) {
-            int groups = 0;   /* of 2 rows, S warps each */
-            for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + 1) / 2;
-            const int G = FZ_WARPS / S;
-            const int blocks_needed = (groups + G - 1) / G;
-            const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;
-            GPU_CHECK(e, gk_launch(fz_split_pick(t, S, st), grid, FZ_WARPS * TG_WARP, (size_t)FZ_WARPS * ring, s, fs,
-                                   K, x, accumulate, ring));
-            return 0;
-        }
     }
     if (stream) {
         /* two rows per warp where the shared memory allows (the default:

@@ -209,12 +209,6 @@ int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int 
  * with accumulate, y[r] += the dot (the residual add) instead of y[r] =. */
 int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e);
 
-/* Overrides TG_GPU_SPLITK and TG_GPU_SPLIT_STAGES for this process (the
- * kernel tests run gk_mv_fused under each): S = 1 (whole rows a warp), 2 or
- * 4 warps a row pair; stages 0 (chosen by K), 2 or 4; S = 0: the
- * environment's settings again. 0, or -1 for other values. */
-int gk_mv_split_set(int S, int stages);
-
 /* a[r] = silu(dot(Wg row r, x)) * dot(Wu row r, x) for r < n_ff (a multiple
  * of 32), into y (NULL: not kept) and quantized into out. Wg and Wu share
  * type. */

@@ -881,12 +881,10 @@ static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *row
     std::vector<std::vector<double>> refs(nseg);
     std::vector<uint8_t *> dws(nseg);
     std::vector<float *> dys(nseg);
-    std::vector<std::vector<float>> y0s(nseg);
     for (int i = 0; i < nseg; i++) {
         std::vector<float> wd;
         std::vector<uint8_t> w = make_weights(types[i], K, rows[i], wd);
-        std::vector<float> &y0 = y0s[i];
-        y0.resize(rows[i]);
+        std::vector<float> y0(rows[i]);
         fill(y0, 2.0f);
         refs[i].resize(rows[i]);
         for (int r = 0; r < rows[i]; r++) {
@@ -895,35 +893,21 @@ static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *row
             refs[i][r] = acc;
         }
         dws[i] = dev_upload(w.data(), w.size());
-        dys[i] = NULL;
-        segs[i] = {types[i], dws[i], rows[i], NULL};
+        dys[i] = accumulate ? dev_upload(y0.data(), y0.size()) : dev_poisoned(rows[i]);
+        segs[i] = {types[i], dws[i], rows[i], dys[i]};
     }
-    /* whole rows a warp, then split-K: 2 and 4 warps a row pair, each ring
-     * depth (gk_mv_split_set) */
-    const int splits[5][2] = {{1, 0}, {2, 2}, {2, 4}, {4, 2}, {4, 4}};
-    for (int v = 0; v < 5; v++) {
-        char vname[192];
-        snprintf(vname, sizeof vname, "%s split=%d stages=%d", name, splits[v][0], splits[v][1]);
-        gk_mv_split_set(splits[v][0], splits[v][1]);
-        for (int i = 0; i < nseg; i++) {   /* fresh y: the poison, or y0 to accumulate onto */
-            if (dys[i]) cudaFree(dys[i]);
-            dys[i] = accumulate ? dev_upload(y0s[i].data(), y0s[i].size()) : dev_poisoned(rows[i]);
-            segs[i].y = dys[i];
+    tg_err e = {{0}};
+    int rc = gk_mv_fused(0, segs, nseg, K, dq.g, accumulate, &e);
+    if (!rc) {
+        std::vector<float> all;
+        std::vector<double> ref;
+        for (int i = 0; i < nseg; i++) {
+            std::vector<float> y = dev_download(dys[i], rows[i]);
+            all.insert(all.end(), y.begin(), y.end());
+            ref.insert(ref.end(), refs[i].begin(), refs[i].end());
         }
-        tg_err e = {{0}};
-        int rc = gk_mv_fused(0, segs, nseg, K, dq.g, accumulate, &e);
-        if (!rc) {
-            std::vector<float> all;
-            std::vector<double> ref;
-            for (int i = 0; i < nseg; i++) {
-                std::vector<float> y = dev_download(dys[i], rows[i]);
-                all.insert(all.end(), y.begin(), y.end());
-                ref.insert(ref.end(), refs[i].begin(), refs[i].end());
-            }
-            judge(vname, all, ref, NMSE_MATMUL);
-        } else check_gk(rc, &e, vname);
-    }
-    gk_mv_split_set(0, 0);
+        judge(name, all, ref, NMSE_MATMUL);
+    } else check_gk(rc, &e, name);
     for (int i = 0; i < nseg; i++) { cudaFree(dws[i]); cudaFree(dys[i]); }
 }
 
