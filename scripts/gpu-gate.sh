@@ -36,7 +36,10 @@
 #    and the ratio; a decode A/B of the TG_GPU_* settings; bench_gpu
 #    for the copy bandwidth, the roofline, a per-kernel profile and each
 #    launch class's share of the graph-replayed step (ATTRIB lines, the
-#    step timed without the class: TG_GPU_TIMING_DROP);
+#    step timed without the class: TG_GPU_TIMING_DROP); where the pack has
+#    a bench_gpu-base (an earlier build's bench_gpu: gpu-pack.sh --base),
+#    its decode is timed beside the default's, so that a kernel change
+#    whose default path moved is compared in the same call;
 # 5. stage replay of the gpu tier against the ref tier: specs/gpu-tiny-replay.yaml
 #    (the shipped model) and specs/gpu-0.6b-replay.yaml, gates with `replay:`,
 #    and `tokgate localize` of one step of each (its stage table, in $OUT);
@@ -224,12 +227,19 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
   timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model.txt" 2>&1   # the shipped model against the ref tier
   say "test_gpu_model (tiny) rc=$?"; grep -v '^OK' "$OUT/test_gpu_model.txt" | tail -4
-  cands=   # decode settings off by default, timed against the default (a comma joins one's variables)
+  # decode settings off by default, timed against the default (a comma joins one's variables)
+  cands=
   [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
   dtok() { grep -o 'decode_tok_s=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
   timeout 90 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b.txt" 2>&1
   say "bench_gpu 8b rc=$?"; cat "$OUT/bench_gpu-8b.txt"
   best=$(dtok "$OUT/bench_gpu-8b.txt"); best=${best:-0}; kept=
+  if [ -x $W/bin/bench_gpu-base ]; then   # the earlier build's default, then ours again, in this call
+    timeout 60 $W/bin/bench_gpu-base $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b-base.txt" 2>&1
+    timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 128 > "$OUT/bench_gpu-8b-again.txt" 2>&1
+    say "bench_gpu 8b, the base build: decode $(dtok "$OUT/bench_gpu-8b-base.txt") tok/s; this build again:" \
+        "$(dtok "$OUT/bench_gpu-8b-again.txt") tok/s"
+  fi
   for cfg in $cands; do
     [ "$(left)" -gt 110 ] || { say "no time left for $cfg and the rest"; break; }
     f="$OUT/bench_gpu-8b-$(echo $cfg | tr '=,' '--').txt"
@@ -245,6 +255,15 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
     else say "$cfg was faster but test_gpu_ops or test_gpu_model (rc=$rcm) fails under it: not kept"; tail -3 "$m"; fi
   done
   grep -o 'decode_digest=[0-9a-f]*' "$OUT/bench_gpu-8b.txt" | head -1 | sed 's/^/default /'
+  # the graph-replayed step launch by launch, from the kernels' own start
+  # and end times (CUPTI records; tests/gpu/timeline_gpu.cu)
+  if [ -x $W/bin/timeline_gpu ]; then
+    [ -n "${TG_CUPTI:-}" ] || export TG_CUPTI=$(ls /usr/local/cuda*/lib64/libcupti.so.1[3-9]* \
+      /usr/local/cuda*/extras/CUPTI/lib64/libcupti.so.1[3-9]* 2>/dev/null | head -1)
+    env $(echo $kept | tr , ' ') timeout 60 $W/bin/timeline_gpu $M8 --prefill 512 --decode 32 \
+      --raw "$OUT/timeline-8b.tsv" > "$OUT/timeline-8b.txt" 2>&1
+    say "timeline_gpu 8b${kept:+ under $kept} rc=$?"; cat "$OUT/timeline-8b.txt"
+  fi
   TG_GPU_PROFILE=1 timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 64 > "$OUT/bench_gpu-8b-profile-default.txt" 2>&1 \
     && grep -A20 "^profile" "$OUT/bench_gpu-8b-profile-default.txt"
   [ -n "$kept" ] && env $(echo $kept | tr , ' ') TG_GPU_PROFILE=1 timeout 60 $W/bin/bench_gpu $M8 --prefill 512 --decode 64 \

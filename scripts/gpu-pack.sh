@@ -4,7 +4,8 @@
 # on llama.cpp's CUDA build, the gates and the benchmark rather than on our
 # own builds:
 #   bin.tar.gz        tokgate, tg-llama, tg-mkmodel (gcc) and tg-engine with
-#                     the gpu tier, test_gpu_ops, test_gpu_model, bench_gpu
+#                     the gpu tier, test_gpu_ops, test_gpu_model, bench_gpu,
+#                     timeline_gpu
 #                     (nvcc, sm_90), built here in the build folder
 #   deps.tar.gz       the runtime .so files of the Debian packages the
 #                     binaries link (from the .debs folder: Debian 12 .debs
@@ -19,17 +20,21 @@
 #     -j N      parallel compile jobs (2)
 #     --build   the build folder (build/gpu-pack)
 #     --debs    where the Debian .debs are kept (build/gpu-debs)
+#     --base F  also pack the bench_gpu binary F (an earlier build's) as
+#               bench_gpu-base, which gpu-gate.sh times beside this build's
 #     OUTDIR    the folder to pack into (created; parts already there are kept)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 usage() { sed -n 's/^#   //p; s/^#     /  /p' "$0" | sed -n '/^bash scripts\/gpu-pack/,$p' >&2; exit 2; }
-jobs=2 B=build/gpu-pack D=build/gpu-debs C=
+jobs=2 B=build/gpu-pack D=build/gpu-debs C= BASE=
 while [ $# -gt 0 ]; do
   case $1 in
     -j) jobs=${2:?-j N}; shift 2 ;;
     --build) B=${2:?--build DIR}; shift 2 ;;
     --debs) D=${2:?--debs DIR}; shift 2 ;;
+    --base) BASE=${2:?--base FILE}; shift 2
+            [ -x "$BASE" ] || { echo "gpu-pack: --base $BASE: expected an executable bench_gpu" >&2; exit 2; } ;;
     -h|--help) usage ;;
     -*) echo "gpu-pack: unknown option $1" >&2; usage ;;
     *) [ -z "$C" ] || usage; C=$1; shift ;;
@@ -45,7 +50,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin"
 cp $B/bin/tokgate $B/bin/tg-llama $B/bin/tg-mkmodel $B/gpu/bin/tg-engine \
-   $B/gpu/tests/test_gpu_ops $B/gpu/tests/test_gpu_model $B/gpu/tests/bench_gpu "$tmp/bin/"
+   $B/gpu/tests/test_gpu_ops $B/gpu/tests/test_gpu_model $B/gpu/tests/bench_gpu $B/gpu/tests/timeline_gpu \
+   "$tmp/bin/"
+[ -z "$BASE" ] || cp "$BASE" "$tmp/bin/bench_gpu-base"
 tar -C "$tmp/bin" -czf "$C/bin.tar.gz" .
 
 if [ ! -f "$C/deps.tar.gz" ]; then
