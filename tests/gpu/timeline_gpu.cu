@@ -14,10 +14,13 @@
  *   lead        its start minus the previous launch's end (negative: its
  *               blocks started while the previous kernel ran, under PDL)
  *   span        end minus start (with PDL, includes its blocks' wait)
- * summed per launch class over a step and averaged over the traced steps,
- * and the step's period (one token: start of one embedding to the next),
- * its device time (embedding start to the last kernel's end) and the gap
- * between steps (the host's turn: the top-k copy, the next launch).
+ * summed per launch class over a step and averaged over the traced steps
+ * (the copies, CUPTI's copy records, and the digest's side stream are
+ * off that chain), and the step's period (one token: start of one
+ * embedding to the next), its device time (embedding start to the last
+ * kernel's end) and the gap between steps, split at the copies: the
+ * results' copy to the host, the host's turn, the next parameters' copy
+ * and the graph's first kernel.
  *
  * Usage: timeline_gpu MODEL.gguf [--prefill N] [--decode N] [--raw FILE]
  *   --prefill N the prompt before the steps (512 random tokens)
@@ -60,7 +63,8 @@ static struct {
     CUptiResult (*dropped)(CUcontext, uint32_t, size_t *);
 } cu;
 
-/* One kernel record. */
+/* One kernel record, or a copy's (name "copy to device" or "copy to
+ * host", the rest zero). */
 struct krec {
     uint64_t start, end;
     char *name;
@@ -86,8 +90,9 @@ static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream, uint8_t *buf, 
 {
     CUpti_Activity *r = NULL;
     while (cu.next(buf, valid, &r) == CUPTI_SUCCESS) {
-        if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
-        const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
+        const int copy = r->kind == CUPTI_ACTIVITY_KIND_MEMCPY;
+        if (!copy && r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+            continue;
         if (nrec == caprec) {
             const size_t nc = caprec ? 2 * caprec : 65536;
             krec *n = (krec *)realloc(recs, nc * sizeof *n);
@@ -96,6 +101,18 @@ static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream, uint8_t *buf, 
             caprec = nc;
         }
         krec *o = &recs[nrec++];
+        if (copy) {
+            const CUpti_ActivityMemcpy6 *c = (const CUpti_ActivityMemcpy6 *)r;
+            memset(o, 0, sizeof *o);
+            o->start = c->start;
+            o->end = c->end;
+            o->name = strdup(c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "copy to device"
+                             : c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "copy to host"
+                                                                               : "copy");
+            o->stream = c->streamId;
+            continue;
+        }
+        const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
         o->start = k->start;
         o->end = k->end;
         o->name = strdup(k->name ? k->name : "?");
@@ -142,8 +159,9 @@ static int trace_start(char *msg, size_t n)
         return -1;
     }
     if (cu.reg(buf_request, buf_complete) != CUPTI_SUCCESS ||
-        cu.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
-        snprintf(msg, n, "CUPTI would not start the concurrent-kernel records");
+        cu.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
+        cu.enable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS) {
+        snprintf(msg, n, "CUPTI would not start the concurrent-kernel and copy records");
         return -1;
     }
     return 0;
@@ -151,10 +169,14 @@ static int trace_start(char *msg, size_t n)
 
 /* ---- the step's launches ------------------------------------------------ */
 
-enum { C_EMBED, C_NORM, C_QKV, C_ATTN, C_O, C_FFN, C_DOWN, C_OUT, C_TOPK, C_XXH3, C_OTHER, C_N };
-static const char *const cname[C_N] = {"embed",  "norm",      "q/k/v",     "attention", "o + add",
-                                       "gate/up", "down + add", "vocabulary", "top-k",     "digest (side)",
-                                       "other"};
+enum { C_EMBED, C_NORM, C_QKV, C_ATTN, C_O, C_FFN, C_DOWN, C_OUT, C_TOPK1, C_TOPK2, C_XXH3, C_H2D, C_D2H,
+       C_OTHER, C_N };
+static const char *const cname[C_N] = {"embed",         "norm",         "q/k/v",         "attention",
+                                       "o + add",       "gate/up",      "down + add",    "vocabulary",
+                                       "top-k chunks",  "top-k final",  "digest (side)", "copy to device",
+                                       "copy to host",  "other"};
+/* not on the main stream's kernel chain */
+static int off_chain(int c) { return c == C_XXH3 || c == C_H2D || c == C_D2H; }
 
 static int has(const char *name, const char *s) { return strstr(name, s) != NULL; }
 
@@ -175,17 +197,20 @@ static void classify(const krec *r, size_t n, int *cls)
                : has(nm, "k_rmsnorm_q8")    ? C_NORM
                : has(nm, "k_attn_decode")   ? C_ATTN
                : has(nm, "k_mv_swiglu")     ? C_FFN
-               : has(nm, "k_topk")          ? C_TOPK
+               : has(nm, "k_topk_partial")  ? C_TOPK1
+               : has(nm, "k_topk")          ? C_TOPK2
                : has(nm, "k_xxh3")          ? C_XXH3
+               : !strcmp(nm, "copy to device") ? C_H2D
+               : !strcmp(nm, "copy to host") ? C_D2H
                : has(nm, "k_mv_stream") || has(nm, "k_mv_fused") ? C_QKV
                                             : C_OTHER;
     }
     int prev = C_OTHER;
     for (size_t i = 0; i < n; i++) {
-        if (cls[i] == C_XXH3) continue;
+        if (off_chain(cls[i])) continue;
         if (cls[i] == C_QKV) {
             size_t j = i + 1;
-            while (j < n && cls[j] == C_XXH3) j++;
+            while (j < n && off_chain(cls[j])) j++;
             cls[i] = prev == C_ATTN ? C_O : prev == C_FFN ? C_DOWN : j < n && cls[j] == C_ATTN ? C_QKV : C_OUT;
         }
         prev = cls[i];
@@ -267,26 +292,29 @@ int main(int argc, char **argv)
         }
         const int s0 = ns - n_decode;   /* the first traced step; its predecessor gives the first gap */
         double sum_delta[C_N] = {0}, sum_lead[C_N] = {0}, sum_span[C_N] = {0}, cnt[C_N] = {0};
-        double period = 0, busy = 0, gap = 0;
-        int np = 0;
+        double period = 0, busy = 0, gap = 0, g_copy = 0, g_host = 0, g_launch = 0;
+        int np = 0, ngap = 0;
         FILE *rf = raw ? fopen(raw, "w") : NULL;
         if (raw && !rf) fprintf(stderr, "timeline_gpu: --raw %s: cannot write\n", raw);
         if (rf) fprintf(rf, "step\tclass\tname\tstart_ns\tend_ns\tgrid\tblock\tregs\tsmem\n");
         for (int s = s0; s < ns; s++) {
             const size_t b = st[s], en = s + 1 < ns ? st[s + 1] : nrec;
             const uint64_t t = recs[b].start;
-            uint64_t last_end = recs[b].start, step_end = 0;
+            uint64_t last_end = recs[b].start, step_end = 0, d2h_end = 0, h2d_start = 0;
             for (size_t i = b; i < en; i++) {
                 const krec *r = &recs[i];
                 const int c = cls[i];
-                if (r->end > step_end) step_end = r->end;
+                if (c == C_D2H && r->end > d2h_end) d2h_end = r->end;
+                if (c == C_H2D) h2d_start = r->start;   /* the last one: the next step's parameters */
+                if (!off_chain(c) || c == C_XXH3)
+                    if (r->end > step_end) step_end = r->end;
                 if (rf)
                     fprintf(rf, "%d\t%s\t%s\t%llu\t%llu\t%dx%d\t%d\t%d\t%d\n", s - s0, cname[c], r->name,
                             (unsigned long long)(r->start - t), (unsigned long long)(r->end - t), r->gx, r->gy,
                             r->bx, r->regs, r->smem);
                 sum_span[c] += (double)(r->end - r->start);
                 cnt[c] += 1;
-                if (c == C_XXH3) continue;   /* the side stream: not on the chain */
+                if (off_chain(c)) continue;   /* the side stream, the copies: not on the kernel chain */
                 sum_lead[c] += (double)r->start - (double)last_end;
                 sum_delta[c] += (double)r->end - (double)last_end;
                 last_end = r->end;
@@ -296,6 +324,12 @@ int main(int argc, char **argv)
                 period += (double)(recs[st[s + 1]].start - t);
                 gap += (double)(recs[st[s + 1]].start - step_end);
                 np++;
+                if (d2h_end >= step_end && h2d_start >= d2h_end && recs[st[s + 1]].start >= h2d_start) {
+                    g_copy += (double)(d2h_end - step_end);
+                    g_host += (double)(h2d_start - d2h_end);
+                    g_launch += (double)(recs[st[s + 1]].start - h2d_start);
+                    ngap++;
+                }
             }
         }
         if (rf) fclose(rf);
@@ -306,13 +340,18 @@ int main(int argc, char **argv)
         printf("step: period %.1f us (%.1f tok/s), device %.1f us from the embedding to the last kernel's end, "
                "gap to the next step %.1f us\n", per, per > 0 ? 1e6 / per : 0, busy / nt / 1e3,
                np ? gap / np / 1e3 : 0);
+        if (ngap)
+            printf("the gap: the results' copy to the host ends %.1f us after the last kernel, the host's turn "
+                   "%.1f us, then the next parameters' copy to the embedding's start %.1f us (%d of %d gaps)\n",
+                   g_copy / ngap / 1e3, g_host / ngap / 1e3, g_launch / ngap / 1e3, ngap, np);
         printf("%-14s %9s %13s %9s %12s %12s\n", "class", "launches", "end delta us", "share", "lead us/each",
                "span us/each");
         for (int c = 0; c < C_N; c++) {
             if (!cnt[c]) continue;
             const double d = sum_delta[c] / nt / 1e3;
-            printf("%-14s %9.1f %13.1f %8.1f%% %12.2f %12.2f\n", cname[c], cnt[c] / nt, c == C_XXH3 ? 0.0 : d,
-                   c == C_XXH3 || per <= 0 ? 0.0 : 100 * d / per, c == C_XXH3 ? 0.0 : sum_lead[c] / cnt[c] / 1e3,
+            const int off = off_chain(c);
+            printf("%-14s %9.1f %13.1f %8.1f%% %12.2f %12.2f\n", cname[c], cnt[c] / nt, off ? 0.0 : d,
+                   off || per <= 0 ? 0.0 : 100 * d / per, off ? 0.0 : sum_lead[c] / cnt[c] / 1e3,
                    sum_span[c] / cnt[c] / 1e3);
         }
         free(cls);
