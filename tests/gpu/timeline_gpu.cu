@@ -217,6 +217,97 @@ static void classify(const krec *r, size_t n, int *cls)
     }
 }
 
+/* Reads the records once the traced steps are done (the last n_decode
+ * steps, wall seconds by the host's clock) and prints the step's table;
+ * --raw's lines into raw (NULL: none). 0, or 1 when the records do not
+ * hold the steps. */
+static int report(int n_decode, double wall, const char *raw)
+{
+    cu.flush(1);
+    if (oom) { fprintf(stderr, "timeline_gpu: out of memory for the records\n"); return 1; }
+    qsort(recs, nrec, sizeof *recs, by_start);
+    int *cls = (int *)malloc(sizeof(int) * (nrec ? nrec : 1));
+    classify(recs, nrec, cls);
+    /* the steps: each embedding starts one; the last n_decode are timed */
+    size_t *st = (size_t *)malloc(sizeof(size_t) * (nrec + 1));
+    int ns = 0;
+    for (size_t i = 0; i < nrec; i++)
+        if (cls[i] == C_EMBED) st[ns++] = i;
+    if (ns < n_decode + 1) {
+        fprintf(stderr, "timeline_gpu: %zu kernel records, %d embeddings: expected a record of every "
+                        "launch of %d decode steps (%zu dropped)\n", nrec, ns, n_decode, ndropped);
+        free(cls);
+        free(st);
+        return 1;
+    }
+    const int s0 = ns - n_decode;   /* the first traced step; its predecessor gives the first gap */
+    double sum_delta[C_N] = {0}, sum_lead[C_N] = {0}, sum_span[C_N] = {0}, cnt[C_N] = {0};
+    double period = 0, busy = 0, gap = 0, g_copy = 0, g_host = 0, g_launch = 0;
+    int np = 0, ngap = 0;
+    FILE *rf = raw ? fopen(raw, "w") : NULL;
+    if (raw && !rf) fprintf(stderr, "timeline_gpu: --raw %s: cannot write\n", raw);
+    if (rf) fprintf(rf, "step\tclass\tname\tstart_ns\tend_ns\tgrid\tblock\tregs\tsmem\n");
+    for (int s = s0; s < ns; s++) {
+        const size_t b = st[s], en = s + 1 < ns ? st[s + 1] : nrec;
+        const uint64_t t = recs[b].start;
+        uint64_t last_end = recs[b].start, step_end = 0, d2h_end = 0, h2d_start = 0;
+        for (size_t i = b; i < en; i++) {
+            const krec *r = &recs[i];
+            const int c = cls[i];
+            if (c == C_D2H && r->end > d2h_end) d2h_end = r->end;
+            if (c == C_H2D) h2d_start = r->start;   /* the last one: the next step's parameters */
+            if (c != C_H2D && c != C_D2H && r->end > step_end) step_end = r->end;   /* kernels, both streams */
+            if (rf)
+                fprintf(rf, "%d\t%s\t%s\t%llu\t%llu\t%dx%d\t%d\t%d\t%d\n", s - s0, cname[c], r->name,
+                        (unsigned long long)(r->start - t), (unsigned long long)(r->end - t), r->gx, r->gy,
+                        r->bx, r->regs, r->smem);
+            sum_span[c] += (double)(r->end - r->start);
+            cnt[c] += 1;
+            if (off_chain(c)) continue;   /* the side stream, the copies: not on the kernel chain */
+            sum_lead[c] += (double)r->start - (double)last_end;
+            sum_delta[c] += (double)r->end - (double)last_end;
+            last_end = r->end;
+        }
+        busy += (double)(step_end - t);
+        if (s + 1 < ns) {
+            period += (double)(recs[st[s + 1]].start - t);
+            gap += (double)(recs[st[s + 1]].start - step_end);
+            np++;
+            if (d2h_end >= step_end && h2d_start >= d2h_end && recs[st[s + 1]].start >= h2d_start) {
+                g_copy += (double)(d2h_end - step_end);
+                g_host += (double)(h2d_start - d2h_end);
+                g_launch += (double)(recs[st[s + 1]].start - h2d_start);
+                ngap++;
+            }
+        }
+    }
+    if (rf) fclose(rf);
+    const int nt = ns - s0;
+    const double per = np ? period / np / 1e3 : 0;
+    printf("traced: %d steps, %.1f tok/s by the host's clock while traced (%zu kernel records, %zu dropped)\n",
+           n_decode, n_decode / wall, nrec, ndropped);
+    printf("step: period %.1f us (%.1f tok/s), device %.1f us from the embedding to the last kernel's end, "
+           "gap to the next step %.1f us\n", per, per > 0 ? 1e6 / per : 0, busy / nt / 1e3,
+           np ? gap / np / 1e3 : 0);
+    if (ngap)
+        printf("the gap: the results' copy to the host ends %.1f us after the last kernel, the host's turn "
+               "%.1f us, then the next parameters' copy to the embedding's start %.1f us (%d of %d gaps)\n",
+               g_copy / ngap / 1e3, g_host / ngap / 1e3, g_launch / ngap / 1e3, ngap, np);
+    printf("%-14s %9s %13s %9s %12s %12s\n", "class", "launches", "end delta us", "share", "lead us/each",
+           "span us/each");
+    for (int c = 0; c < C_N; c++) {
+        if (!cnt[c]) continue;
+        const double d = sum_delta[c] / nt / 1e3;
+        const int off = off_chain(c);
+        printf("%-14s %9.1f %13.1f %8.1f%% %12.2f %12.2f\n", cname[c], cnt[c] / nt, off ? 0.0 : d,
+               off || per <= 0 ? 0.0 : 100 * d / per, off ? 0.0 : sum_lead[c] / cnt[c] / 1e3,
+               sum_span[c] / cnt[c] / 1e3);
+    }
+    free(cls);
+    free(st);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *raw = NULL;
@@ -274,91 +365,10 @@ int main(int argc, char **argv)
         if (tg_session_eval(g, &top[0].id, 1, &e) || tg_session_top(g, 32, top, dig, &e) < 0) goto fail;
     }
     {
-        const double wall = tg_now() - t0;
-        cu.flush(1);
-        if (oom) { fprintf(stderr, "timeline_gpu: out of memory for the records\n"); return 1; }
-        qsort(recs, nrec, sizeof *recs, by_start);
-        int *cls = (int *)malloc(sizeof(int) * (nrec ? nrec : 1));
-        classify(recs, nrec, cls);
-        /* the steps: each embedding starts one; the last n_decode are timed */
-        size_t *st = (size_t *)malloc(sizeof(size_t) * (nrec + 1));
-        int ns = 0;
-        for (size_t i = 0; i < nrec; i++)
-            if (cls[i] == C_EMBED) st[ns++] = i;
-        if (ns < n_decode + 1) {
-            fprintf(stderr, "timeline_gpu: %zu kernel records, %d embeddings: expected a record of every "
-                            "launch of %d decode steps (%zu dropped)\n", nrec, ns, n_decode, ndropped);
-            return 1;
-        }
-        const int s0 = ns - n_decode;   /* the first traced step; its predecessor gives the first gap */
-        double sum_delta[C_N] = {0}, sum_lead[C_N] = {0}, sum_span[C_N] = {0}, cnt[C_N] = {0};
-        double period = 0, busy = 0, gap = 0, g_copy = 0, g_host = 0, g_launch = 0;
-        int np = 0, ngap = 0;
-        FILE *rf = raw ? fopen(raw, "w") : NULL;
-        if (raw && !rf) fprintf(stderr, "timeline_gpu: --raw %s: cannot write\n", raw);
-        if (rf) fprintf(rf, "step\tclass\tname\tstart_ns\tend_ns\tgrid\tblock\tregs\tsmem\n");
-        for (int s = s0; s < ns; s++) {
-            const size_t b = st[s], en = s + 1 < ns ? st[s + 1] : nrec;
-            const uint64_t t = recs[b].start;
-            uint64_t last_end = recs[b].start, step_end = 0, d2h_end = 0, h2d_start = 0;
-            for (size_t i = b; i < en; i++) {
-                const krec *r = &recs[i];
-                const int c = cls[i];
-                if (c == C_D2H && r->end > d2h_end) d2h_end = r->end;
-                if (c == C_H2D) h2d_start = r->start;   /* the last one: the next step's parameters */
-                if (!off_chain(c) || c == C_XXH3)
-                    if (r->end > step_end) step_end = r->end;
-                if (rf)
-                    fprintf(rf, "%d\t%s\t%s\t%llu\t%llu\t%dx%d\t%d\t%d\t%d\n", s - s0, cname[c], r->name,
-                            (unsigned long long)(r->start - t), (unsigned long long)(r->end - t), r->gx, r->gy,
-                            r->bx, r->regs, r->smem);
-                sum_span[c] += (double)(r->end - r->start);
-                cnt[c] += 1;
-                if (off_chain(c)) continue;   /* the side stream, the copies: not on the kernel chain */
-                sum_lead[c] += (double)r->start - (double)last_end;
-                sum_delta[c] += (double)r->end - (double)last_end;
-                last_end = r->end;
-            }
-            busy += (double)(step_end - t);
-            if (s + 1 < ns) {
-                period += (double)(recs[st[s + 1]].start - t);
-                gap += (double)(recs[st[s + 1]].start - step_end);
-                np++;
-                if (d2h_end >= step_end && h2d_start >= d2h_end && recs[st[s + 1]].start >= h2d_start) {
-                    g_copy += (double)(d2h_end - step_end);
-                    g_host += (double)(h2d_start - d2h_end);
-                    g_launch += (double)(recs[st[s + 1]].start - h2d_start);
-                    ngap++;
-                }
-            }
-        }
-        if (rf) fclose(rf);
-        const int nt = ns - s0;
-        const double per = np ? period / np / 1e3 : 0;
-        printf("traced: %d steps, %.1f tok/s by the host's clock while traced (%zu kernel records, %zu dropped)\n",
-               n_decode, n_decode / wall, nrec, ndropped);
-        printf("step: period %.1f us (%.1f tok/s), device %.1f us from the embedding to the last kernel's end, "
-               "gap to the next step %.1f us\n", per, per > 0 ? 1e6 / per : 0, busy / nt / 1e3,
-               np ? gap / np / 1e3 : 0);
-        if (ngap)
-            printf("the gap: the results' copy to the host ends %.1f us after the last kernel, the host's turn "
-                   "%.1f us, then the next parameters' copy to the embedding's start %.1f us (%d of %d gaps)\n",
-                   g_copy / ngap / 1e3, g_host / ngap / 1e3, g_launch / ngap / 1e3, ngap, np);
-        printf("%-14s %9s %13s %9s %12s %12s\n", "class", "launches", "end delta us", "share", "lead us/each",
-               "span us/each");
-        for (int c = 0; c < C_N; c++) {
-            if (!cnt[c]) continue;
-            const double d = sum_delta[c] / nt / 1e3;
-            const int off = off_chain(c);
-            printf("%-14s %9.1f %13.1f %8.1f%% %12.2f %12.2f\n", cname[c], cnt[c] / nt, off ? 0.0 : d,
-                   off || per <= 0 ? 0.0 : 100 * d / per, off ? 0.0 : sum_lead[c] / cnt[c] / 1e3,
-                   sum_span[c] / cnt[c] / 1e3);
-        }
-        free(cls);
-        free(st);
+        const int rc = report(n_decode, tg_now() - t0, raw);
+        tg_session_free(g);
+        return rc;
     }
-    tg_session_free(g);
-    return 0;
 fail:
     fprintf(stderr, "timeline_gpu: %s\n", e.msg);
     return 1;
