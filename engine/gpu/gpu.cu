@@ -633,14 +633,21 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
         void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
-        if (!(dm & DROP_NORM) && gk_rmsnorm_q8(s, g->x, (const float *)L->attn_norm.d, NULL, E, hp->eps, g->q8n, e))
-            return -1;
-        PROF("rmsnorm_q8");
+        /* the attention norm: in the mat-vec's own launch (gk_mv_fused
+         * with a gk_norm) or as a launch of its own before it; dropped
+         * (the timing attribution), the mat-vec reads the last input */
+        const gk_norm an = {g->x, (const float *)L->attn_norm.d, hp->eps};
+        const gk_norm *anp = dm & DROP_NORM ? NULL : &an;
+        if (anp && !gk_norm_fuse_mode()) {
+            if (gk_rmsnorm_q8(s, g->x, an.w, NULL, E, hp->eps, g->q8n, e)) return -1;
+            anp = NULL;
+            PROF("rmsnorm_q8");
+        }
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         const gk_mv_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q},
                                   {L->wk.type, L->wk.d, KVD, g->k},
                                   {L->wv.type, L->wv.d, KVD, g->v}};
-        if (!(dm & DROP_QKV) && gk_mv_fused(s, qkv, 3, E, g->q8n, 0, e)) return -1;
+        if (!(dm & DROP_QKV) && gk_mv_fused(s, qkv, 3, E, g->q8n, 0, anp, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->wq.type);
         COUNT(ops, TG_OP_MATMUL, L->wk.type);
         COUNT(ops, TG_OP_MATMUL, L->wv.type);
@@ -662,15 +669,19 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         PROF("qk norm + rope + store + attention");
         /* the output projection onto the residual, then the ffn norm */
         const gk_mv_seg wo = {L->wo.type, L->wo.d, E, g->x};
-        if (!(dm & DROP_WO) && gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
+        if (!(dm & DROP_WO) && gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, NULL, e)) return -1;
         PROF("mv wo+add");
-        if (!(dm & DROP_NORM) && gk_rmsnorm_q8(s, g->x, (const float *)L->ffn_norm.d, NULL, E, hp->eps, g->q8n, e))
-            return -1;
-        PROF("rmsnorm_q8");
+        const gk_norm fn = {g->x, (const float *)L->ffn_norm.d, hp->eps};
+        const gk_norm *fnp = dm & DROP_NORM ? NULL : &fn;
+        if (fnp && !gk_norm_fuse_mode()) {
+            if (gk_rmsnorm_q8(s, g->x, fn.w, NULL, E, hp->eps, g->q8n, e)) return -1;
+            fnp = NULL;
+            PROF("rmsnorm_q8");
+        }
         COUNT(ops, TG_OP_MATMUL, L->wo.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e))
+        if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, fnp, e))
             return -1;
         COUNT(ops, TG_OP_MATMUL, L->gate.type);
         COUNT(ops, TG_OP_MATMUL, L->up.type);
@@ -678,16 +689,21 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         PROF("mv gate+up+swiglu");
         /* the down projection onto the residual */
         const gk_mv_seg down = {L->down.type, L->down.d, E, g->x};
-        if (!(dm & DROP_DOWN) && gk_mv_fused(s, &down, 1, FF, g->q8f, 1, e)) return -1;
+        if (!(dm & DROP_DOWN) && gk_mv_fused(s, &down, 1, FF, g->q8f, 1, NULL, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->down.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         PROF(L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add");
     }
-    if (gk_rmsnorm_q8(s, g->x, (const float *)g->output_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
-    PROF("rmsnorm_q8");
+    const gk_norm on = {g->x, (const float *)g->output_norm.d, hp->eps};
+    const gk_norm *onp = &on;
+    if (!gk_norm_fuse_mode()) {
+        if (gk_rmsnorm_q8(s, g->x, on.w, NULL, E, hp->eps, g->q8n, e)) return -1;
+        onp = NULL;
+        PROF("rmsnorm_q8");
+    }
     COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
     const gk_mv_seg out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
-    if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, e)) return -1;
+    if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, onp, e)) return -1;
     COUNT(ops, TG_OP_MATMUL, g->output.type);
     PROF("mv output");
     if (k > 0) {

@@ -2368,6 +2368,24 @@ __device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, flo
     }
 }
 
+/* One thread's share of k_rmsnorm_q8's sum of squares: virtual thread vt
+ * of FZ_NORM_THREADS, its float4s (or values) in turn. k_rmsnorm_q8 and
+ * the mat-vecs that take the norm themselves (norm_q8_block) both sum
+ * through it, in the same order, so their quantized rows agree bit for
+ * bit. */
+__device__ __forceinline__ float norm_ss_part(const float *__restrict__ x, int n, int vt)
+{
+    float ss = 0.0f;
+    if (n % 4 == 0)
+        for (int i = vt; i < n / 4; i += FZ_NORM_THREADS) {
+            const float4 v = ((const float4 *)x)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    else
+        for (int i = vt; i < n; i += FZ_NORM_THREADS) ss += x[i] * x[i];
+    return ss;
+}
+
 /* One row: y = x * (1/sqrt(mean(x^2) + eps)) * w, into y (when not NULL)
  * and quantized into out. One thread block per 32-value block of the
  * output: each block sums the squares of the whole row itself (the row is
@@ -2379,15 +2397,7 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
     __shared__ float sh[32];
     pdl_trigger();
     pdl_wait();
-    float ss = 0.0f;
-    if (n % 4 == 0)
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-            const float4 v = ((const float4 *)x)[i];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-    else
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
-    ss = block_sum(ss, sh);
+    const float ss = block_sum(norm_ss_part(x, n, threadIdx.x), sh);
     const float scale = 1.0f / sqrtf(ss / n + eps);
     if (threadIdx.x < TG_WARP) {
         const int qb = blockIdx.x, lane = threadIdx.x;
@@ -2396,6 +2406,73 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
         if (y) y[i] = v;
         q8_block_store(v, lane, out.q + qb * 32, out.d + qb, out.s + qb);
     }
+}
+
+/* The bytes a mat-vec block takes for its own copy of the normed,
+ * quantized input of K values (norm_q8_block): q, then d and s. */
+__host__ __device__ inline size_t fz_norm_bytes(int K)
+{
+    return (size_t)K + 2 * (size_t)(K / 32) * sizeof(float);
+}
+
+/* The norm of k_rmsnorm_q8 taken by a whole thread block of T threads (T
+ * divides FZ_NORM_THREADS) for itself: the row x of n values (a multiple
+ * of 32) normed with weights w and quantized into q, d, s (shared memory,
+ * 16-byte aligned), bit for bit k_rmsnorm_q8's output. The sum of squares
+ * is k_rmsnorm_q8's: each thread sums as FZ_NORM_THREADS / T of its
+ * threads, and the warps' sums are added in block_sum's order. Each thread
+ * then quantizes whole 32-value blocks itself (the maximum and the integer
+ * sum come out the same in any order). sh: FZ_NORM_THREADS / TG_WARP
+ * floats of shared memory. Every thread of the block calls it; it ends
+ * with a barrier. */
+template <int T>
+__device__ __forceinline__ void norm_q8_block(const float *__restrict__ x, const float *__restrict__ w, int n,
+                                              float eps, int8_t *q, float *d, float *s, float *sh)
+{
+    static_assert(FZ_NORM_THREADS % T == 0 && T % TG_WARP == 0, "virtual threads of whole warps");
+    constexpr int V = FZ_NORM_THREADS / T, NW = FZ_NORM_THREADS / TG_WARP;
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+#pragma unroll
+    for (int m = 0; m < V; m++) {
+        const float ss = warp_sum(norm_ss_part(x, n, threadIdx.x + m * T));
+        if (lane == 0) sh[wid + m * (T / TG_WARP)] = ss;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(warp_sum(lane < NW ? sh[lane] : 0.0f) / n + eps);
+    for (int qb = threadIdx.x; qb < n / 32; qb += T) {
+        float v[32];
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float4 xv = ((const float4 *)(x + qb * 32))[j], wv = ((const float4 *)(w + qb * 32))[j];
+            v[4 * j] = xv.x * scale * wv.x;
+            v[4 * j + 1] = xv.y * scale * wv.y;
+            v[4 * j + 2] = xv.z * scale * wv.z;
+            v[4 * j + 3] = xv.w * scale * wv.w;
+        }
+#pragma unroll
+        for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
+        const float dd = amax / 127.0f;
+        uint32_t packed[8];
+        int sq = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t wd = 0;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int qi = dd > 0.0f ? __float2int_rn(v[4 * j + b] / dd) : 0;
+                sq += qi;
+                wd |= (uint32_t)(uint8_t)(int8_t)qi << (8 * b);
+            }
+            packed[j] = wd;
+        }
+        uint4 *qd = (uint4 *)(q + qb * 32);
+        qd[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        qd[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        d[qb] = dd;
+        s[qb] = (float)sq;
+    }
+    __syncthreads();
 }
 
 template <int TYPE> struct fz_fmt {
@@ -2516,30 +2593,50 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
+/* Chunk c (of nch) of the NR rows wr[r] into its stage of sm, as one
+ * commit group of this warp (an empty group past the end). */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_issue(const uint8_t *const *wr, int nch, int c, int lane, uint8_t *sm)
+{
+    typedef fz_chunk<TYPE> C;
+    if (c < nch)
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
+            const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
+            for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
+        }
+    cp_async_commit();
+}
+
+/* The first FZ_STAGES - 1 chunks of the NR rows wr[r] of nb blocks: what
+ * fz_stream_rows issues before it waits, for a caller that waits itself
+ * (and then passes primed). */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_prime_rows(const uint8_t *const *wr, int nb, int lane, uint8_t *sm)
+{
+#pragma unroll
+    for (int c = 0; c < FZ_STAGES - 1; c++) fz_issue<TYPE, NR>(wr, nb / fz_chunk<TYPE>::CB, c, lane, sm);
+}
+
 /* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
- * chunks of this warp); acc[r] summed over the warp (every lane has them). */
+ * chunks of this warp); acc[r] summed over the warp (every lane has them).
+ * primed: fz_prime_rows has issued the first chunks and the caller has
+ * waited on the previous kernel. */
 template <int TYPE, int NR>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
-                                               uint8_t *sm, float *acc)
+                                               uint8_t *sm, float *acc, bool primed = false)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
     const int nch = nb / C::CB;
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    auto issue = [&](int c) {
-        if (c < nch)
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
-                const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
-                for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
-            }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
-    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
+    auto issue = [&](int c) { fz_issue<TYPE, NR>(wr, nch, c, lane, sm); };
+    if (!primed) {
+        fz_prime_rows<TYPE, NR>(wr, nb, lane, sm);
+        pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
+    }
     for (int c = 0; c < nch; c++) {
         issue(c + FZ_STAGES - 1);
         cp_async_wait<FZ_STAGES - 1>();
@@ -2562,17 +2659,32 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
 }
 
 template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
-                                              int accumulate, uint8_t *sm)
+__device__ __forceinline__ void fz_seg_row_ptrs(const gk_mv_seg &sg, int row0, int K, const uint8_t **wr)
 {
-    const uint8_t *wr[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
+}
+
+/* fz_prime_rows for rows row0.. of segment sg. */
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_seg_prime(const gk_mv_seg &sg, int row0, int K, int lane, uint8_t *sm)
+{
+    const uint8_t *wr[NR];
+    fz_seg_row_ptrs<TYPE, NR>(sg, row0, K, wr);
+    fz_prime_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, lane, sm);
+}
+
+template <int TYPE, int NR>
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                              int accumulate, uint8_t *sm, bool primed)
+{
+    const uint8_t *wr[NR];
+    fz_seg_row_ptrs<TYPE, NR>(sg, row0, K, wr);
     float acc[NR];
-    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc, primed);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2586,29 +2698,53 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * time (grid-stride over the segments' row groups); every segment's type
  * streams at this K (checked by the launcher). Dynamic shared memory:
  * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
- * segments' types). */
-template <int NR>
+ * segments' types), after fz_norm_bytes(K) with NORM. NORM: the input is
+ * the residual nm.x, which each block norms and quantizes for itself
+ * (norm_q8_block, after its warps have issued their first weight chunks);
+ * x is unused. */
+template <int NR, bool NORM>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, gk_norm nm)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    uint8_t *sm = fz_sm + (size_t)wid * ring;
+    uint8_t *sm = fz_sm + (NORM ? fz_norm_bytes(K) : 0) + (size_t)wid * ring;
     const int n0 = (segs.s[0].nrows + NR - 1) / NR;
     const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
     const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
-    for (int v = blockIdx.x * FZ_WARPS + wid; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
+    const int v0 = blockIdx.x * FZ_WARPS + wid;
+    gk_q8 xin = x;
+    if constexpr (NORM) {
+        __shared__ float nsh[FZ_NORM_THREADS / TG_WARP];
+        if (v0 < n0 + n1 + n2) {
+            const int i = v0 < n0 ? 0 : v0 < n0 + n1 ? 1 : 2;
+            const int grp = v0 - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
+            const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
+            switch (sg.type) {
+            case TG_TYPE_Q4_K: fz_seg_prime<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, lane, sm); break;
+            case TG_TYPE_Q6_K: fz_seg_prime<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, lane, sm); break;
+            default: fz_seg_prime<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, lane, sm); break;
+            }
+        }
+        pdl_wait();
+        xin.q = (int8_t *)fz_sm;
+        xin.d = (float *)(fz_sm + K);
+        xin.s = xin.d + K / 32;
+        norm_q8_block<FZ_WARPS * TG_WARP>(nm.x, nm.w, K, nm.eps, xin.q, xin.d, xin.s, nsh);
+    }
+    for (int v = v0; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
         const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
+        const bool primed = NORM && v == v0;
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, xin, lane, accumulate, sm, primed); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, xin, lane, accumulate, sm, primed); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, xin, lane, accumulate, sm, primed); break;
         }
     }
-    pdl_wait();   /* a warp without rows also completes after the previous kernel */
+    if constexpr (!NORM) pdl_wait();   /* a warp without rows also completes after the previous kernel */
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
@@ -2644,9 +2780,13 @@ static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, 
 
 int gk_init(tg_err *e)
 {
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1, false>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, false>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
@@ -2685,25 +2825,38 @@ int gk_pdl_on(void)
 }
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
- * rows at a time (8 warps, 4 pairs each). */
-template <int TYPE>
+ * rows at a time (8 warps, 4 pairs each). NORM: as k_mv_stream's (the
+ * block's copy of the input first in the dynamic shared memory). */
+template <int TYPE, bool NORM>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out)
+                   gk_q8 out, gk_norm nm)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
+    uint8_t *sm = fz_sm + (NORM ? fz_norm_bytes(K) : 0) + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
+    gk_q8 xin = x;
+    if constexpr (NORM) {
+        __shared__ float nsh[FZ_NORM_THREADS / TG_WARP];
+        const int r = r0 + wid * 4;
+        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
+        fz_prime_rows<TYPE, 2>(wr, nb, lane, sm);
+        pdl_wait();
+        xin.q = (int8_t *)fz_sm;
+        xin.d = (float *)(fz_sm + K);
+        xin.s = xin.d + K / 32;
+        norm_q8_block<8 * TG_WARP>(nm.x, nm.w, K, nm.eps, xin.q, xin.d, xin.s, nsh);
+    }
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
+        fz_stream_rows<TYPE, 2>(wr, nb, xin, lane, sm, gu, NORM && j == 0);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2718,6 +2871,25 @@ static int fz_stream_on(void)
 {
     static int on = -1;
     return env_switch(&on, "TG_GPU_STREAM", 1);
+}
+
+static int norm_fuse = -1;
+
+/* TG_GPU_NORM_FUSE (read once): 0, 1 or 2, as gk_norm_fuse_mode says. */
+int gk_norm_fuse_mode(void)
+{
+    if (norm_fuse < 0) {
+        const char *v = getenv("TG_GPU_NORM_FUSE");
+        norm_fuse = v && v[0] >= '0' && v[0] <= '2' && !v[1] ? v[0] - '0' : 0;
+    }
+    return norm_fuse;
+}
+
+int gk_norm_fuse_set(int mode)
+{
+    const int prev = gk_norm_fuse_mode();
+    norm_fuse = mode;
+    return prev;
 }
 
 /* TG_GPU_STREAM_ROWS (read once): 2 rows per warp (the default), 1, or 3
@@ -2938,7 +3110,8 @@ int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int 
     return 0;
 }
 
-int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
+int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate,
+                const gk_norm *nm, tg_err *e)
 {
     if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu mv_fused: %d segments: expected 1..3", nseg);
     fz_segs fs;
@@ -2971,10 +3144,22 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
-        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
-                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
+        const size_t sm = (size_t)FZ_WARPS * ring;
+        const int mode = gk_norm_fuse_mode();
+        const int q6 = chunk_max == fz_chunk_bytes(TG_TYPE_Q6_K);
+        if (nm && mode && !(mode == 2 && q6) && sm + fz_norm_bytes(K) <= lim) {
+            const gk_norm nv = *nm;
+            GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2, true> : k_mv_stream<1, true>, grid, FZ_WARPS * TG_WARP,
+                                   sm + fz_norm_bytes(K), s, fs, K, x, accumulate, ring, nv));
+            return 0;
+        }
+        if (nm && gk_rmsnorm_q8(s, nm->x, nm->w, NULL, K, nm->eps, x, e)) return -1;
+        const gk_norm none = {NULL, NULL, 0.0f};
+        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2, false> : k_mv_stream<1, false>, grid, FZ_WARPS * TG_WARP,
+                               sm, s, fs, K, x, accumulate, ring, none));
         return 0;
     }
+    if (nm && gk_rmsnorm_q8(s, nm->x, nm->w, NULL, K, nm->eps, x, e)) return -1;
     /* the direct kernel: two rows per warp share their activation loads */
     int warps = 0;
     for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
@@ -2984,7 +3169,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
 }
 
 int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
-                 float *y, gk_q8 out, tg_err *e)
+                 float *y, gk_q8 out, const gk_norm *nm, tg_err *e)
 {
     if (!gk_fused_type_supported(type) || !fz_k_ok(type, K) || n_ff <= 0 || n_ff % 32)
         return tg_errf(e, "gpu mv_swiglu: type %u, K=%d, n_ff=%d: expected q4_K/q6_K/q8_0, K whole blocks, "
@@ -2992,11 +3177,23 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
     const int grid = n_ff / 32;
     const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
     const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
-    if (fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024) {
-        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
-                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
-                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
+    const int stream = fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024;
+    const int mode = gk_norm_fuse_mode();
+    if (stream && nm && mode && !(mode == 2 && type == TG_TYPE_Q6_K) && sm + fz_norm_bytes(K) <= 48 * 1024) {
+        const gk_norm nv = *nm;
+        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K, true>
+                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K, true>
+                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0, true>,
+                               grid, 8 * TG_WARP, sm + fz_norm_bytes(K), s, g, u, K, x, y, out, nv));
+        return 0;
+    }
+    if (nm && gk_rmsnorm_q8(s, nm->x, nm->w, NULL, K, nm->eps, x, e)) return -1;
+    if (stream) {
+        const gk_norm none = {NULL, NULL, 0.0f};
+        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K, false>
+                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K, false>
+                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0, false>,
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, none));
         return 0;
     }
     GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
@@ -3055,9 +3252,10 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
+    const int nf = gk_norm_fuse_mode();
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
+             nf == 1 ? ", norms in the mat-vecs" : nf == 2 ? ", norms in the mat-vecs but q6_K's" : "", topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }
