@@ -2087,6 +2087,88 @@ __global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
     }
 }
 
+#define TOPK_SURV 512        /* survivors of a chunk's threshold k_topk_partial_f sorts */
+#define TOPK_FILTER_KMAX 64  /* the largest k k_topk_partial_f serves */
+
+/* k_topk_partial's output without sorting the whole chunk: the chunk's
+ * entries fall into G groups (entry i into group i % G, G a power of two
+ * from k to TOPK_FILTER_KMAX); the smallest of the groups' maxima is a
+ * lower bound of the chunk's k-th logit (G >= k entries reach it), so only
+ * the entries at or above it are gathered and sorted. Where fewer than k
+ * or more than TOPK_SURV survive (NaN, an empty group, massive ties), the
+ * whole chunk is sorted as k_topk_partial does. The same entries either
+ * way: rank order is total. */
+__global__ void __launch_bounds__(TOPK_THREADS) k_topk_partial_f(const float *logits, int n, int k, int G,
+                                                                  tg_top *cand)
+{
+    __shared__ float sv[TOPK_CHUNK];
+    __shared__ int si[TOPK_CHUNK];
+    __shared__ float gm[TOPK_THREADS];
+    __shared__ float red[32];
+    __shared__ int cnt;
+    static_assert(TOPK_CHUNK == 4 * TOPK_THREADS, "four entries a thread");
+    const int start = blockIdx.x * TOPK_CHUNK;
+    const int len = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
+    float v[4];
+    float m = -INFINITY;
+    bool none = true;   /* no number among this thread's entries */
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int i = threadIdx.x + j * TOPK_THREADS;
+        v[j] = i < len ? logits[start + i] : NAN;
+        if (!isnan(v[j])) { m = fmaxf(m, v[j]); none = false; }
+    }
+    gm[threadIdx.x] = none ? NAN : m;
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    /* group g's maximum (threads g, g + G, ...: all their entries are in
+     * group g); a group without a number gives no bound (-inf) */
+    float gmax = INFINITY;
+    if ((int)threadIdx.x < G) {
+        float mx = NAN;
+        for (int t = threadIdx.x; t < TOPK_THREADS; t += G)
+            if (!isnan(gm[t])) mx = isnan(mx) ? gm[t] : fmaxf(mx, gm[t]);
+        gmax = isnan(mx) ? -INFINITY : mx;
+    }
+    const float thr = -block_max(-gmax, red);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int i = threadIdx.x + j * TOPK_THREADS;
+        if (!isnan(v[j]) && v[j] >= thr) {
+            const int slot = atomicAdd(&cnt, 1);
+            if (slot < TOPK_SURV) {
+                sv[slot] = v[j];
+                si[slot] = start + i;
+            }
+        }
+    }
+    __syncthreads();
+    const int c = cnt;
+    int n2 = TOPK_CHUNK;
+    if (c >= k && c <= TOPK_SURV) {
+        n2 = 1;
+        while (n2 < c) n2 <<= 1;
+        for (int i = c + threadIdx.x; i < n2; i += blockDim.x) {
+            sv[i] = NAN;
+            si[i] = -1;
+        }
+    } else {
+        __syncthreads();   /* every thread has read cnt */
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = threadIdx.x + j * TOPK_THREADS;
+            sv[i] = v[j];
+            si[i] = i < len ? start + i : -1;
+        }
+    }
+    __syncthreads();
+    block_bitonic(sv, si, n2);
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        cand[(size_t)blockIdx.x * k + r].id = si[r];
+        cand[(size_t)blockIdx.x * k + r].logit = si[r] >= 0 ? sv[r] : NAN;
+    }
+}
+
 #define TOPK_FINAL_CAP 4096   /* survivors the final pass sorts in shared memory */
 
 /* Second pass. Each chunk's k-th entry bounds the global k-th logit from
@@ -2163,6 +2245,23 @@ static int topk_bound_on(void)
     return env_switch(&bound, "TG_GPU_TOPK_BOUND", 1);
 }
 
+static int topk_filter = -1;
+
+/* TG_GPU_TOPK_FILTER (read once): 1, the first pass sorts only the entries
+ * at or above its groups' bound (k_topk_partial_f); 0 (the default), the
+ * whole chunk. */
+static int topk_filter_on(void)
+{
+    return env_switch(&topk_filter, "TG_GPU_TOPK_FILTER", 0);
+}
+
+int gk_topk_filter_set(int on)
+{
+    const int prev = topk_filter_on();
+    topk_filter = on;
+    return prev;
+}
+
 size_t gk_topk_scratch(int n, int k)
 {
     const size_t nblk = ((size_t)n + TOPK_CHUNK - 1) / TOPK_CHUNK;
@@ -2177,7 +2276,12 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     const int nblk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
     const size_t ncand = (size_t)nblk * k;
     tg_top *cand = (tg_top *)scratch;
-    k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
+    if (topk_filter_on() && k <= TOPK_FILTER_KMAX) {
+        int G = 1;
+        while (G < k) G <<= 1;
+        k_topk_partial_f<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, G, cand);
+    } else
+        k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
     GPU_CHECK_LAUNCH(e, "topk partial");
     k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
     GPU_CHECK_LAUNCH(e, "topk final");

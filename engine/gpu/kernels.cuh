@@ -166,6 +166,11 @@ int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e);
 int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
             tg_top *out, tg_err *e);
 
+/* Whether gk_topk's first pass sorts only the entries at or above a bound
+ * of each chunk's k-th logit (TG_GPU_TOPK_FILTER, kernels.cu), for the
+ * launches that follow; returns the setting before (tests run both). */
+int gk_topk_filter_set(int on);
+
 /* XXH3-64 (seed 0, default secret) of len bytes at data, into *out (device).
  * len must exceed 240 (the long-input variant); data 8-byte aligned.
  * scratch: gk_xxh3_scratch(len) bytes. */

@@ -701,10 +701,12 @@ static void test_f16_outputs(int rows, int n)
  * with ties and, optionally, NaNs. */
 /* levels: the number of distinct values (ties); 1 makes every logit equal,
  * so the search bound keeps every candidate (the fallback selection). */
-static void test_topk(int n, int k, int with_nan, int levels = 2000)
+static void test_topk(int n, int k, int with_nan, int levels = 2000, int filter = 0)
 {
+    if (filter == 0) test_topk(n, k, with_nan, levels, 1);   /* first with the filtered first pass */
     char name[96];
-    snprintf(name, sizeof name, "topk(n=%d,k=%d%s%s)", n, k, with_nan ? ",nan" : "", levels == 1 ? ",all-equal" : "");
+    snprintf(name, sizeof name, "topk(n=%d,k=%d%s%s%s)", n, k, with_nan ? ",nan" : "", levels == 1 ? ",all-equal" : "",
+             filter ? ",filtered" : "");
     std::vector<float> x(n);
     for (int i = 0; i < n; i++) x[i] = levels == 1 ? 3.0f : (float)(int)(rndf() * levels) / 64.0f;   /* many ties */
     if (with_nan) {
@@ -720,7 +722,9 @@ static void test_topk(int n, int k, int with_nan, int levels = 2000)
     CK(cudaMalloc((void **)&dout, sizeof(tg_top) * k));
     CK(cudaMemset(dout, 0xFF, sizeof(tg_top) * k));
     tg_err e = {{0}};
+    const int prev = gk_topk_filter_set(filter);
     int rc = gk_topk(0, dx, n, k, scratch, dout, &e);
+    gk_topk_filter_set(prev);
     if (rc) { check_gk(rc, &e, name); return; }
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(out.data(), dout, sizeof(tg_top) * k, cudaMemcpyDeviceToHost));
@@ -1251,6 +1255,9 @@ int main(void)
     test_topk(200, 200, 1);      /* k == n */
     test_topk(151936, 32, 0, 1); /* every logit equal: more survivors than the final pass sorts */
     test_topk(151936, 32, 0, 1 << 20);   /* few ties, the common case */
+    test_topk(151936, 10, 1, 1 << 20);   /* 16 groups for 10 entries */
+    test_topk(151936, 64, 0, 1 << 20);   /* the largest k the filtered pass serves */
+    test_topk(1000, 5, 1);               /* one short chunk */
     test_xxh3(61);          /* 244 bytes: shortest long input */
     test_xxh3(256);         /* exactly one 1024-byte block */
     test_xxh3(8192);
