@@ -2073,6 +2073,8 @@ __global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
 {
     __shared__ float sv[TOPK_CHUNK];
     __shared__ int si[TOPK_CHUNK];
+    pdl_trigger();
+    pdl_wait();
     const int start = blockIdx.x * TOPK_CHUNK;
     const int cnt = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
     for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
@@ -2107,6 +2109,8 @@ __global__ void __launch_bounds__(TOPK_THREADS) k_topk_partial_f(const float *lo
     __shared__ float red[32];
     __shared__ int cnt;
     static_assert(TOPK_CHUNK == 4 * TOPK_THREADS, "four entries a thread");
+    pdl_trigger();
+    pdl_wait();
     const int start = blockIdx.x * TOPK_CHUNK;
     const int len = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
     float v[4];
@@ -2183,6 +2187,8 @@ __global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out, 
     __shared__ int si[TOPK_FINAL_CAP];
     __shared__ float sh[32];
     __shared__ int cnt;
+    pdl_trigger();
+    pdl_wait();
     const int nch = ncand / k;
     float b = -INFINITY;
     for (int c = threadIdx.x; c < nch; c += blockDim.x) {
@@ -2245,6 +2251,18 @@ static int topk_bound_on(void)
     return env_switch(&bound, "TG_GPU_TOPK_BOUND", 1);
 }
 
+template <typename... P, typename... A>
+static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, cudaStream_t s, A... a);
+
+/* TG_GPU_TOPK_PDL=1: the top-k's two launches with programmatic dependent
+ * launch, as the fused path's kernels (where gk_init turned it on); 0 (the
+ * default), plain launches. */
+static int topk_pdl_on(void)
+{
+    static int on = -1;
+    return env_switch(&on, "TG_GPU_TOPK_PDL", 0);
+}
+
 static int topk_filter = -1;
 
 /* TG_GPU_TOPK_FILTER (read once): 1, the first pass sorts only the entries
@@ -2276,14 +2294,19 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     const int nblk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
     const size_t ncand = (size_t)nblk * k;
     tg_top *cand = (tg_top *)scratch;
+    const int pdl = topk_pdl_on();
     if (topk_filter_on() && k <= TOPK_FILTER_KMAX) {
         int G = 1;
         while (G < k) G <<= 1;
-        k_topk_partial_f<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, G, cand);
-    } else
+        if (pdl) GPU_CHECK(e, gk_launch(k_topk_partial_f, nblk, TOPK_THREADS, 0, s, logits, n, k, G, cand));
+        else k_topk_partial_f<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, G, cand);
+    } else if (pdl)
+        GPU_CHECK(e, gk_launch(k_topk_partial, nblk, TOPK_THREADS, 0, s, logits, n, k, cand));
+    else
         k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
     GPU_CHECK_LAUNCH(e, "topk partial");
-    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
+    if (pdl) GPU_CHECK(e, gk_launch(k_topk_final, 1, 1024, 0, s, (const tg_top *)cand, (int)ncand, k, out, topk_bound_on()));
+    else k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
     GPU_CHECK_LAUNCH(e, "topk final");
     return 0;
 }
