@@ -1299,11 +1299,11 @@ int main(void)
         test_mv_norm(qkv6, 3, 256, rsm, 0, 0);
         test_mv_norm(qkv4, 2, 1024, rsm, 1, 0);
         const uint32_t one[3][1] = {{TG_TYPE_Q4_K}, {TG_TYPE_Q6_K}, {TG_TYPE_Q8_0}};
-        const int rbig[1] = {20011}, rff[1] = {12288}, rsf[1] = {96};
+        const int rbig[1] = {20011}, rff[1] = {12288}, rmid[1] = {1024}, rsf[1] = {96};
         test_mv_norm(one[1], 1, 2048, rbig, 0, 0);   /* several row groups a warp, as the vocabulary's */
         test_mv_norm(one[2], 1, 1024, rsf, 0, 0);
         test_mv_norm(one[0], 1, 4096, rff, 0, 1);
-        test_mv_norm(one[2], 1, 4096, rff, 0, 1);
+        test_mv_norm(one[2], 1, 4096, rmid, 0, 1);
         test_mv_norm(one[0], 1, 256, rsf, 0, 1);
     }
     /* n_ctx: the cache's rows; with 32 key ranges, up to 48 (f16, hd 128) or
