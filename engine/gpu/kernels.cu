@@ -2305,8 +2305,11 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     else
         k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
     GPU_CHECK_LAUNCH(e, "topk partial");
-    if (pdl) GPU_CHECK(e, gk_launch(k_topk_final, 1, 1024, 0, s, (const tg_top *)cand, (int)ncand, k, out, topk_bound_on()));
-    else k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
+    if (pdl)
+        GPU_CHECK(e, gk_launch(k_topk_final, 1, 1024, 0, s, (const tg_top *)cand, (int)ncand, k, out,
+                               topk_bound_on()));
+    else
+        k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
     GPU_CHECK_LAUNCH(e, "topk final");
     return 0;
 }
@@ -3380,9 +3383,12 @@ void gk_describe(char *buf, size_t n)
         snprintf(tile, sizeof tile, "128x128");
 #endif
     const int nf = gk_norm_fuse_mode();
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s, top-k %s%s",
+    snprintf(buf, n,
+             "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s, top-k %s%s%s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             nf == 1 ? ", norms in the mat-vecs" : nf == 2 ? ", norms in the mat-vecs but q6_K's" : "", topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
+             nf == 1 ? ", norms in the mat-vecs" : nf == 2 ? ", norms in the mat-vecs but q6_K's" : "",
+             topk_bound_on() ? "maxima bound" : "chunk bound", topk_filter_on() ? " filtered" : "",
+             topk_pdl_on() ? " PDL" : "", pdl_early ? ", PDL early" : "");
 }

@@ -965,10 +965,13 @@ static bool dev_untouched(const void *d, size_t n, uint8_t p)
  * with TG_GPU_NORM_FUSE's mode 0 the launcher norms into the q8 buffer
  * first (gk_rmsnorm_q8, tested above), with mode 1 (and 2 where the
  * launch has no q6_K segment) each block norms for itself; the results
- * must be the same bits, and the fused launch must leave the q8 buffer
- * untouched (it did not fall back to the separate norm). swiglu: gate/up
- * (t0 their type, rows[0] their rows), else 1 to 3 segments. */
-static void test_mv_norm(const uint32_t *types, int nseg, int K, const int *rows, int accumulate, int swiglu)
+ * must be the same bits. fused: the launch streams (its rows are whole
+ * chunks), so mode 1 must leave the q8 buffer untouched (it did not fall
+ * back to the separate norm); else it must have fallen back (written it).
+ * swiglu: gate/up (t0 their type, rows[0] their rows), else 1 to 3
+ * segments. */
+static void test_mv_norm(const uint32_t *types, int nseg, int K, const int *rows, int accumulate, int swiglu,
+                         int fused = 1)
 {
     char name[160];
     int o = snprintf(name, sizeof name, "mv_norm%s%s(K=%d", swiglu ? "_swiglu" : "", accumulate ? "_add" : "", K);
@@ -1022,14 +1025,16 @@ static void test_mv_norm(const uint32_t *types, int nseg, int K, const int *rows
         for (int i = 0; i < nseg; i++) cudaFree(dys[i]);
     }
     if (rc) check_gk(rc, &e, name);
-    else if (!untouched) {
-        printf("FAIL %s: the fused launch wrote the q8 buffer: it took the separate norm\n", name);
+    else if (untouched != fused) {
+        printf("FAIL %s: %s\n", name, fused ? "the fused launch wrote the q8 buffer: it took the separate norm"
+                                           : "the launch cannot stream these rows, yet it did not take the separate norm");
         n_fail++;
     } else if (memcmp(res[0].data(), res[1].data(), res[0].size() * sizeof(float)) || oq[0] != oq[1]) {
         size_t i = 0;
         while (i < res[0].size() && !memcmp(&res[0][i], &res[1][i], sizeof(float))) i++;
+        const bool in_y = i < res[0].size();   /* else only the quantized gate/up output differs */
         printf("FAIL %s: the norm in the mat-vec's launch differs from the separate norm (first at output %zu: "
-               "%.9g, separate %.9g)\n", name, i, i < res[0].size() ? res[1][i] : 0.0, i < res[0].size() ? res[0][i] : 0.0);
+               "%.9g, separate %.9g)\n", name, i, in_y ? res[1][i] : 0.0, in_y ? res[0][i] : 0.0);
         n_fail++;
     } else {
         bool finite = true;
@@ -1038,7 +1043,7 @@ static void test_mv_norm(const uint32_t *types, int nseg, int K, const int *rows
             printf("FAIL %s: non-finite output\n", name);
             n_fail++;
         } else {
-            printf("OK   %s: the same bits as the separate norm\n", name);
+            printf("OK   %s: the same bits as the separate norm%s\n", name, fused ? "" : " (which it took)");
             n_ok++;
         }
     }
@@ -1296,7 +1301,7 @@ int main(void)
         const int r8b[3] = {4096, 1024, 1024}, rsm[3] = {64, 33, 7};
         test_mv_norm(qkv4, 3, 4096, r8b, 0, 0);
         test_mv_norm(qkv6, 3, 4096, r8b, 0, 0);
-        test_mv_norm(qkv6, 3, 256, rsm, 0, 0);
+        test_mv_norm(qkv6, 3, 256, rsm, 0, 0, 0);   /* q4_K rows of 256 do not stream: the separate norm */
         test_mv_norm(qkv4, 2, 1024, rsm, 1, 0);
         const uint32_t one[3][1] = {{TG_TYPE_Q4_K}, {TG_TYPE_Q6_K}, {TG_TYPE_Q8_0}};
         const int rbig[1] = {20011}, rff[1] = {12288}, rmid[1] = {1024}, rsf[1] = {96};
@@ -1304,7 +1309,8 @@ int main(void)
         test_mv_norm(one[2], 1, 1024, rsf, 0, 0);
         test_mv_norm(one[0], 1, 4096, rff, 0, 1);
         test_mv_norm(one[2], 1, 4096, rmid, 0, 1);
-        test_mv_norm(one[0], 1, 256, rsf, 0, 1);
+        test_mv_norm(one[0], 1, 256, rsf, 0, 1, 0);
+        test_mv_norm(one[2], 1, 256, rsf, 0, 1);   /* q8_0 rows of 256 stream */
     }
     /* n_ctx: the cache's rows; with 32 key ranges, up to 48 (f16, hd 128) or
      * 24 (f32) rows a range are staged in shared memory, longer ranges read
