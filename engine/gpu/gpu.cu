@@ -615,6 +615,21 @@ static int enqueue_select(tg_gpu *g, int k, tg_err *e)
     return 0;
 }
 
+/* The normed input (nm, n values) of a fused-path mat-vec: *pass = nm
+ * where TG_GPU_NORM_FUSE lets the mat-vec take the norm in its own launch;
+ * else the norm is launched here into g->q8n (its own row in the profile)
+ * and *pass = NULL. nm NULL: nothing. 0 or -1 with e. */
+static int norm_input(tg_gpu *g, const gk_norm *nm, int n, const gk_norm **pass, tg_err *e)
+{
+    cudaStream_t s = g->stream;
+    *pass = nm;
+    if (!nm || gk_norm_fuse_mode()) return 0;
+    *pass = NULL;
+    if (gk_rmsnorm_q8(s, nm->x, nm->w, NULL, n, nm->eps, g->q8n, e)) return -1;
+    PROF("rmsnorm_q8");
+    return 0;
+}
+
 static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
 {
     const int dm = g->drop;
@@ -633,16 +648,11 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
         void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
-        /* the attention norm: in the mat-vec's own launch (gk_mv_fused
-         * with a gk_norm) or as a launch of its own before it; dropped
-         * (the timing attribution), the mat-vec reads the last input */
+        /* the attention norm (dropped for the timing attribution, the
+         * mat-vec reads the last input) */
         const gk_norm an = {g->x, (const float *)L->attn_norm.d, hp->eps};
-        const gk_norm *anp = dm & DROP_NORM ? NULL : &an;
-        if (anp && !gk_norm_fuse_mode()) {
-            if (gk_rmsnorm_q8(s, g->x, an.w, NULL, E, hp->eps, g->q8n, e)) return -1;
-            anp = NULL;
-            PROF("rmsnorm_q8");
-        }
+        const gk_norm *anp;
+        if (norm_input(g, dm & DROP_NORM ? NULL : &an, E, &anp, e)) return -1;
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         const gk_mv_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q},
                                   {L->wk.type, L->wk.d, KVD, g->k},
@@ -672,12 +682,8 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         if (!(dm & DROP_WO) && gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, NULL, e)) return -1;
         PROF("mv wo+add");
         const gk_norm fn = {g->x, (const float *)L->ffn_norm.d, hp->eps};
-        const gk_norm *fnp = dm & DROP_NORM ? NULL : &fn;
-        if (fnp && !gk_norm_fuse_mode()) {
-            if (gk_rmsnorm_q8(s, g->x, fn.w, NULL, E, hp->eps, g->q8n, e)) return -1;
-            fnp = NULL;
-            PROF("rmsnorm_q8");
-        }
+        const gk_norm *fnp;
+        if (norm_input(g, dm & DROP_NORM ? NULL : &fn, E, &fnp, e)) return -1;
         COUNT(ops, TG_OP_MATMUL, L->wo.type);
         COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
@@ -695,12 +701,8 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         PROF(L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add");
     }
     const gk_norm on = {g->x, (const float *)g->output_norm.d, hp->eps};
-    const gk_norm *onp = &on;
-    if (!gk_norm_fuse_mode()) {
-        if (gk_rmsnorm_q8(s, g->x, on.w, NULL, E, hp->eps, g->q8n, e)) return -1;
-        onp = NULL;
-        PROF("rmsnorm_q8");
-    }
+    const gk_norm *onp;
+    if (norm_input(g, &on, E, &onp, e)) return -1;
     COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
     const gk_mv_seg out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
     if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, onp, e)) return -1;

@@ -2067,6 +2067,15 @@ __device__ void block_bitonic(float *sv, int *si, int n)
         }
 }
 
+/* The first k of the sorted entries sv/si into out (NaN where empty). */
+__device__ __forceinline__ void top_store(const float *sv, const int *si, int k, tg_top *out)
+{
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        out[r].id = si[r];
+        out[r].logit = si[r] >= 0 ? sv[r] : NAN;
+    }
+}
+
 /* First pass: each block sorts its chunk of TOPK_CHUNK logits and keeps the
  * first k. */
 __global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
@@ -2083,10 +2092,7 @@ __global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
     }
     __syncthreads();
     block_bitonic(sv, si, TOPK_CHUNK);
-    for (int r = threadIdx.x; r < k; r += blockDim.x) {
-        cand[(size_t)blockIdx.x * k + r].id = si[r];
-        cand[(size_t)blockIdx.x * k + r].logit = si[r] >= 0 ? sv[r] : NAN;
-    }
+    top_store(sv, si, k, cand + (size_t)blockIdx.x * k);
 }
 
 #define TOPK_SURV 512        /* survivors of a chunk's threshold k_topk_partial_f sorts */
@@ -2167,10 +2173,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) k_topk_partial_f(const float *lo
     }
     __syncthreads();
     block_bitonic(sv, si, n2);
-    for (int r = threadIdx.x; r < k; r += blockDim.x) {
-        cand[(size_t)blockIdx.x * k + r].id = si[r];
-        cand[(size_t)blockIdx.x * k + r].logit = si[r] >= 0 ? sv[r] : NAN;
-    }
+    top_store(sv, si, k, cand + (size_t)blockIdx.x * k);
 }
 
 #define TOPK_FINAL_CAP 4096   /* survivors the final pass sorts in shared memory */
@@ -2238,10 +2241,7 @@ __global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out, 
     }
     __syncthreads();
     block_bitonic(sv, si, n2);
-    for (int r = threadIdx.x; r < k; r += blockDim.x) {
-        out[r].id = si[r];
-        out[r].logit = si[r] >= 0 ? sv[r] : NAN;
-    }
+    top_store(sv, si, k, out);
 }
 
 /* TG_GPU_TOPK_BOUND=0: only the chunks' k-th entries bound the search. */
@@ -2547,8 +2547,9 @@ __host__ __device__ inline size_t fz_norm_bytes(int K)
 
 /* The norm of k_rmsnorm_q8 taken by a whole thread block of T threads (T
  * divides FZ_NORM_THREADS) for itself: the row x of n values (a multiple
- * of 32) normed with weights w and quantized into q, d, s (shared memory,
- * 16-byte aligned), bit for bit k_rmsnorm_q8's output. The sum of squares
+ * of 32) normed with weights w and quantized into smem (shared memory,
+ * 16-byte aligned, fz_norm_bytes(n): q, then d and s), returned as a
+ * gk_q8 over it, bit for bit k_rmsnorm_q8's output. The sum of squares
  * is k_rmsnorm_q8's: each thread sums as FZ_NORM_THREADS / T of its
  * threads, and the warps' sums are added in block_sum's order. Each thread
  * then quantizes whole 32-value blocks itself (the maximum and the integer
@@ -2556,9 +2557,11 @@ __host__ __device__ inline size_t fz_norm_bytes(int K)
  * floats of shared memory. Every thread of the block calls it; it ends
  * with a barrier. */
 template <int T>
-__device__ __forceinline__ void norm_q8_block(const float *__restrict__ x, const float *__restrict__ w, int n,
-                                              float eps, int8_t *q, float *d, float *s, float *sh)
+__device__ __forceinline__ gk_q8 norm_q8_block(const float *__restrict__ x, const float *__restrict__ w, int n,
+                                               float eps, uint8_t *smem, float *sh)
 {
+    int8_t *q = (int8_t *)smem;
+    float *d = (float *)(smem + n), *s = d + n / 32;
     static_assert(FZ_NORM_THREADS % T == 0 && T % TG_WARP == 0, "virtual threads of whole warps");
     constexpr int V = FZ_NORM_THREADS / T, NW = FZ_NORM_THREADS / TG_WARP;
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
@@ -2603,6 +2606,7 @@ __device__ __forceinline__ void norm_q8_block(const float *__restrict__ x, const
         s[qb] = (float)sq;
     }
     __syncthreads();
+    return gk_q8{q, d, s};
 }
 
 template <int TYPE> struct fz_fmt {
@@ -2858,10 +2862,7 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, gk_norm nm)
             }
         }
         pdl_wait();
-        xin.q = (int8_t *)fz_sm;
-        xin.d = (float *)(fz_sm + K);
-        xin.s = xin.d + K / 32;
-        norm_q8_block<FZ_WARPS * TG_WARP>(nm.x, nm.w, K, nm.eps, xin.q, xin.d, xin.s, nsh);
+        xin = norm_q8_block<FZ_WARPS * TG_WARP>(nm.x, nm.w, K, nm.eps, fz_sm, nsh);
     }
     for (int v = v0; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
         const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
@@ -2977,10 +2978,7 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         fz_prime_rows<TYPE, 2>(wr, nb, lane, sm);
         pdl_wait();
-        xin.q = (int8_t *)fz_sm;
-        xin.d = (float *)(fz_sm + K);
-        xin.s = xin.d + K / 32;
-        norm_q8_block<8 * TG_WARP>(nm.x, nm.w, K, nm.eps, xin.q, xin.d, xin.s, nsh);
+        xin = norm_q8_block<8 * TG_WARP>(nm.x, nm.w, K, nm.eps, fz_sm, nsh);
     }
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
