@@ -23,6 +23,7 @@
 #pragma clang diagnostic ignored "-Wunused-function"
 #endif
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,13 @@ struct tg_gpu {
     int fused;
     gk_q8 q8n, q8a, q8f;         /* quantized norm output, attention output, SwiGLU output */
     void *q8_mem;                /* their one allocation */
+    /* TG_GPU_PERSIST=1: the fused step as one persistent launch (kernels.cu) */
+    int persist;
+    gk_step pstep;               /* its buffers and weights */
+    gk_persist_geom pgeom;
+    gk_layer *players;           /* device, n_layer */
+    void *psync;                 /* device, gk_persist_scratch() */
+    int *perr;                   /* pinned host, mapped: 1 once a step was abandoned */
     /* TG_GPU_PROFILE: an event after each fused launch, totals per label */
     int prof;
     cudaEvent_t pev[512];
@@ -263,6 +271,74 @@ static int parse_drop(const char *v, int *mask, tg_err *e)
     }
 }
 
+/* TG_GPU_PERSIST=1 on a fused session: the persistent step's layer table
+ * on the device, its barrier words and error word, its plan. Where the
+ * plan does not fit (kernels.cu says why) the session keeps the fused
+ * launches and its description says so. 0, or -1 with e on a runtime
+ * failure. */
+static int persist_setup(tg_gpu *g, tg_err *e)
+{
+    const tg_hparams *hp = &g->hp;
+    const int f16 = !g->kv_f32;
+    const size_t kv_el = f16 ? 2 : 4;
+    gk_layer *hl = (gk_layer *)calloc(hp->n_layer, sizeof *hl);
+    if (!hl) return tg_errf(e, "out of host memory");
+    for (int l = 0; l < hp->n_layer; l++) {
+        const dlayer *L = &g->layers[l];
+        gk_layer *P = &hl[l];
+        P->wq_type = L->wq.type; P->wq = L->wq.d;
+        P->wk_type = L->wk.type; P->wk = L->wk.d;
+        P->wv_type = L->wv.type; P->wv = L->wv.d;
+        P->wo_type = L->wo.type; P->wo = L->wo.d;
+        P->ffn_type = L->gate.type; P->gate = L->gate.d; P->up = L->up.d;
+        P->down_type = L->down.type; P->down = L->down.d;
+        P->attn_norm = (const float *)L->attn_norm.d;
+        P->ffn_norm = (const float *)L->ffn_norm.d;
+        P->q_norm = hp->qk_norm ? (const float *)L->q_norm.d : NULL;
+        P->k_norm = hp->qk_norm ? (const float *)L->k_norm.d : NULL;
+        P->kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
+        P->vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
+    }
+    gk_step *st = &g->pstep;
+    memset(st, 0, sizeof *st);
+    st->n_layer = hp->n_layer; st->n_embd = hp->n_embd; st->n_head = hp->n_head; st->n_head_kv = hp->n_head_kv;
+    st->head_dim = hp->head_dim; st->n_ff = hp->n_ff; st->n_ctx = g->n_ctx; st->rope_neox = hp->rope_neox;
+    st->kv_f16 = f16;
+    st->eps = hp->eps;
+    st->theta_scale = powf(hp->rope_base, -2.0f / (float)hp->head_dim);
+    st->x = g->x; st->q = g->q; st->k = g->k; st->v = g->v; st->att = g->att;
+    st->q8a = g->q8a; st->q8f = g->q8f;
+    st->output_norm = (const float *)g->output_norm.d;
+    st->out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
+    st->pos0 = g->dparams;
+    st->att_scratch = g->att_scratch;
+    tg_err pe = {{0}};
+    if (gk_persist_plan(st, hl, &g->pgeom, &pe)) {
+        free(hl);
+        const size_t len = strlen(g->device);
+        snprintf(g->device + len, sizeof g->device - len, ", no persistent step (%.120s)", pe.msg);
+        return 0;
+    }
+    int rc = dalloc(&g->players, sizeof *hl * hp->n_layer, e) || dalloc(&g->psync, gk_persist_scratch(), e) ? -1 : 0;
+    if (!rc && (cudaMemcpy(g->players, hl, sizeof *hl * hp->n_layer, cudaMemcpyHostToDevice) != cudaSuccess ||
+                cudaMemset(g->psync, 0, gk_persist_scratch()) != cudaSuccess))
+        rc = tg_errf(e, "copying the persistent step's layer table failed (in %s, %s:%d)", __func__, __FILE__,
+                     __LINE__);
+    free(hl);
+    if (rc) return -1;
+    int *dev_err = NULL;
+    if (cudaHostAlloc((void **)&g->perr, sizeof(int), cudaHostAllocMapped) != cudaSuccess)
+        return tg_errf(e, "cudaHostAlloc of the persistent step's error word failed (in %s, %s:%d)", __func__,
+                       __FILE__, __LINE__);
+    *g->perr = 0;
+    GPU_CHECK(e, cudaHostGetDevicePointer((void **)&dev_err, g->perr, 0));
+    st->layers = g->players;
+    st->sync = g->psync;
+    st->err_host = dev_err;
+    g->persist = 1;
+    return 0;
+}
+
 /* The table's init: uploads s->m's weights and allocates the cache and
  * buffers on device s->o.device (the device holds its own copy of the
  * weights). Returns 0 with s->tier set, or -1 with e (no device, an option
@@ -413,11 +489,19 @@ static int gpu_init(tg_session *ss, tg_err *e)
             bufs[i]->s = (float *)(b + align256(w) + align256(w / 32 * sizeof(float)));
         }
     }
+    if (g->fused) {
+        const char *pv = getenv("TG_GPU_PERSIST");
+        if (pv && pv[0] == '1' && !pv[1] && !g->drop && persist_setup(g, e)) goto fail;
+    }
     {
         char ks[384];
         gk_describe(ks, sizeof ks);
         const size_t len = strlen(g->device);
         snprintf(g->device + len, sizeof g->device - len, ", %s decode, %s", g->fused ? "fused" : "plain", ks);
+        if (g->persist) {
+            const size_t l2 = strlen(g->device);
+            snprintf(g->device + l2, sizeof g->device - l2, ", persistent step (%d blocks)", g->pgeom.grid);
+        }
     }
     ss->tier = g;
     return 0;
@@ -438,12 +522,13 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
                    g->x16, g->x16b, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch,
-                   g->dtop, g->ddigest, g->q8_mem, g->dscores};
+                   g->dtop, g->ddigest, g->q8_mem, g->dscores, g->players, g->psync};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (g->hparams) cudaFreeHost(g->hparams);
     if (g->htop) cudaFreeHost(g->htop);
     if (g->hdigest) cudaFreeHost(g->hdigest);
+    if (g->perr) cudaFreeHost(g->perr);
     if (g->stream) cudaStreamDestroy(g->stream);
     if (g->side) cudaStreamDestroy(g->side);
     if (g->ev_fork) cudaEventDestroy(g->ev_fork);
@@ -576,9 +661,6 @@ static int attention_hooked(tg_gpu *g, int layer, const void *kc, const void *vc
 
 #define COUNT(ops, op, type) tg_ops_count((ops), (op), (type), TG_TIER_GPU)
 
-/* The fused single-token step (kernels.cu, "the fused single-token path"):
- * the same forward pass as enqueue_step in 7 launches per layer. Counts the
- * same ops as the plain path, so the counters compare across the two. */
 /* Records an event after the launch just enqueued, under label; a fused
  * step opens the series with PROF(NULL), so launches outside one (a
  * prefill's selection) are not timed. */
@@ -630,6 +712,42 @@ static int norm_input(tg_gpu *g, const gk_norm *nm, int n, const gk_norm **pass,
     return 0;
 }
 
+/* The ops of one fused step (the plain path's, so the counters compare
+ * across the two), into ops. */
+static void count_fused(const tg_gpu *g, tg_ops *ops)
+{
+    const tg_hparams *hp = &g->hp;
+    COUNT(ops, TG_OP_EMBED, g->token_embd.type);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const dlayer *L = &g->layers[l];
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        COUNT(ops, TG_OP_MATMUL, L->wq.type);
+        COUNT(ops, TG_OP_MATMUL, L->wk.type);
+        COUNT(ops, TG_OP_MATMUL, L->wv.type);
+        if (hp->qk_norm) {
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        }
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
+        COUNT(ops, TG_OP_MATMUL, L->wo.type);
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        COUNT(ops, TG_OP_MATMUL, L->gate.type);
+        COUNT(ops, TG_OP_MATMUL, L->up.type);
+        COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
+        COUNT(ops, TG_OP_MATMUL, L->down.type);
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+    }
+    COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+    COUNT(ops, TG_OP_MATMUL, g->output.type);
+}
+
+/* The fused single-token step (kernels.cu, "the fused single-token path"):
+ * the same forward pass as enqueue_step in 7 launches per layer, or (the
+ * persistent step) in one after the embedding. */
 static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
 {
     const int dm = g->drop;
@@ -640,10 +758,15 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     const int f16 = !g->kv_f32;
     const size_t kv_el = f16 ? 2 : 4;
     g->pn = 0;
+    count_fused(g, ops);
     PROF(NULL);
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, 1, g->x, e)) return -1;
-    COUNT(ops, TG_OP_EMBED, g->token_embd.type);
     PROF("embed");
+    if (g->persist) {
+        if (gk_decode_persist(s, &g->pstep, &g->pgeom, e)) return -1;
+        PROF("persistent step");
+        return k > 0 ? enqueue_select(g, k, e) : 0;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
@@ -653,29 +776,17 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         const gk_norm an = {g->x, (const float *)L->attn_norm.d, hp->eps};
         const gk_norm *anp;
         if (norm_input(g, dm & DROP_NORM ? NULL : &an, E, &anp, e)) return -1;
-        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         const gk_mv_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q},
                                   {L->wk.type, L->wk.d, KVD, g->k},
                                   {L->wv.type, L->wv.d, KVD, g->v}};
         if (!(dm & DROP_QKV) && gk_mv_fused(s, qkv, 3, E, g->q8n, 0, anp, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->wq.type);
-        COUNT(ops, TG_OP_MATMUL, L->wk.type);
-        COUNT(ops, TG_OP_MATMUL, L->wv.type);
         PROF(L->wv.type == TG_TYPE_Q6_K ? "mv qkv (v q6_K)" : "mv qkv");
         if (!(dm & DROP_ATTN) &&
             gk_attn_decode(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
                            hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD, g->n_ctx,
-                           pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, g->att_scratch,
-                           e))
+                           pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL,
+                           g->att_scratch, e))
             return -1;
-        if (hp->qk_norm) {
-            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        }
-        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
-        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
-        COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
-        COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
         PROF("qk norm + rope + store + attention");
         /* the output projection onto the residual, then the ffn norm */
         const gk_mv_seg wo = {L->wo.type, L->wo.d, E, g->x};
@@ -684,29 +795,19 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
         const gk_norm fn = {g->x, (const float *)L->ffn_norm.d, hp->eps};
         const gk_norm *fnp;
         if (norm_input(g, dm & DROP_NORM ? NULL : &fn, E, &fnp, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->wo.type);
-        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
-        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, fnp, e))
             return -1;
-        COUNT(ops, TG_OP_MATMUL, L->gate.type);
-        COUNT(ops, TG_OP_MATMUL, L->up.type);
-        COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
         PROF("mv gate+up+swiglu");
         /* the down projection onto the residual */
         const gk_mv_seg down = {L->down.type, L->down.d, E, g->x};
         if (!(dm & DROP_DOWN) && gk_mv_fused(s, &down, 1, FF, g->q8f, 1, NULL, e)) return -1;
-        COUNT(ops, TG_OP_MATMUL, L->down.type);
-        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         PROF(L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add");
     }
     const gk_norm on = {g->x, (const float *)g->output_norm.d, hp->eps};
     const gk_norm *onp;
     if (norm_input(g, &on, E, &onp, e)) return -1;
-    COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
     const gk_mv_seg out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
     if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, onp, e)) return -1;
-    COUNT(ops, TG_OP_MATMUL, g->output.type);
     PROF("mv output");
     if (k > 0) {
         if (enqueue_select(g, k, e)) return -1;
@@ -987,6 +1088,10 @@ static int gpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
     }
     /* the pinned parameter block is reused by the next batch: wait */
     GPU_CHECK(e, cudaStreamSynchronize(g->stream));
+    if (g->persist && *(volatile int *)g->perr)
+        return tg_errf(e, "gpu persistent step (TG_GPU_PERSIST=1): a grid barrier waited past its limit, so not "
+                       "every one of its %d thread blocks was running; this step's logits are not valid (run with "
+                       "TG_GPU_PERSIST=0, or fewer TG_GPU_PERSIST_BLOCKS)", g->pgeom.grid);
     if (g->prof && g->pn > 1) profile_collect(g);
     g->sel_k = k;
     return 0;

@@ -1691,7 +1691,7 @@ __global__ void k_attn_combine(const float *part, float *out, int n_head, int he
 
 /* The partial results of every (head, key range), then (gk_attn_decode)
  * one arrival counter per head. */
-static size_t att_part_bytes(int n_head, int head_dim)
+__host__ __device__ static size_t att_part_bytes(int n_head, int head_dim)
 {
     return (size_t)n_head * ATT_SPLITS_MAX * (head_dim + 2) * sizeof(float);
 }
@@ -3113,77 +3113,108 @@ __device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, 
     __syncthreads();
 }
 
-/* Decode attention of one token in one launch: a thread block per (query
- * head h, key range z of gridDim.y). Each block takes the head's q through
- * its RMS norm and RoPE itself (nothing is written back); the block whose
- * range holds the new position also takes the kv head's k through norm and
- * RoPE and stores k and v at cache row *pos0 (the blocks of the other
- * query heads of the group store the same bytes). Then attn_range over the
- * range, the partial result into part, and the last block of the head to
- * arrive (count[h], left at 0 again) merges the ranges as k_attn_combine,
- * writes the head's output and quantizes it for the output projection.
- * With stage_keys > 0 (every range at most that long) the range's cached
- * K and V rows are copied into shared memory before the kernel waits on
- * the mat-vec (they were written by earlier steps), all at once, and the
- * new row joins them there. q_out (when not NULL): the normed, rotated q,
- * for tests. Dynamic shared memory: head_dim floats, then 2 * stage_keys
- * rows of K and V. */
+/* What a decode attention item reads and writes (k_attn_decode's
+ * parameters, and the persistent step's per layer): the step's q, k and v,
+ * the q and k norm weights (NULL: none), RoPE's theta scale and pairing,
+ * the layer's caches, the partial results and arrival counters of
+ * gk_attention_scratch, the output (out, quantized into oq), q_out (tests;
+ * NULL: not kept) and stage_keys (ad_begin). */
+struct ad_args {
+    const float *q, *k, *v, *wq, *wk;
+    int n_head, n_head_kv, head_dim;
+    float theta_scale;
+    int neox;
+    float eps;
+    void *kc, *vc;
+    float scale;
+    float *part;
+    int *count;
+    float *out;
+    gk_q8 oq;
+    float *q_out;
+    int stage_keys;
+};
+
+/* One item (query head h, key range z of nsplit) at position pos: its
+ * range [jb, je) and whether its rows are staged in shared memory. */
+struct ad_item {
+    int h, z, hkv, jb, je;
+    bool staged;
+};
+
+/* Starts item (h, z): with a.stage_keys > 0 and a range of at most that
+ * many keys, copies the range's cached K and V rows (written by earlier
+ * steps; the new row pos joins them in ad_finish) into the shared memory
+ * after qs (head_dim floats), asynchronously, as one commit group. Reads
+ * only what earlier steps wrote, so a caller may issue it before it waits
+ * on this step's q, k and v. Every thread of the block calls it. */
 template <int F16>
-__global__ void __launch_bounds__(ATT_THREADS)
-k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
-              int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
-              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys)
+__device__ __forceinline__ ad_item ad_begin(const ad_args &a, int pos, int h, int z, int nsplit, float *qs)
 {
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float red[32];
-    __shared__ float f[ATT_SPLITS_MAX];
-    __shared__ int last;
-    extern __shared__ __align__(16) float qs[]; /* head_dim, then the staged rows */
-    pdl_trigger();
-    /* the position is the step's parameter, copied before the step's first
-     * kernel: its angles and the range's cached rows are read before
-     * waiting on the mat-vec */
-    const int pos = *pos0, n_kv = pos + 1;
-    const int h = blockIdx.x, z = blockIdx.y, nsplit = gridDim.y;
-    const int hkv = h / (n_head / n_head_kv);
-    const size_t kv_row = (size_t)n_head_kv * head_dim;
+    ad_item it;
+    const int n_kv = pos + 1;
+    it.h = h;
+    it.z = z;
+    it.hkv = h / (a.n_head / a.n_head_kv);
+    const size_t kv_row = (size_t)a.n_head_kv * a.head_dim;
     const int per = (n_kv + nsplit - 1) / nsplit;
-    const int jb = z * per, je = min(n_kv, jb + per);
-    const int el = F16 ? 2 : 4, rowb = head_dim * el, nk = je - jb;
-    const bool staged = nk > 0 && nk <= stage_keys;
-    uint8_t *ks = (uint8_t *)(qs + head_dim), *vs = ks + (size_t)stage_keys * rowb;
-    if (staged) {
-        const int pieces = rowb / 16, nold = min(je, pos) - jb;
+    it.jb = z * per;
+    it.je = min(n_kv, it.jb + per);
+    const int el = F16 ? 2 : 4, rowb = a.head_dim * el, nk = it.je - it.jb;
+    it.staged = nk > 0 && nk <= a.stage_keys;
+    uint8_t *ks = (uint8_t *)(qs + a.head_dim), *vs = ks + (size_t)a.stage_keys * rowb;
+    if (it.staged) {
+        const int pieces = rowb / 16, nold = min(it.je, pos) - it.jb;
         for (int p = threadIdx.x; p < nold * pieces; p += blockDim.x) {
             const int r = p / pieces, pc = p % pieces;
-            const size_t src = ((size_t)(jb + r) * kv_row + (size_t)hkv * head_dim) * el + 16 * pc;
-            cp_async16(ks + (size_t)r * rowb + 16 * pc, (const uint8_t *)kc + src);
-            cp_async16(vs + (size_t)r * rowb + 16 * pc, (const uint8_t *)vc + src);
+            const size_t src = ((size_t)(it.jb + r) * kv_row + (size_t)it.hkv * a.head_dim) * el + 16 * pc;
+            cp_async16(ks + (size_t)r * rowb + 16 * pc, (const uint8_t *)a.kc + src);
+            cp_async16(vs + (size_t)r * rowb + 16 * pc, (const uint8_t *)a.vc + src);
         }
         cp_async_commit();
     }
-    float rc[2], rs[2];
-    rope_pre(pos, theta_scale, head_dim / 2, rc, rs);
-    pdl_wait();
-    head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, rc, rs, neox, eps, qs, red);
-    if (q_out && z == 0)
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
+    return it;
+}
+
+/* The rest of item it, once q, k and v are ready: q through its RMS norm
+ * and RoPE (rc, rs: rope_pre's at pos; nothing written back), and where
+ * the range holds pos, k through them too, with k and v stored at cache
+ * row pos (the items of the other query heads of the group store the same
+ * bytes). Then attn_range over the range, the partial result into a.part,
+ * and the last item of the head to arrive (a.count[h], left at 0 again)
+ * merges the ranges as k_attn_combine, writes the head's output and
+ * quantizes it for the output projection. Shared memory: qs (ad_begin's),
+ * sc (ATT_CHUNK floats), red (32), f (ATT_SPLITS_MAX), last (one int).
+ * Every thread of the block calls it. */
+template <int F16>
+__device__ __forceinline__ void ad_finish(const ad_args &a, int pos, const ad_item &it, int nsplit, float *qs,
+                                          const float rc[2], const float rs[2], float *sc, float *red, float *f,
+                                          int *last)
+{
+    const int head_dim = a.head_dim, h = it.h, jb = it.jb, je = it.je;
+    const size_t kv_row = (size_t)a.n_head_kv * head_dim;
+    const int el = F16 ? 2 : 4, rowb = head_dim * el, nk = je - jb;
+    const bool staged = it.staged;
+    uint8_t *ks = (uint8_t *)(qs + head_dim), *vs = ks + (size_t)a.stage_keys * rowb;
+    head_norm_rope(a.q + (size_t)h * head_dim, a.wq, head_dim, rc, rs, a.neox, a.eps, qs, red);
+    if (a.q_out && it.z == 0)
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) a.q_out[(size_t)h * head_dim + i] = qs[i];
     if (jb <= pos && pos < je) {
         float *kh = sc;   /* head_dim <= ATT_CHUNK; attn_range fills sc afterwards */
-        head_norm_rope(k + (size_t)hkv * head_dim, wk, head_dim, rc, rs, neox, eps, kh, red);
-        const size_t dst = (size_t)pos * kv_row + (size_t)hkv * head_dim;
-        const float *vh = v + (size_t)hkv * head_dim;
+        head_norm_rope(a.k + (size_t)it.hkv * head_dim, a.wk, head_dim, rc, rs, a.neox, a.eps, kh, red);
+        const size_t dst = (size_t)pos * kv_row + (size_t)it.hkv * head_dim;
+        const float *vh = a.v + (size_t)it.hkv * head_dim;
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             if (F16) {
-                ((uint16_t *)kc)[dst + i] = f2h(kh[i]);
-                ((uint16_t *)vc)[dst + i] = f2h(vh[i]);
+                ((uint16_t *)a.kc)[dst + i] = f2h(kh[i]);
+                ((uint16_t *)a.vc)[dst + i] = f2h(vh[i]);
                 if (staged) {
                     ((uint16_t *)ks)[(size_t)(pos - jb) * head_dim + i] = f2h(kh[i]);
                     ((uint16_t *)vs)[(size_t)(pos - jb) * head_dim + i] = f2h(vh[i]);
                 }
             } else {
-                ((float *)kc)[dst + i] = kh[i];
-                ((float *)vc)[dst + i] = vh[i];
+                ((float *)a.kc)[dst + i] = kh[i];
+                ((float *)a.vc)[dst + i] = vh[i];
                 if (staged) {
                     ((float *)ks)[(size_t)(pos - jb) * head_dim + i] = kh[i];
                     ((float *)vs)[(size_t)(pos - jb) * head_dim + i] = vh[i];
@@ -3197,28 +3228,52 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
     if (staged) {   /* the same arithmetic over the staged rows, keys renumbered from jb */
         cp_async_wait<0>();
         __syncthreads();
-        attn_range<F16>(qs, ks, vs, 0, head_dim, head_dim, 0, nk, scale, NULL, NULL, 0, sc, red, acc, &run_max,
+        attn_range<F16>(qs, ks, vs, 0, head_dim, head_dim, 0, nk, a.scale, NULL, NULL, 0, sc, red, acc, &run_max,
                         &run_sum);
     } else {
-        attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, NULL, NULL, 0, sc, red, acc, &run_max,
-                        &run_sum);
+        attn_range<F16>(qs, a.kc, a.vc, it.hkv, head_dim, kv_row, jb, je, a.scale, NULL, NULL, 0, sc, red, acc,
+                        &run_max, &run_sum);
     }
-    const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
-    attn_part_store(part + ((size_t)h * nsplit + z) * (head_dim + 2), head_dim, run_max, run_sum, acc);
+    const float *pp = a.part + (size_t)h * nsplit * (head_dim + 2);
+    attn_part_store(a.part + ((size_t)h * nsplit + it.z) * (head_dim + 2), head_dim, run_max, run_sum, acc);
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&count[h], 1) == nsplit - 1;
+    if (threadIdx.x == 0) *last = atomicAdd(&a.count[h], 1) == nsplit - 1;
     __syncthreads();
-    if (!last) return;
+    if (!*last) return;
     __threadfence();
     const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
         const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
         const size_t i = (size_t)h * head_dim + d;
-        out[i] = val;
-        q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+        a.out[i] = val;
+        q8_block_store(val, d % TG_WARP, a.oq.q + (i & ~(size_t)31), a.oq.d + i / 32, a.oq.s + i / 32);
     }
-    if (threadIdx.x == 0) count[h] = 0;
+    if (threadIdx.x == 0) a.count[h] = 0;
+}
+
+/* Decode attention of one token in one launch: a thread block per item
+ * (query head h, key range z of gridDim.y), ad_begin then ad_finish. The
+ * item's rows are staged before the kernel waits on the mat-vec, and the
+ * RoPE angles taken: the position is the step's parameter, copied before
+ * the step's first kernel. Dynamic shared memory: head_dim floats, then
+ * 2 * stage_keys rows of K and V. */
+template <int F16>
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attn_decode(ad_args a, const int32_t *pos0)
+{
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[32];
+    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ int last;
+    extern __shared__ __align__(16) float qs[]; /* head_dim, then the staged rows */
+    pdl_trigger();
+    const int pos = *pos0;
+    const ad_item it = ad_begin<F16>(a, pos, blockIdx.x, blockIdx.y, gridDim.y, qs);
+    float rc[2], rs[2];
+    rope_pre(pos, a.theta_scale, a.head_dim / 2, rc, rs);
+    pdl_wait();
+    ad_finish<F16>(a, pos, it, gridDim.y, qs, rc, rs, sc, red, f, &last);
 }
 
 int gk_fused_type_supported(uint32_t type)
@@ -3353,9 +3408,447 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
     const int per_max = n_ctx > 0 ? (n_ctx + nsplit - 1) / nsplit : 0;
     const int stage_keys = 2 * per_max * rowb <= AD_STAGE_MAX ? per_max : 0;
     const size_t shm = (size_t)head_dim * sizeof(float) + 2 * (size_t)stage_keys * rowb;
+    const ad_args a = {q, k, v, wq, wk, n_head, n_head_kv, head_dim, theta_scale, neox, eps, kc, vc, scale, part,
+                       count, out, oq, q_out, stage_keys};
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
-                           q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
-                           scale, part, count, out, oq, q_out, stage_keys));
+                           a, pos0));
+    return 0;
+}
+
+/* ---- the persistent decode step --------------------------------------------
+ *
+ * TG_GPU_PERSIST=1 (off by default until measured): the whole single-token
+ * forward pass after the embedding lookup in one launch of one thread block
+ * per resident slot (a cooperative launch under CUDA, so every block is
+ * resident or the launch fails). The blocks walk the layers together, five
+ * phases a layer, with a grid-wide barrier between phases:
+ *   A  the attention norm (each block norms the residual for itself, as
+ *      norm_q8_block), then the q, k and v rows;
+ *   B  decode attention items (query head, key range), ad_begin/ad_finish;
+ *   C  the output projection's rows, added to the residual;
+ *   D  the ffn norm, then gate, up and SwiGLU, 32 outputs per block turn
+ *      (quantized by the block, as k_mv_swiglu_stream's);
+ *   E  the down projection's rows, added to the residual;
+ * and after the last layer the output norm and the vocabulary rows.
+ * Before it waits at a barrier, each warp issues the first weight chunks
+ * of its rows of the next phase (the weights do not depend on the
+ * activations), and a block issues the copy of its first attention item's
+ * cached rows, so the memory keeps streaming across the phase boundary.
+ * Rows are dealt as the separate launches deal them (warps in turn over
+ * row pairs), through the same fz_stream_rows / fz_rows_dot, norm, SwiGLU
+ * and attention code, so the step's logits are the fused path's bit for
+ * bit (test_gpu_model holds the two to the same digests).
+ *
+ * A barrier that waits longer than PS_SPIN_LIMIT cycles (a block that never
+ * arrives: not every block resident) sets the error word, which every
+ * block then sees and returns on; the host reads it after the step and
+ * fails the eval (gpu.cu). */
+
+#define PS_WARPS 4
+#define PS_THREADS (PS_WARPS * TG_WARP)
+#define PS_NR 2                              /* the most rows a warp takes a turn (ps_nr) */
+#define PS_SPIN_LIMIT (4ll * 1000 * 1000 * 1000)   /* cycles a barrier waits (about 2 s) */
+
+static_assert(PS_THREADS == ATT_THREADS, "the attention items run on the whole block");
+static_assert(PS_THREADS == FZ_WARPS * TG_WARP, "the mat-vec rows as the fused launches deal them");
+
+/* The grid barrier's words (gk_persist_scratch, zeroed once): arrivals,
+ * the barrier generation (it only grows, across steps), the error word. */
+struct ps_sync {
+    unsigned count, gen;
+    int err;
+};
+
+size_t gk_persist_scratch(void)
+{
+    return 256;
+}
+
+/* Waits until every block of the grid has arrived at barrier number target
+ * (the generation the kernel started at plus the barrier's index from 1).
+ * What a block wrote before it is visible to every block after. Returns
+ * true when the step is abandoned (this wait or another block's ran past
+ * PS_SPIN_LIMIT): the caller returns at once. Every thread calls it. */
+__device__ __forceinline__ bool ps_barrier(ps_sync *sy, int *err_host, unsigned target, int *abort_s)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int ab = 0;
+        __threadfence();
+        if (atomicAdd(&sy->count, 1u) == gridDim.x - 1) {
+            atomicExch(&sy->count, 0u);
+            __threadfence();
+            atomicExch(&sy->gen, target);
+        } else {
+            const long long t0 = clock64();
+            while (*(volatile unsigned *)&sy->gen != target) {
+                if (*(volatile int *)&sy->err) {
+                    ab = 1;
+                    break;
+                }
+                if (clock64() - t0 > PS_SPIN_LIMIT) {
+                    atomicExch(&sy->err, 1);
+                    *(volatile int *)err_host = 1;
+                    ab = 1;
+                    break;
+                }
+            }
+        }
+        __threadfence();
+        *abort_s = ab;
+    }
+    __syncthreads();
+    return *abort_s != 0;
+}
+
+/* Rows per warp turn in a mat-vec phase over segs: 2 (the two share their
+ * activation loads, as the fused launches' default), or 1 where that
+ * leaves the busiest warp fewer rows (the grid's warps are dealt the turns
+ * once, so 4,096 rows over 1,584 warps are 3 rows a warp at one, 4 at
+ * two). The same on every block: a function of the shapes and the grid. */
+__device__ __forceinline__ int ps_nr(const fz_segs &segs)
+{
+    const int W = gridDim.x * PS_WARPS;
+    int g1 = 0, g2 = 0;
+    for (int i = 0; i < segs.n; i++) {
+        g1 += segs.s[i].nrows;
+        g2 += (segs.s[i].nrows + 1) / 2;
+    }
+    return (g1 + W - 1) / W < 2 * ((g2 + W - 1) / W) ? 1 : 2;
+}
+
+/* Row group v (of nr rows) of the segments, numbered as k_mv_stream
+ * numbers them: false past the last. */
+__device__ __forceinline__ bool ps_group(const fz_segs &segs, int nr, int v, gk_mv_seg *sg, int *row0)
+{
+    for (int i = 0; i < segs.n; i++) {
+        const int ng = (segs.s[i].nrows + nr - 1) / nr;
+        if (v < ng) {
+            *sg = segs.s[i];
+            *row0 = v * nr;
+            return true;
+        }
+        v -= ng;
+    }
+    return false;
+}
+
+template <int NR>
+__device__ __forceinline__ void ps_prime_nr(const gk_mv_seg &sg, int row0, int K, int lane, uint8_t *sm)
+{
+    switch (sg.type) {
+    case TG_TYPE_Q4_K: fz_seg_prime<TG_TYPE_Q4_K, NR>(sg, row0, K, lane, sm); break;
+    case TG_TYPE_Q6_K: fz_seg_prime<TG_TYPE_Q6_K, NR>(sg, row0, K, lane, sm); break;
+    default: fz_seg_prime<TG_TYPE_Q8_0, NR>(sg, row0, K, lane, sm); break;
+    }
+}
+
+/* Issues the first chunks of this warp's first row group of a mat-vec
+ * phase (when its rows stream at K). Returns whether it did (ps_mv's
+ * primed). */
+__device__ __noinline__ bool ps_prime(fz_segs segs, int K, int lane, uint8_t *sm)
+{
+    gk_mv_seg sg;
+    int row0;
+    const int nr = ps_nr(segs);
+    if (!ps_group(segs, nr, blockIdx.x * PS_WARPS + threadIdx.x / TG_WARP, &sg, &row0) || !fz_streams(sg.type, K))
+        return false;
+    if (nr == 2) ps_prime_nr<2>(sg, row0, K, lane, sm);
+    else ps_prime_nr<1>(sg, row0, K, lane, sm);
+    return true;
+}
+
+/* One row group of NR rows: streamed through sm where its type streams
+ * at K, else read directly. */
+template <int NR>
+__device__ __forceinline__ void ps_rows(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                        int accumulate, uint8_t *sm, bool primed)
+{
+    if (fz_streams(sg.type, K)) {
+        switch (sg.type) {
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, row0, K, x, lane, accumulate, sm, primed); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, row0, K, x, lane, accumulate, sm, primed); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, row0, K, x, lane, accumulate, sm, primed); break;
+        }
+    } else {
+        switch (sg.type) {
+        case TG_TYPE_Q4_K: fz_seg_rows<TG_TYPE_Q4_K, NR>(sg, row0, K, x, lane, accumulate); break;
+        case TG_TYPE_Q6_K: fz_seg_rows<TG_TYPE_Q6_K, NR>(sg, row0, K, x, lane, accumulate); break;
+        default: fz_seg_rows<TG_TYPE_Q8_0, NR>(sg, row0, K, x, lane, accumulate); break;
+        }
+    }
+}
+
+/* norm_q8_block over the whole block, out of line (the persistent kernel
+ * keeps its registers for the phases). */
+__device__ __noinline__ gk_q8 ps_norm(const float *x, const float *w, int n, float eps, uint8_t *smem, float *sh)
+{
+    return norm_q8_block<PS_THREADS>(x, w, n, eps, smem, sh);
+}
+
+/* This warp's row groups of a mat-vec phase (groups v0, v0 + the grid's
+ * warps, ...) dotted with x, stored, or added with accumulate. The sums
+ * are the fused launches' whatever the group size: each row's lanes take
+ * its block parts in the same order streamed or direct. */
+__device__ __noinline__ void ps_mv(fz_segs segs, int K, gk_q8 x, int accumulate, uint8_t *sm, bool primed)
+{
+    const int lane = threadIdx.x % TG_WARP;
+    const int v0 = blockIdx.x * PS_WARPS + threadIdx.x / TG_WARP;
+    const int nr = ps_nr(segs);
+    gk_mv_seg sg;
+    int row0;
+    for (int v = v0; ps_group(segs, nr, v, &sg, &row0); v += gridDim.x * PS_WARPS) {
+        if (nr == 2) ps_rows<2>(sg, row0, K, x, lane, accumulate, sm, primed && v == v0);
+        else ps_rows<1>(sg, row0, K, x, lane, accumulate, sm, primed && v == v0);
+    }
+}
+
+/* The gate and up rows of output r (streamed or direct, as ps_mv), their
+ * SwiGLU (k_mv_swiglu_stream's formula) returned to lane 0. */
+template <int TYPE>
+__device__ __forceinline__ float ps_swiglu_row(const uint8_t *Wg, const uint8_t *Wu, int r, int K, const gk_q8 &x,
+                                               int lane, uint8_t *sm, bool primed)
+{
+    const size_t rb = fz_row_bytes(TYPE, K);
+    const int nb = K / fz_fmt<TYPE>::QK;
+    const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
+    float gu[2];
+    if (fz_streams(TYPE, K)) fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu, primed);
+    else fz_rows_dot<TYPE, 2>(wr, nb, x, lane, gu);
+    return gu[0] / (1.0f + expf(-gu[0])) * gu[1];
+}
+
+/* Issues the first chunks of this warp's first gate/up pair of phase D. */
+__device__ __forceinline__ bool ps_swiglu_prime(uint32_t type, const uint8_t *Wg, const uint8_t *Wu, int n_ff, int K,
+                                                int lane, uint8_t *sm)
+{
+    if ((int)blockIdx.x >= n_ff / 32 || !fz_streams(type, K)) return false;
+    const int r = blockIdx.x * 32 + threadIdx.x / TG_WARP * (32 / PS_WARPS);
+    const size_t rb = fz_row_bytes(type, K);
+    const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
+    switch (type) {
+    case TG_TYPE_Q4_K: fz_prime_rows<TG_TYPE_Q4_K, 2>(wr, K / QK_K, lane, sm); break;
+    case TG_TYPE_Q6_K: fz_prime_rows<TG_TYPE_Q6_K, 2>(wr, K / QK_K, lane, sm); break;
+    default: fz_prime_rows<TG_TYPE_Q8_0, 2>(wr, K / QK8_0, lane, sm); break;
+    }
+    return true;
+}
+
+/* Phase D's rows: the block takes 32 outputs a turn (blocks in turn over
+ * n_ff / 32), each warp 32 / PS_WARPS of them; the block's 32 SwiGLU
+ * values quantized as one block into out. act: 32 floats of shared memory. */
+__device__ __noinline__ void ps_swiglu(uint32_t type, const uint8_t *Wg, const uint8_t *Wu, int n_ff, int K,
+                                       gk_q8 x, gk_q8 out, uint8_t *sm, bool primed, float *act)
+{
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+    constexpr int PER = 32 / PS_WARPS;
+    for (int u = blockIdx.x; u < n_ff / 32; u += gridDim.x) {
+        for (int j = 0; j < PER; j++) {
+            const int r = u * 32 + wid * PER + j;
+            const bool pr = primed && u == (int)blockIdx.x && j == 0;
+            float a;
+            switch (type) {
+            case TG_TYPE_Q4_K: a = ps_swiglu_row<TG_TYPE_Q4_K>(Wg, Wu, r, K, x, lane, sm, pr); break;
+            case TG_TYPE_Q6_K: a = ps_swiglu_row<TG_TYPE_Q6_K>(Wg, Wu, r, K, x, lane, sm, pr); break;
+            default: a = ps_swiglu_row<TG_TYPE_Q8_0>(Wg, Wu, r, K, x, lane, sm, pr); break;
+            }
+            if (lane == 0) act[wid * PER + j] = a;
+        }
+        __syncthreads();
+        if (wid == 0) q8_block_store(act[lane], lane, out.q + u * 32, out.d + u, out.s + u);
+        __syncthreads();
+    }
+}
+
+/* Phase B: the attention items (head h = item / nsplit, range z = item %
+ * nsplit) blocks in turn; the first item's rows were staged by ad_begin
+ * before the barrier (first). */
+template <int F16>
+__device__ __noinline__ void ps_attention(ad_args a, int pos, int nsplit, ad_item first, float *qs, float *sc,
+                                          float *red, float *f, int *last)
+{
+    float rc[2], rs[2];
+    rope_pre(pos, a.theta_scale, a.head_dim / 2, rc, rs);
+    for (int item = blockIdx.x; item < a.n_head * nsplit; item += gridDim.x) {
+        const ad_item it = item == (int)blockIdx.x ? first : ad_begin<F16>(a, pos, item / nsplit, item % nsplit,
+                                                                             nsplit, qs);
+        ad_finish<F16>(a, pos, it, nsplit, qs, rc, rs, sc, red, f, last);
+        __syncthreads();   /* the item's shared memory is free for the next */
+    }
+}
+
+/* The persistent step over st (gk_step, kernels.cuh). Dynamic shared
+ * memory: the block's normed input (fz_norm_bytes(n_embd), rounded to 16),
+ * then PS_WARPS rings of ring bytes, which the attention items share
+ * (qs and staged rows). */
+template <int F16>
+__global__ void __launch_bounds__(PS_THREADS, 3)
+k_decode_persist(gk_step st, int ring, int nsplit, int stage_keys, size_t norm_bytes)
+{
+    extern __shared__ __align__(16) uint8_t ps_sm[];
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[32];
+    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ float act[32];
+    __shared__ float nsh[FZ_NORM_THREADS / TG_WARP];
+    __shared__ int last, abort_s;
+    ps_sync *sy = (ps_sync *)st.sync;
+    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
+    uint8_t *rings = ps_sm + norm_bytes, *sm = rings + (size_t)wid * ring;
+    float *qs = (float *)rings;
+    const int E = st.n_embd, HD = st.head_dim, QD = st.n_head * HD, KVD = st.n_head_kv * HD;
+    const int pos = *st.pos0;
+    unsigned bar = *(volatile unsigned *)&sy->gen;   /* every block reads it before the first arrival */
+    const ad_args a0 = {st.q,        st.k,        st.v, NULL, NULL, st.n_head, st.n_head_kv, HD,
+                        st.theta_scale, st.rope_neox, st.eps, NULL, NULL, 1.0f / sqrtf((float)HD),
+                        (float *)st.att_scratch,
+                        (int *)((uint8_t *)st.att_scratch + att_part_bytes(st.n_head, HD)),
+                        st.att, st.q8a, NULL, stage_keys};
+    bool primed = false;
+    for (int l = 0; l < st.n_layer; l++) {
+        const gk_layer &L = st.layers[l];
+        fz_segs qkv;
+        qkv.n = 3;
+        qkv.s[0] = {L.wq_type, L.wq, QD, st.q};
+        qkv.s[1] = {L.wk_type, L.wk, KVD, st.k};
+        qkv.s[2] = {L.wv_type, L.wv, KVD, st.v};
+        if (l == 0) primed = ps_prime(qkv, E, lane, sm);   /* the residual: the embedding kernel's, before */
+        /* A: the attention norm, q, k and v */
+        const gk_q8 xa = ps_norm(st.x, L.attn_norm, E, st.eps, ps_sm, nsh);
+        ps_mv(qkv, E, xa, 0, sm, primed);
+        ad_args a = a0;
+        a.wq = L.q_norm;
+        a.wk = L.k_norm;
+        a.kc = L.kc;
+        a.vc = L.vc;
+        __syncthreads();   /* every warp's ring is idle: the first item's rows go over them */
+        ad_item first = {};
+        if ((int)blockIdx.x < st.n_head * nsplit)
+            first = ad_begin<F16>(a, pos, blockIdx.x / nsplit, blockIdx.x % nsplit, nsplit, qs);
+        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        /* B: attention */
+        ps_attention<F16>(a, pos, nsplit, first, qs, sc, red, f, &last);
+        fz_segs wo;
+        wo.n = 1;
+        wo.s[0] = {L.wo_type, L.wo, E, st.x};
+        primed = ps_prime(wo, QD, lane, sm);
+        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        /* C: the output projection onto the residual */
+        ps_mv(wo, QD, st.q8a, 1, sm, primed);
+        primed = ps_swiglu_prime(L.ffn_type, (const uint8_t *)L.gate, (const uint8_t *)L.up, st.n_ff, E, lane, sm);
+        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        /* D: the ffn norm, gate, up and SwiGLU */
+        const gk_q8 xf = ps_norm(st.x, L.ffn_norm, E, st.eps, ps_sm, nsh);
+        ps_swiglu(L.ffn_type, (const uint8_t *)L.gate, (const uint8_t *)L.up, st.n_ff, E, xf, st.q8f, sm, primed,
+                  act);
+        fz_segs down;
+        down.n = 1;
+        down.s[0] = {L.down_type, L.down, E, st.x};
+        primed = ps_prime(down, st.n_ff, lane, sm);
+        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        /* E: the down projection onto the residual */
+        ps_mv(down, st.n_ff, st.q8f, 1, sm, primed);
+        if (l + 1 < st.n_layer) {
+            const gk_layer &N = st.layers[l + 1];
+            fz_segs next;
+            next.n = 3;
+            next.s[0] = {N.wq_type, N.wq, QD, st.q};
+            next.s[1] = {N.wk_type, N.wk, KVD, st.k};
+            next.s[2] = {N.wv_type, N.wv, KVD, st.v};
+            primed = ps_prime(next, E, lane, sm);
+        } else {
+            fz_segs out;
+            out.n = 1;
+            out.s[0] = st.out;
+            primed = ps_prime(out, E, lane, sm);
+        }
+        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+    }
+    /* the output norm and the vocabulary */
+    fz_segs out;
+    out.n = 1;
+    out.s[0] = st.out;
+    const gk_q8 xo = ps_norm(st.x, st.output_norm, E, st.eps, ps_sm, nsh);
+    ps_mv(out, E, xo, 0, sm, primed);
+}
+
+static int ps_chunk_max(const gk_step *st, const gk_layer *layers)
+{
+    int m = fz_chunk_bytes(st->out.type);
+    for (int l = 0; l < st->n_layer; l++) {
+        const uint32_t t[6] = {layers[l].wq_type, layers[l].wk_type, layers[l].wv_type, layers[l].wo_type,
+                               layers[l].ffn_type, layers[l].down_type};
+        for (int i = 0; i < 6; i++)
+            if (fz_chunk_bytes(t[i]) > m) m = fz_chunk_bytes(t[i]);
+    }
+    return m;
+}
+
+int gk_persist_plan(const gk_step *st, const gk_layer *layers, gk_persist_geom *p, tg_err *e)
+{
+    const int HD = st->head_dim;
+    if (st->n_embd % 32 || st->n_ff % 32 || HD % 32 || HD > 4 * ATT_THREADS || st->n_head % st->n_head_kv)
+        return tg_errf(e, "gpu persistent step: n_embd=%d n_ff=%d head_dim=%d n_head=%d n_head_kv=%d: expected "
+                       "multiples of 32, head_dim up to %d, n_head a multiple of n_head_kv", st->n_embd, st->n_ff,
+                       HD, st->n_head, st->n_head_kv, 4 * ATT_THREADS);
+    p->nsplit = att_splits();
+    const size_t rowb = (size_t)HD * (st->kv_f16 ? 2 : 4);
+    const int per_max = st->n_ctx > 0 ? (st->n_ctx + p->nsplit - 1) / p->nsplit : 0;
+    p->stage_keys = 2 * per_max * rowb <= AD_STAGE_MAX ? per_max : 0;
+    const size_t att = (size_t)HD * sizeof(float) + 2 * (size_t)p->stage_keys * rowb;
+    size_t ring = (size_t)PS_NR * FZ_STAGES * ps_chunk_max(st, layers);
+    if ((size_t)PS_WARPS * ring < att) ring = (att + PS_WARPS - 1) / PS_WARPS;
+    p->ring = (int)((ring + 15) & ~(size_t)15);
+    p->norm_bytes = (fz_norm_bytes(st->n_embd) + 15) & ~(size_t)15;
+    p->smem = p->norm_bytes + (size_t)PS_WARPS * p->ring;
+    if (p->smem > FZ_SMEM_OPTIN)
+        return tg_errf(e, "gpu persistent step: %zu bytes of shared memory a block: expected at most %d",
+                       p->smem, FZ_SMEM_OPTIN);
+    void (*k)(gk_step, int, int, int, size_t) = st->kv_f16 ? k_decode_persist<1> : k_decode_persist<0>;
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
+    int per_sm = 0, dev = 0;
+    GPU_CHECK(e, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, PS_THREADS, p->smem));
+    GPU_CHECK(e, cudaGetDevice(&dev));
+    cudaDeviceProp prop;
+    GPU_CHECK(e, cudaGetDeviceProperties(&prop, dev));
+    if (per_sm < 1)
+        return tg_errf(e, "gpu persistent step: no block of %d threads and %zu bytes of shared memory fits a "
+                       "multiprocessor", PS_THREADS, p->smem);
+    const char *env = getenv("TG_GPU_PERSIST_BLOCKS");
+    if (env && *env) {
+        char *end;
+        const long b = strtol(env, &end, 10);
+        if (*end || b < 1 || b > per_sm)
+            return tg_errf(e, "TG_GPU_PERSIST_BLOCKS=%s: expected blocks per multiprocessor from 1 to %d (what "
+                           "fits resident)", env, per_sm);
+        per_sm = (int)b;
+    }
+    p->grid = per_sm * prop.multiProcessorCount;
+    return 0;
+}
+
+int gk_decode_persist(cudaStream_t s, const gk_step *st, const gk_persist_geom *g, tg_err *e)
+{
+    const gk_persist_geom p = *g;
+    void (*k)(gk_step, int, int, int, size_t) = st->kv_f16 ? k_decode_persist<1> : k_decode_persist<0>;
+#ifndef TG_GPU_HIP
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+    cfg.gridDim = p.grid;
+    cfg.blockDim = PS_THREADS;
+    cfg.dynamicSmemBytes = p.smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    GPU_CHECK(e, cudaLaunchKernelEx(&cfg, k, *st, p.ring, p.nsplit, p.stage_keys, p.norm_bytes));
+#else
+    /* no cooperative launch in a captured graph here: the grid is what the
+     * occupancy says is resident, and the barriers' limit catches the rest */
+    k<<<p.grid, PS_THREADS, p.smem, s>>>(*st, p.ring, p.nsplit, p.stage_keys, p.norm_bytes);
+    GPU_CHECK(e, cudaGetLastError());
+#endif
     return 0;
 }
 

@@ -28,6 +28,9 @@
 #define cudaMallocHost                 hipHostMalloc
 #define cudaFree                       hipFree
 #define cudaFreeHost                   hipHostFree
+#define cudaHostAlloc                  hipHostMalloc
+#define cudaHostAllocMapped            hipHostMallocMapped
+#define cudaHostGetDevicePointer       hipHostGetDevicePointer
 #define cudaMemcpy                     hipMemcpy
 #define cudaMemcpyAsync                hipMemcpyAsync
 #define cudaMemset                     hipMemset
