@@ -224,10 +224,19 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
             run_stats st5 = {0};
             snprintf(what, sizeof what, "p%d/persistent", p + 1);
             gpu_run(gp, ids, (int)n_ids, forced, steps, ylog, nv, d4, &st5, what);
-            int psame = st5.steps == steps;
-            for (int s = 0; s < steps && psame; s++) psame = !strcmp(d1[s], d4[s]);
-            if (!psame) fail("persistent", "the TG_GPU_PERSIST=1 session's digests differ from the first session's");
-            else printf("OK   p%d persistent step: %d digests identical to the launches'\n", p + 1, steps);
+            int first = st5.steps == steps ? -1 : st5.steps;
+            for (int s = 0; s < st5.steps && first < 0; s++)
+                if (strcmp(d1[s], d4[s])) first = s;
+            if (first >= 0) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "p%d: the TG_GPU_PERSIST=1 session's digests differ from the first "
+                         "session's from step %d (of %d run); max |dlogit| against the yardstick %.4g (first "
+                         "session %.4g), %d argmax mismatches (first session %d)", p + 1, first, st5.steps,
+                         st5.max_diff, st.max_diff, st5.mismatches, st.mismatches);
+                fail("persistent", msg);
+            } else {
+                printf("OK   p%d persistent step: %d digests identical to the launches'\n", p + 1, steps);
+            }
         }
         printf("p%d: %zu prompt ids, %d steps, %d with gap >= %.1f, %d argmax mismatches (f32 kv: %d), "
                "max |dlogit| top-%d %.4g (f32 kv %.4g), graph/no-graph/repeat digests %s\n",
