@@ -111,6 +111,10 @@ struct tg_gpu {
     gk_layer *players;           /* device, n_layer */
     void *psync;                 /* device, gk_persist_scratch() */
     int *perr;                   /* pinned host, mapped: 1 once a step was abandoned */
+    unsigned long long *ptrace;  /* TG_GPU_PROFILE: device, the step's barrier clock (gk_step.trace) */
+    unsigned long long *htrace;  /* its host copy */
+    double ph_span[6], ph_busy[6];   /* per phase (A-E, the vocabulary), microseconds summed over steps */
+    int ph_steps;
     /* TG_GPU_PROFILE: an event after each fused launch, totals per label */
     int prof;
     cudaEvent_t pev[512];
@@ -335,6 +339,13 @@ static int persist_setup(tg_gpu *g, tg_err *e)
     st->layers = g->players;
     st->sync = g->psync;
     st->err_host = dev_err;
+    if (g->prof) {
+        const size_t words = 2 + 10 * (size_t)hp->n_layer;
+        if (dalloc(&g->ptrace, words * sizeof *g->ptrace, e)) return -1;
+        g->htrace = (unsigned long long *)malloc(words * sizeof *g->htrace);
+        if (!g->htrace) return tg_errf(e, "out of host memory");
+        st->trace = g->ptrace;
+    }
     g->persist = 1;
     return 0;
 }
@@ -522,7 +533,7 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
                    g->x16, g->x16b, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch,
-                   g->dtop, g->ddigest, g->q8_mem, g->dscores, g->players, g->psync};
+                   g->dtop, g->ddigest, g->q8_mem, g->dscores, g->players, g->psync, g->ptrace};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (g->hparams) cudaFreeHost(g->hparams);
@@ -536,6 +547,7 @@ static void gpu_state_free(tg_gpu *g)
     free(g->layers);
     free(g->dump_buf);
     free(g->hook_buf);
+    free(g->htrace);
     free(g);
 }
 
@@ -1043,6 +1055,46 @@ static void profile_collect(tg_gpu *g)
     g->pn = 0;
 }
 
+/* Adds the last persistent step's phases (block 0's clock, gk_step.trace)
+ * to the per-phase totals: a phase's span runs from the barrier before it
+ * to the one after it (which the last block to arrive ends), its busy part
+ * to block 0's arrival. */
+static void persist_collect(tg_gpu *g)
+{
+    const int nb = 5 * g->hp.n_layer;
+    const size_t words = 2 + 10 * (size_t)g->hp.n_layer;
+    if (cudaMemcpy(g->htrace, g->ptrace, words * sizeof *g->htrace, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+    const unsigned long long *t = g->htrace;
+    unsigned long long prev = t[0];
+    for (int j = 1; j <= nb; j++) {
+        g->ph_span[(j - 1) % 5] += (double)(t[2 * j] - prev) / 1e3;
+        g->ph_busy[(j - 1) % 5] += (double)(t[2 * j - 1] - prev) / 1e3;
+        prev = t[2 * j];
+    }
+    g->ph_span[5] += (double)(t[2 * nb + 1] - prev) / 1e3;
+    g->ph_busy[5] += (double)(t[2 * nb + 1] - prev) / 1e3;
+    g->ph_steps++;
+}
+
+static void persist_report(tg_gpu *g, FILE *f)
+{
+    static const char *const names[6] = {"A norm + q/k/v", "B attention", "C o + add", "D norm + gate/up",
+                                          "E down + add", "norm + vocabulary"};
+    double tot = 0;
+    for (int p = 0; p < 6; p++) tot += g->ph_span[p];
+    fprintf(f, "persistent step by phase: %d steps, %.1f us per step from block 0's start to its end (a phase "
+            "ends when its last block arrives at the barrier; busy: block 0 until it arrived)\n", g->ph_steps,
+            tot / g->ph_steps);
+    for (int p = 0; p < 6; p++) {
+        fprintf(f, "  %-20s %8.1f us/step %5.1f%%  %6.2f us each  block 0 busy %6.2f us each\n", names[p],
+                g->ph_span[p] / g->ph_steps, 100.0 * g->ph_span[p] / tot,
+                g->ph_span[p] / g->ph_steps / (p < 5 ? g->hp.n_layer : 1),
+                g->ph_busy[p] / g->ph_steps / (p < 5 ? g->hp.n_layer : 1));
+        g->ph_span[p] = g->ph_busy[p] = 0;
+    }
+    g->ph_steps = 0;
+}
+
 extern "C" void tg_gpu_profile_report(tg_session *s, FILE *f)
 {
     tg_gpu *g = gpu_of(s);
@@ -1056,6 +1108,7 @@ extern "C" void tg_gpu_profile_report(tg_session *s, FILE *f)
                 g->pus[j] / g->psteps, 100.0 * g->pus[j] / tot, g->pcnt[j] / g->psteps, g->pus[j] / g->pcnt[j]);
     g->npk = 0;
     g->psteps = 0;
+    if (g->ph_steps) persist_report(g, f);
 }
 
 static void digest_hex(uint64_t h, char hex[17])
@@ -1092,7 +1145,10 @@ static int gpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         return tg_errf(e, "gpu persistent step (TG_GPU_PERSIST=1): a grid barrier waited past its limit, so not "
                        "every one of its %d thread blocks was running; this step's logits are not valid (run with "
                        "TG_GPU_PERSIST=0, or fewer TG_GPU_PERSIST_BLOCKS)", g->pgeom.grid);
-    if (g->prof && g->pn > 1) profile_collect(g);
+    if (g->prof && g->pn > 1) {
+        if (g->persist) persist_collect(g);
+        profile_collect(g);
+    }
     g->sel_k = k;
     return 0;
 }

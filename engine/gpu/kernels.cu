@@ -3464,16 +3464,31 @@ size_t gk_persist_scratch(void)
     return 256;
 }
 
+/* The device's nanosecond clock (0 under HIP: no trace there). */
+__device__ __forceinline__ unsigned long long ps_now(void)
+{
+#ifdef TG_GPU_HIP
+    return 0;
+#else
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#endif
+}
+
 /* Waits until every block of the grid has arrived at barrier number target
  * (the generation the kernel started at plus the barrier's index from 1).
  * What a block wrote before it is visible to every block after. Returns
  * true when the step is abandoned (this wait or another block's ran past
- * PS_SPIN_LIMIT): the caller returns at once. Every thread calls it. */
-__device__ __forceinline__ bool ps_barrier(ps_sync *sy, int *err_host, unsigned target, int *abort_s)
+ * PS_SPIN_LIMIT): the caller returns at once. tr (NULL: none): where thread
+ * 0 writes the times it arrived and left. Every thread calls it. */
+__device__ __forceinline__ bool ps_barrier(ps_sync *sy, int *err_host, unsigned target, int *abort_s,
+                                           unsigned long long *tr)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
         int ab = 0;
+        if (tr) tr[0] = ps_now();
         __threadfence();
         if (atomicAdd(&sy->count, 1u) == gridDim.x - 1) {
             atomicExch(&sy->count, 0u);
@@ -3495,6 +3510,7 @@ __device__ __forceinline__ bool ps_barrier(ps_sync *sy, int *err_host, unsigned 
             }
         }
         __threadfence();
+        if (tr) tr[1] = ps_now();
         *abort_s = ab;
     }
     __syncthreads();
@@ -3699,6 +3715,14 @@ k_decode_persist(gk_step st, int ring, int nsplit, int stage_keys, size_t norm_b
     const int E = st.n_embd, HD = st.head_dim, QD = st.n_head * HD, KVD = st.n_head_kv * HD;
     const int pos = *st.pos0;
     unsigned bar = *(volatile unsigned *)&sy->gen;   /* every block reads it before the first arrival */
+    const unsigned bar0 = bar;
+    /* TG_GPU_PROFILE: block 0's start, arrival and leaving at each barrier, end */
+    unsigned long long *tr = blockIdx.x == 0 ? st.trace : NULL;
+    if (tr && threadIdx.x == 0) tr[0] = ps_now();
+    auto grid_sync = [&]() {   /* barrier j from 1: block 0 arrived at tr[2j - 1], left at tr[2j] */
+        ++bar;
+        return ps_barrier(sy, st.err_host, bar, &abort_s, tr ? tr + 2 * (bar - bar0) - 1 : NULL);
+    };
     const ad_args a0 = {st.q,        st.k,        st.v, NULL, NULL, st.n_head, st.n_head_kv, HD,
                         st.theta_scale, st.rope_neox, st.eps, NULL, NULL, 1.0f / sqrtf((float)HD),
                         (float *)st.att_scratch,
@@ -3725,18 +3749,18 @@ k_decode_persist(gk_step st, int ring, int nsplit, int stage_keys, size_t norm_b
         ad_item first = {};
         if ((int)blockIdx.x < st.n_head * nsplit)
             first = ad_begin<F16>(a, pos, blockIdx.x / nsplit, blockIdx.x % nsplit, nsplit, qs);
-        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        if (grid_sync()) return;
         /* B: attention */
         ps_attention<F16>(a, pos, nsplit, first, qs, sc, red, f, &last);
         fz_segs wo;
         wo.n = 1;
         wo.s[0] = {L.wo_type, L.wo, E, st.x};
         primed = ps_prime(wo, QD, lane, sm);
-        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        if (grid_sync()) return;
         /* C: the output projection onto the residual */
         ps_mv(wo, QD, st.q8a, 1, sm, primed);
         primed = ps_swiglu_prime(L.ffn_type, (const uint8_t *)L.gate, (const uint8_t *)L.up, st.n_ff, E, lane, sm);
-        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        if (grid_sync()) return;
         /* D: the ffn norm, gate, up and SwiGLU */
         const gk_q8 xf = ps_norm(st.x, L.ffn_norm, E, st.eps, ps_sm, nsh);
         ps_swiglu(L.ffn_type, (const uint8_t *)L.gate, (const uint8_t *)L.up, st.n_ff, E, xf, st.q8f, sm, primed,
@@ -3745,7 +3769,7 @@ k_decode_persist(gk_step st, int ring, int nsplit, int stage_keys, size_t norm_b
         down.n = 1;
         down.s[0] = {L.down_type, L.down, E, st.x};
         primed = ps_prime(down, st.n_ff, lane, sm);
-        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        if (grid_sync()) return;
         /* E: the down projection onto the residual */
         ps_mv(down, st.n_ff, st.q8f, 1, sm, primed);
         if (l + 1 < st.n_layer) {
@@ -3762,7 +3786,7 @@ k_decode_persist(gk_step st, int ring, int nsplit, int stage_keys, size_t norm_b
             out.s[0] = st.out;
             primed = ps_prime(out, E, lane, sm);
         }
-        if (ps_barrier(sy, st.err_host, ++bar, &abort_s)) return;
+        if (grid_sync()) return;
     }
     /* the output norm and the vocabulary */
     fz_segs out;
@@ -3770,6 +3794,10 @@ k_decode_persist(gk_step st, int ring, int nsplit, int stage_keys, size_t norm_b
     out.s[0] = st.out;
     const gk_q8 xo = ps_norm(st.x, st.output_norm, E, st.eps, ps_sm, nsh);
     ps_mv(out, E, xo, 0, sm, primed);
+    if (tr) {
+        __syncthreads();
+        if (threadIdx.x == 0) tr[1 + 2 * (bar - bar0)] = ps_now();
+    }
 }
 
 static int ps_chunk_max(const gk_step *st, const gk_layer *layers)

@@ -284,6 +284,8 @@ typedef struct {
     const int32_t *pos0;
     void *att_scratch, *sync;
     int *err_host;
+    unsigned long long *trace;   /* NULL, or 2 + 10 * n_layer device words: block 0's clock (ns) at the start,
+                                  * at its arrival at and leaving of each barrier (5 a layer), at its end */
 } gk_step;
 
 /* The persistent step's launch (gk_persist_plan fills it). */
