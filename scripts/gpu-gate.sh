@@ -243,11 +243,9 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
   timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model.txt" 2>&1   # the shipped model against the ref tier
   say "test_gpu_model (tiny) rc=$?"; grep -v '^OK' "$OUT/test_gpu_model.txt" | tail -4
-  grep -i 'persist' "$OUT/test_gpu_model.txt" | head -6
   # decode settings off by default, timed against the default (a comma joins one's variables)
-  # (run 21: the persistent step 0.53x, the norms in the mat-vecs 0.81-0.88x,
-  # the filtered top-k 1.010x, the top-k under PDL 0.995x)
-  cands="TG_GPU_TOPK_FILTER=1 TG_GPU_PERSIST=1"
+  # (run 21: the norms in the mat-vecs 0.81-0.88x, the filtered top-k 1.010x)
+  cands="TG_GPU_TOPK_FILTER=1"
   [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
   bench3 "$OUT/bench_gpu-8b.txt" $W/bin/bench_gpu
   say "bench_gpu 8b (the fastest of 3 runs)"; cat "$OUT/bench_gpu-8b.txt"

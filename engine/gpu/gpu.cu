@@ -23,7 +23,6 @@
 #pragma clang diagnostic ignored "-Wunused-function"
 #endif
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,17 +103,6 @@ struct tg_gpu {
     int fused;
     gk_q8 q8n, q8a, q8f;         /* quantized norm output, attention output, SwiGLU output */
     void *q8_mem;                /* their one allocation */
-    /* TG_GPU_PERSIST=1: the fused step as one persistent launch (kernels.cu) */
-    int persist;
-    gk_step pstep;               /* its buffers and weights */
-    gk_persist_geom pgeom;
-    gk_layer *players;           /* device, n_layer */
-    void *psync;                 /* device, gk_persist_scratch() */
-    int *perr;                   /* pinned host, mapped: 1 once a step was abandoned */
-    unsigned long long *ptrace;  /* TG_GPU_PROFILE: device, the step's barrier clock (gk_step.trace) */
-    unsigned long long *htrace;  /* its host copy */
-    double ph_span[6], ph_busy[6];   /* per phase (A-E, the vocabulary), microseconds summed over steps */
-    int ph_steps;
     /* TG_GPU_PROFILE: an event after each fused launch, totals per label */
     int prof;
     cudaEvent_t pev[512];
@@ -275,81 +263,6 @@ static int parse_drop(const char *v, int *mask, tg_err *e)
     }
 }
 
-/* TG_GPU_PERSIST=1 on a fused session: the persistent step's layer table
- * on the device, its barrier words and error word, its plan. Where the
- * plan does not fit (kernels.cu says why) the session keeps the fused
- * launches and its description says so. 0, or -1 with e on a runtime
- * failure. */
-static int persist_setup(tg_gpu *g, tg_err *e)
-{
-    const tg_hparams *hp = &g->hp;
-    const int f16 = !g->kv_f32;
-    const size_t kv_el = f16 ? 2 : 4;
-    gk_layer *hl = (gk_layer *)calloc(hp->n_layer, sizeof *hl);
-    if (!hl) return tg_errf(e, "out of host memory");
-    for (int l = 0; l < hp->n_layer; l++) {
-        const dlayer *L = &g->layers[l];
-        gk_layer *P = &hl[l];
-        P->wq_type = L->wq.type; P->wq = L->wq.d;
-        P->wk_type = L->wk.type; P->wk = L->wk.d;
-        P->wv_type = L->wv.type; P->wv = L->wv.d;
-        P->wo_type = L->wo.type; P->wo = L->wo.d;
-        P->ffn_type = L->gate.type; P->gate = L->gate.d; P->up = L->up.d;
-        P->down_type = L->down.type; P->down = L->down.d;
-        P->attn_norm = (const float *)L->attn_norm.d;
-        P->ffn_norm = (const float *)L->ffn_norm.d;
-        P->q_norm = hp->qk_norm ? (const float *)L->q_norm.d : NULL;
-        P->k_norm = hp->qk_norm ? (const float *)L->k_norm.d : NULL;
-        P->kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
-        P->vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
-    }
-    gk_step *st = &g->pstep;
-    memset(st, 0, sizeof *st);
-    st->n_layer = hp->n_layer; st->n_embd = hp->n_embd; st->n_head = hp->n_head; st->n_head_kv = hp->n_head_kv;
-    st->head_dim = hp->head_dim; st->n_ff = hp->n_ff; st->n_ctx = g->n_ctx; st->rope_neox = hp->rope_neox;
-    st->kv_f16 = f16;
-    st->eps = hp->eps;
-    st->theta_scale = powf(hp->rope_base, -2.0f / (float)hp->head_dim);
-    st->x = g->x; st->q = g->q; st->k = g->k; st->v = g->v; st->att = g->att;
-    st->q8a = g->q8a; st->q8f = g->q8f;
-    st->output_norm = (const float *)g->output_norm.d;
-    st->out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
-    st->pos0 = g->dparams;
-    st->att_scratch = g->att_scratch;
-    tg_err pe = {{0}};
-    if (gk_persist_plan(st, hl, &g->pgeom, &pe)) {
-        free(hl);
-        const size_t len = strlen(g->device);
-        snprintf(g->device + len, sizeof g->device - len, ", no persistent step (%.120s)", pe.msg);
-        return 0;
-    }
-    int rc = dalloc(&g->players, sizeof *hl * hp->n_layer, e) || dalloc(&g->psync, gk_persist_scratch(), e) ? -1 : 0;
-    if (!rc && (cudaMemcpy(g->players, hl, sizeof *hl * hp->n_layer, cudaMemcpyHostToDevice) != cudaSuccess ||
-                cudaMemset(g->psync, 0, gk_persist_scratch()) != cudaSuccess))
-        rc = tg_errf(e, "copying the persistent step's layer table failed (in %s, %s:%d)", __func__, __FILE__,
-                     __LINE__);
-    free(hl);
-    if (rc) return -1;
-    int *dev_err = NULL;
-    if (cudaHostAlloc((void **)&g->perr, sizeof(int), cudaHostAllocMapped) != cudaSuccess)
-        return tg_errf(e, "cudaHostAlloc of the persistent step's error word failed (in %s, %s:%d)", __func__,
-                       __FILE__, __LINE__);
-    *g->perr = 0;
-    GPU_CHECK(e, cudaHostGetDevicePointer((void **)&dev_err, g->perr, 0));
-    st->layers = g->players;
-    st->sync = g->psync;
-    st->err_host = dev_err;
-    if (g->prof) {
-        const size_t words = 2 + 10 * (size_t)hp->n_layer;
-        if (dalloc(&g->ptrace, words * sizeof *g->ptrace, e)) return -1;
-        g->htrace = (unsigned long long *)malloc(words * sizeof *g->htrace);
-        if (!g->htrace) return tg_errf(e, "out of host memory");
-        st->trace = g->ptrace;
-    }
-    g->persist = 1;
-    return 0;
-}
-
 /* The table's init: uploads s->m's weights and allocates the cache and
  * buffers on device s->o.device (the device holds its own copy of the
  * weights). Returns 0 with s->tier set, or -1 with e (no device, an option
@@ -500,19 +413,11 @@ static int gpu_init(tg_session *ss, tg_err *e)
             bufs[i]->s = (float *)(b + align256(w) + align256(w / 32 * sizeof(float)));
         }
     }
-    if (g->fused) {
-        const char *pv = getenv("TG_GPU_PERSIST");
-        if (pv && pv[0] == '1' && !pv[1] && !g->drop && persist_setup(g, e)) goto fail;
-    }
     {
         char ks[384];
         gk_describe(ks, sizeof ks);
         const size_t len = strlen(g->device);
         snprintf(g->device + len, sizeof g->device - len, ", %s decode, %s", g->fused ? "fused" : "plain", ks);
-        if (g->persist) {
-            const size_t l2 = strlen(g->device);
-            snprintf(g->device + l2, sizeof g->device - l2, ", persistent step (%d blocks)", g->pgeom.grid);
-        }
     }
     ss->tier = g;
     return 0;
@@ -533,13 +438,12 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
                    g->x16, g->x16b, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch,
-                   g->dtop, g->ddigest, g->q8_mem, g->dscores, g->players, g->psync, g->ptrace};
+                   g->dtop, g->ddigest, g->q8_mem, g->dscores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (g->hparams) cudaFreeHost(g->hparams);
     if (g->htop) cudaFreeHost(g->htop);
     if (g->hdigest) cudaFreeHost(g->hdigest);
-    if (g->perr) cudaFreeHost(g->perr);
     if (g->stream) cudaStreamDestroy(g->stream);
     if (g->side) cudaStreamDestroy(g->side);
     if (g->ev_fork) cudaEventDestroy(g->ev_fork);
@@ -547,7 +451,6 @@ static void gpu_state_free(tg_gpu *g)
     free(g->layers);
     free(g->dump_buf);
     free(g->hook_buf);
-    free(g->htrace);
     free(g);
 }
 
@@ -758,8 +661,7 @@ static void count_fused(const tg_gpu *g, tg_ops *ops)
 }
 
 /* The fused single-token step (kernels.cu, "the fused single-token path"):
- * the same forward pass as enqueue_step in 7 launches per layer, or (the
- * persistent step) in one after the embedding. */
+ * the same forward pass as enqueue_step in 7 launches per layer. */
 static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
 {
     const int dm = g->drop;
@@ -774,11 +676,6 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     PROF(NULL);
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, 1, g->x, e)) return -1;
     PROF("embed");
-    if (g->persist) {
-        if (gk_decode_persist(s, &g->pstep, &g->pgeom, e)) return -1;
-        PROF("persistent step");
-        return k > 0 ? enqueue_select(g, k, e) : 0;
-    }
     for (int l = 0; l < hp->n_layer; l++) {
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
@@ -1055,46 +952,6 @@ static void profile_collect(tg_gpu *g)
     g->pn = 0;
 }
 
-/* Adds the last persistent step's phases (block 0's clock, gk_step.trace)
- * to the per-phase totals: a phase's span runs from the barrier before it
- * to the one after it (which the last block to arrive ends), its busy part
- * to block 0's arrival. */
-static void persist_collect(tg_gpu *g)
-{
-    const int nb = 5 * g->hp.n_layer;
-    const size_t words = 2 + 10 * (size_t)g->hp.n_layer;
-    if (cudaMemcpy(g->htrace, g->ptrace, words * sizeof *g->htrace, cudaMemcpyDeviceToHost) != cudaSuccess) return;
-    const unsigned long long *t = g->htrace;
-    unsigned long long prev = t[0];
-    for (int j = 1; j <= nb; j++) {
-        g->ph_span[(j - 1) % 5] += (double)(t[2 * j] - prev) / 1e3;
-        g->ph_busy[(j - 1) % 5] += (double)(t[2 * j - 1] - prev) / 1e3;
-        prev = t[2 * j];
-    }
-    g->ph_span[5] += (double)(t[2 * nb + 1] - prev) / 1e3;
-    g->ph_busy[5] += (double)(t[2 * nb + 1] - prev) / 1e3;
-    g->ph_steps++;
-}
-
-static void persist_report(tg_gpu *g, FILE *f)
-{
-    static const char *const names[6] = {"A norm + q/k/v", "B attention", "C o + add", "D norm + gate/up",
-                                          "E down + add", "norm + vocabulary"};
-    double tot = 0;
-    for (int p = 0; p < 6; p++) tot += g->ph_span[p];
-    fprintf(f, "persistent step by phase: %d steps, %.1f us per step from block 0's start to its end (a phase "
-            "ends when its last block arrives at the barrier; busy: block 0 until it arrived)\n", g->ph_steps,
-            tot / g->ph_steps);
-    for (int p = 0; p < 6; p++) {
-        fprintf(f, "  %-20s %8.1f us/step %5.1f%%  %6.2f us each  block 0 busy %6.2f us each\n", names[p],
-                g->ph_span[p] / g->ph_steps, 100.0 * g->ph_span[p] / tot,
-                g->ph_span[p] / g->ph_steps / (p < 5 ? g->hp.n_layer : 1),
-                g->ph_busy[p] / g->ph_steps / (p < 5 ? g->hp.n_layer : 1));
-        g->ph_span[p] = g->ph_busy[p] = 0;
-    }
-    g->ph_steps = 0;
-}
-
 extern "C" void tg_gpu_profile_report(tg_session *s, FILE *f)
 {
     tg_gpu *g = gpu_of(s);
@@ -1108,7 +965,6 @@ extern "C" void tg_gpu_profile_report(tg_session *s, FILE *f)
                 g->pus[j] / g->psteps, 100.0 * g->pus[j] / tot, g->pcnt[j] / g->psteps, g->pus[j] / g->pcnt[j]);
     g->npk = 0;
     g->psteps = 0;
-    if (g->ph_steps) persist_report(g, f);
 }
 
 static void digest_hex(uint64_t h, char hex[17])
@@ -1141,14 +997,7 @@ static int gpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
     }
     /* the pinned parameter block is reused by the next batch: wait */
     GPU_CHECK(e, cudaStreamSynchronize(g->stream));
-    if (g->persist && *(volatile int *)g->perr)
-        return tg_errf(e, "gpu persistent step (TG_GPU_PERSIST=1): a grid barrier waited past its limit, so not "
-                       "every one of its %d thread blocks was running; this step's logits are not valid (run with "
-                       "TG_GPU_PERSIST=0, or fewer TG_GPU_PERSIST_BLOCKS)", g->pgeom.grid);
-    if (g->prof && g->pn > 1) {
-        if (g->persist) persist_collect(g);
-        profile_collect(g);
-    }
+    if (g->prof && g->pn > 1) profile_collect(g);
     g->sel_k = k;
     return 0;
 }

@@ -254,58 +254,6 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
                    float eps, void *kc, void *vc, int kv_f16, float *out, gk_q8 oq, float *q_out, void *scratch,
                    tg_err *e);
 
-/* ---- the persistent decode step (kernels.cu explains it) ----------------
- * One layer's weights as the step reads them: the types and device
- * addresses of the fused path's mat-vecs (gate and up share ffn_type), the
- * norm weights (q_norm and k_norm NULL: none) and the layer's caches. */
-typedef struct {
-    uint32_t wq_type, wk_type, wv_type, wo_type, ffn_type, down_type;
-    const void *wq, *wk, *wv, *wo, *gate, *up, *down;
-    const float *attn_norm, *ffn_norm, *q_norm, *k_norm;
-    void *kc, *vc;
-} gk_layer;
-
-/* The single-token forward pass after the embedding lookup, in the fused
- * path's buffers: x holds the embedded token and ends as the residual; q,
- * k, v, att, q8a, q8f as gk_mv_fused, gk_attn_decode and gk_mv_swiglu use
- * them; the logits through out (its y). layers: n_layer gk_layer in device
- * memory. theta_scale: base^(-2 / head_dim). att_scratch: as
- * gk_attn_decode's (the counters at zero). sync: gk_persist_scratch()
- * bytes, zeroed once. err_host: a word of mapped pinned host memory
- * (device address), left at 1 when a step was abandoned. */
-typedef struct {
-    const gk_layer *layers;
-    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_ctx, rope_neox, kv_f16;
-    float eps, theta_scale;
-    float *x, *q, *k, *v, *att;
-    gk_q8 q8a, q8f;
-    const float *output_norm;
-    gk_mv_seg out;
-    const int32_t *pos0;
-    void *att_scratch, *sync;
-    int *err_host;
-    unsigned long long *trace;   /* NULL, or 2 + 10 * n_layer device words: block 0's clock (ns) at the start,
-                                  * at its arrival at and leaving of each barrier (5 a layer), at its end */
-} gk_step;
-
-/* The persistent step's launch (gk_persist_plan fills it). */
-typedef struct {
-    int ring, nsplit, stage_keys, grid;
-    size_t norm_bytes, smem;
-} gk_persist_geom;
-
-size_t gk_persist_scratch(void);
-
-/* Plans the persistent step for st (layers: the host copy of st->layers):
- * its shared memory, attention splits (as gk_attn_decode's) and grid (the
- * blocks resident at once, or TG_GPU_PERSIST_BLOCKS per multiprocessor).
- * After gk_init. 0, or -1 with e saying what does not fit. */
-int gk_persist_plan(const gk_step *st, const gk_layer *layers, gk_persist_geom *p, tg_err *e);
-
-/* Enqueues the persistent step: the same bits as the fused path's
- * launches from the attention norm to the logits. */
-int gk_decode_persist(cudaStream_t s, const gk_step *st, const gk_persist_geom *p, tg_err *e);
-
 /* The kernel settings the environment chose (TG_GPU_MMVQ, TG_GPU_TC,
  * TG_GPU_ATT_TC, TG_GPU_ATT_SPLITS, TG_GPU_STREAM,
  * TG_GPU_STREAM_ROWS, TG_GPU_PDL, TG_GPU_TOPK_BOUND), as "8-bit mat-vec,

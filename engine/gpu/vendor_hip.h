@@ -28,9 +28,6 @@
 #define cudaMallocHost                 hipHostMalloc
 #define cudaFree                       hipFree
 #define cudaFreeHost                   hipHostFree
-#define cudaHostAlloc                  hipHostMalloc
-#define cudaHostAllocMapped            hipHostMallocMapped
-#define cudaHostGetDevicePointer       hipHostGetDevicePointer
 #define cudaMemcpy                     hipMemcpy
 #define cudaMemcpyAsync                hipMemcpyAsync
 #define cudaMemset                     hipMemset

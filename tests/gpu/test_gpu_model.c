@@ -14,9 +14,7 @@
  *   - graphs: a second run with graphs off gives byte-identical digests
  *     (same kernels, so the same bytes), and so does a repeat with graphs on;
  *   - counters: only device ops, no host op;
- *   - kv f32: the same argmax criterion with an F32 KV cache;
- *   - persistent: a session with TG_GPU_PERSIST=1 (the fused step as one
- *     persistent launch) gives the first session's digests, byte for byte.
+ *   - kv f32: the same argmax criterion with an F32 KV cache.
  * Figures: the largest |logit difference| over the yardstick's top-16 ids.
  *
  * Usage: test_gpu_model [MODEL.gguf ...] (default: the shipped trained
@@ -61,23 +59,6 @@ static int read_prompts(const char *path, char prompts[][512])
     }
     fclose(f);
     return n;
-}
-
-/* Sets the environment variable name to val for the sessions made next;
- * returns its value before (a copy, or NULL) for env_restore. */
-static char *env_set(const char *name, const char *val)
-{
-    const char *old = getenv(name);
-    char *saved = old ? strdup(old) : NULL;
-    setenv(name, val, 1);
-    return saved;
-}
-
-static void env_restore(const char *name, char *saved)
-{
-    if (saved) setenv(name, saved, 1);
-    else unsetenv(name);
-    free(saved);
 }
 
 typedef struct run_stats {
@@ -163,25 +144,6 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
     go.no_graph = 0;
     go.kv_f32 = 1;
     if (tg_session_new(&g32, m, &go, &e)) { fail("gpu session (f32 kv)", e.msg); return -1; }
-    /* the persistent step (TG_GPU_PERSIST=1; the caller's setting kept for
-     * the other sessions) */
-    tg_session *gp = NULL;
-    char *saved = env_set("TG_GPU_PERSIST", "1");
-    go.kv_f32 = 0;
-    if (tg_session_new(&gp, m, &go, &e)) {
-        fail("gpu session (persistent)", e.msg);
-        gp = NULL;
-    }
-    env_restore("TG_GPU_PERSIST", saved);
-    if (gp && strstr(tg_session_device(gp), "fused decode") && !strstr(tg_session_device(gp), "persistent step (")) {
-        fail("TG_GPU_PERSIST=1: a fused session without the persistent step", tg_session_device(gp));
-        tg_session_free(gp);
-        gp = NULL;
-    } else if (gp && !strstr(tg_session_device(gp), "fused decode")) {
-        printf("SKIP persistent step: the model takes the plain decode path\n");
-        tg_session_free(gp);
-        gp = NULL;
-    }
     const int nv = m->hp.n_vocab;
     printf("model %s: %d layers, n_embd %d, vocab %d; yardstick %s; gpu %s\n", path, m->hp.n_layer, m->hp.n_embd,
            nv, ro.tier == TG_TIER_REF ? "ref" : "cpu", tg_session_device(g));
@@ -189,7 +151,7 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
     for (int s = 0; s < steps; s++) ylog[s] = malloc((size_t)nv * sizeof(float));
     int32_t *forced = malloc(sizeof(int32_t) * steps);
     char (*d1)[17] = malloc(17 * (size_t)steps), (*d2)[17] = malloc(17 * (size_t)steps);
-    char (*d3)[17] = malloc(17 * (size_t)steps), (*d4)[17] = malloc(17 * (size_t)steps);
+    char (*d3)[17] = malloc(17 * (size_t)steps);
     run_stats all = {0}, all32 = {0};
     for (int p = 0; p < n_prompts; p++) {
         int32_t *ids = NULL;
@@ -220,24 +182,6 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
         snprintf(what, sizeof what, "p%d/repeat", p + 1);
         gpu_run(g, ids, (int)n_ids, forced, steps, ylog, nv, d2, &st4, what);
         for (int s = 0; s < steps; s++) same &= !strcmp(d1[s], d2[s]);
-        if (gp) {
-            run_stats st5 = {0};
-            snprintf(what, sizeof what, "p%d/persistent", p + 1);
-            gpu_run(gp, ids, (int)n_ids, forced, steps, ylog, nv, d4, &st5, what);
-            int first = st5.steps == steps ? -1 : st5.steps;
-            for (int s = 0; s < st5.steps && first < 0; s++)
-                if (strcmp(d1[s], d4[s])) first = s;
-            if (first >= 0) {
-                char msg[256];
-                snprintf(msg, sizeof msg, "p%d: the TG_GPU_PERSIST=1 session's digests differ from the first "
-                         "session's from step %d (of %d run); max |dlogit| against the yardstick %.4g (first "
-                         "session %.4g), %d argmax mismatches (first session %d)", p + 1, first, st5.steps,
-                         st5.max_diff, st.max_diff, st5.mismatches, st.mismatches);
-                fail("persistent", msg);
-            } else {
-                printf("OK   p%d persistent step: %d digests identical to the launches'\n", p + 1, steps);
-            }
-        }
         printf("p%d: %zu prompt ids, %d steps, %d with gap >= %.1f, %d argmax mismatches (f32 kv: %d), "
                "max |dlogit| top-%d %.4g (f32 kv %.4g), graph/no-graph/repeat digests %s\n",
                p + 1, n_ids, st.steps, st.checked, gap_min, st.mismatches, st32.mismatches, TOPN, st.max_diff,
@@ -259,9 +203,8 @@ static int test_model(const char *path, int steps, char prompts[][512], int n_pr
     if (all32.mismatches) fail("argmax f32 kv", "the gpu arm (F32 KV) differs at a step with a gap over the bound");
     else printf("OK   argmax (f32 kv): all match; max |dlogit| %.4g\n", all32.max_diff);
     for (int s = 0; s < steps; s++) free(ylog[s]);
-    free(ylog); free(forced); free(d1); free(d2); free(d3); free(d4);
+    free(ylog); free(forced); free(d1); free(d2); free(d3);
     tg_session_free(g); tg_session_free(gn); tg_session_free(g32);
-    if (gp) tg_session_free(gp);
     tg_session_free(ref);
     tg_tokenizer_free(tok);
     tg_model_free(m);
@@ -300,31 +243,6 @@ static void test_timing_drop(const char *path)
         tg_session_free(g);
     }
     unsetenv("TG_GPU_TIMING_DROP");
-    tg_model_free(m);
-}
-
-/* TG_GPU_PERSIST_BLOCKS past what fits resident: the session keeps the
- * fused launches, and its description names the variable and the limit. */
-static void test_persist_blocks(const char *path)
-{
-    tg_err e = {{0}};
-    tg_model *m = NULL;
-    if (tg_model_load(&m, path, &e)) { fail("load", e.msg); return; }
-    tg_opts go = tg_opts_default();
-    go.tier = TG_TIER_GPU;
-    tg_session *g = NULL;
-    char *sp = env_set("TG_GPU_PERSIST", "1"), *sb = env_set("TG_GPU_PERSIST_BLOCKS", "100000");
-    if (tg_session_new(&g, m, &go, &e)) {
-        fail("TG_GPU_PERSIST_BLOCKS=100000: the session did not start", e.msg);
-    } else {
-        const char *d = tg_session_device(g);
-        if (strstr(d, "fused decode") && !strstr(d, "no persistent step (TG_GPU_PERSIST_BLOCKS=100000: expected"))
-            fail("TG_GPU_PERSIST_BLOCKS=100000: the description does not say why the step is not persistent", d);
-        else printf("OK   TG_GPU_PERSIST_BLOCKS=100000 refused: %s\n", d);
-        tg_session_free(g);
-    }
-    env_restore("TG_GPU_PERSIST_BLOCKS", sb);
-    env_restore("TG_GPU_PERSIST", sp);
     tg_model_free(m);
 }
 
@@ -372,12 +290,10 @@ int main(int argc, char **argv)
     printf("test_gpu_model on %s: %d prompts x %d steps\n", desc, np, steps);
     if (argc > 1) {
         test_timing_drop(argv[1]);
-        test_persist_blocks(argv[1]);
         for (int i = 1; i < argc; i++) test_model(argv[i], steps, prompts, np);
     } else {
         snprintf(path, sizeof path, "%s/models/tiny-trained-qwen3-Q4_K_M.gguf", root);
         test_timing_drop(path);
-        test_persist_blocks(path);
         test_model(path, steps, prompts, np);
     }
     printf("test_gpu_model: %s\n", n_fail ? "FAIL" : "OK");

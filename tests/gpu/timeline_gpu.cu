@@ -170,11 +170,11 @@ static int trace_start(char *msg, size_t n)
 /* ---- the step's launches ------------------------------------------------ */
 
 enum { C_EMBED, C_NORM, C_QKV, C_ATTN, C_O, C_FFN, C_DOWN, C_OUT, C_TOPK1, C_TOPK2, C_XXH3, C_H2D, C_D2H,
-       C_PERSIST, C_OTHER, C_N };
+       C_OTHER, C_N };
 static const char *const cname[C_N] = {"embed",         "norm",         "q/k/v",         "attention",
                                        "o + add",       "gate/up",      "down + add",    "vocabulary",
                                        "top-k chunks",  "top-k final",  "digest (side)", "copy to device",
-                                       "copy to host",  "persistent",   "other"};
+                                       "copy to host",  "other"};
 /* not on the main stream's kernel chain */
 static int off_chain(int c) { return c == C_XXH3 || c == C_H2D || c == C_D2H; }
 
@@ -203,7 +203,6 @@ static void classify(const krec *r, size_t n, int *cls)
                : !strcmp(nm, "copy to device") ? C_H2D
                : !strcmp(nm, "copy to host") ? C_D2H
                : has(nm, "k_mv_stream") || has(nm, "k_mv_fused") ? C_QKV
-               : has(nm, "k_decode_persist") ? C_PERSIST
                                             : C_OTHER;
     }
     int prev = C_OTHER;
