@@ -3113,107 +3113,77 @@ __device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, 
     __syncthreads();
 }
 
-/* What a decode attention item reads and writes (k_attn_decode's
- * parameters): the step's q, k and v, the q and k norm weights (NULL:
- * none), RoPE's theta scale and pairing, the layer's caches, the partial results and arrival counters of
- * gk_attention_scratch, the output (out, quantized into oq), q_out (tests;
- * NULL: not kept) and stage_keys (ad_begin). */
-struct ad_args {
-    const float *q, *k, *v, *wq, *wk;
-    int n_head, n_head_kv, head_dim;
-    float theta_scale;
-    int neox;
-    float eps;
-    void *kc, *vc;
-    float scale;
-    float *part;
-    int *count;
-    float *out;
-    gk_q8 oq;
-    float *q_out;
-    int stage_keys;
-};
-
-/* One item (query head h, key range z of nsplit) at position pos: its
- * range [jb, je) and whether its rows are staged in shared memory. */
-struct ad_item {
-    int h, z, hkv, jb, je;
-    bool staged;
-};
-
-/* Starts item (h, z): with a.stage_keys > 0 and a range of at most that
- * many keys, copies the range's cached K and V rows (written by earlier
- * steps; the new row pos joins them in ad_finish) into the shared memory
- * after qs (head_dim floats), asynchronously, as one commit group. Reads
- * only what earlier steps wrote, so a caller may issue it before it waits
- * on this step's q, k and v. Every thread of the block calls it. */
+/* Decode attention of one token in one launch: a thread block per (query
+ * head h, key range z of gridDim.y). Each block takes the head's q through
+ * its RMS norm and RoPE itself (nothing is written back); the block whose
+ * range holds the new position also takes the kv head's k through norm and
+ * RoPE and stores k and v at cache row *pos0 (the blocks of the other
+ * query heads of the group store the same bytes). Then attn_range over the
+ * range, the partial result into part, and the last block of the head to
+ * arrive (count[h], left at 0 again) merges the ranges as k_attn_combine,
+ * writes the head's output and quantizes it for the output projection.
+ * With stage_keys > 0 (every range at most that long) the range's cached
+ * K and V rows are copied into shared memory before the kernel waits on
+ * the mat-vec (they were written by earlier steps), all at once, and the
+ * new row joins them there. q_out (when not NULL): the normed, rotated q,
+ * for tests. Dynamic shared memory: head_dim floats, then 2 * stage_keys
+ * rows of K and V. */
 template <int F16>
-__device__ __forceinline__ ad_item ad_begin(const ad_args &a, int pos, int h, int z, int nsplit, float *qs)
+__global__ void __launch_bounds__(ATT_THREADS)
+k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
+              int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
+              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys)
 {
-    ad_item it;
-    const int n_kv = pos + 1;
-    it.h = h;
-    it.z = z;
-    it.hkv = h / (a.n_head / a.n_head_kv);
-    const size_t kv_row = (size_t)a.n_head_kv * a.head_dim;
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[32];
+    __shared__ float f[ATT_SPLITS_MAX];
+    __shared__ int last;
+    extern __shared__ __align__(16) float qs[]; /* head_dim, then the staged rows */
+    pdl_trigger();
+    /* the position is the step's parameter, copied before the step's first
+     * kernel: its angles and the range's cached rows are read before
+     * waiting on the mat-vec */
+    const int pos = *pos0, n_kv = pos + 1;
+    const int h = blockIdx.x, z = blockIdx.y, nsplit = gridDim.y;
+    const int hkv = h / (n_head / n_head_kv);
+    const size_t kv_row = (size_t)n_head_kv * head_dim;
     const int per = (n_kv + nsplit - 1) / nsplit;
-    it.jb = z * per;
-    it.je = min(n_kv, it.jb + per);
-    const int el = F16 ? 2 : 4, rowb = a.head_dim * el, nk = it.je - it.jb;
-    it.staged = nk > 0 && nk <= a.stage_keys;
-    uint8_t *ks = (uint8_t *)(qs + a.head_dim), *vs = ks + (size_t)a.stage_keys * rowb;
-    if (it.staged) {
-        const int pieces = rowb / 16, nold = min(it.je, pos) - it.jb;
+    const int jb = z * per, je = min(n_kv, jb + per);
+    const int el = F16 ? 2 : 4, rowb = head_dim * el, nk = je - jb;
+    const bool staged = nk > 0 && nk <= stage_keys;
+    uint8_t *ks = (uint8_t *)(qs + head_dim), *vs = ks + (size_t)stage_keys * rowb;
+    if (staged) {
+        const int pieces = rowb / 16, nold = min(je, pos) - jb;
         for (int p = threadIdx.x; p < nold * pieces; p += blockDim.x) {
             const int r = p / pieces, pc = p % pieces;
-            const size_t src = ((size_t)(it.jb + r) * kv_row + (size_t)it.hkv * a.head_dim) * el + 16 * pc;
-            cp_async16(ks + (size_t)r * rowb + 16 * pc, (const uint8_t *)a.kc + src);
-            cp_async16(vs + (size_t)r * rowb + 16 * pc, (const uint8_t *)a.vc + src);
+            const size_t src = ((size_t)(jb + r) * kv_row + (size_t)hkv * head_dim) * el + 16 * pc;
+            cp_async16(ks + (size_t)r * rowb + 16 * pc, (const uint8_t *)kc + src);
+            cp_async16(vs + (size_t)r * rowb + 16 * pc, (const uint8_t *)vc + src);
         }
         cp_async_commit();
     }
-    return it;
-}
-
-/* The rest of item it, once q, k and v are ready: q through its RMS norm
- * and RoPE (rc, rs: rope_pre's at pos; nothing written back), and where
- * the range holds pos, k through them too, with k and v stored at cache
- * row pos (the items of the other query heads of the group store the same
- * bytes). Then attn_range over the range, the partial result into a.part,
- * and the last item of the head to arrive (a.count[h], left at 0 again)
- * merges the ranges as k_attn_combine, writes the head's output and
- * quantizes it for the output projection. Shared memory: qs (ad_begin's),
- * sc (ATT_CHUNK floats), red (32), f (ATT_SPLITS_MAX), last (one int).
- * Every thread of the block calls it. */
-template <int F16>
-__device__ __forceinline__ void ad_finish(const ad_args &a, int pos, const ad_item &it, int nsplit, float *qs,
-                                          const float rc[2], const float rs[2], float *sc, float *red, float *f,
-                                          int *last)
-{
-    const int head_dim = a.head_dim, h = it.h, jb = it.jb, je = it.je;
-    const size_t kv_row = (size_t)a.n_head_kv * head_dim;
-    const int el = F16 ? 2 : 4, rowb = head_dim * el, nk = je - jb;
-    const bool staged = it.staged;
-    uint8_t *ks = (uint8_t *)(qs + head_dim), *vs = ks + (size_t)a.stage_keys * rowb;
-    head_norm_rope(a.q + (size_t)h * head_dim, a.wq, head_dim, rc, rs, a.neox, a.eps, qs, red);
-    if (a.q_out && it.z == 0)
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) a.q_out[(size_t)h * head_dim + i] = qs[i];
+    float rc[2], rs[2];
+    rope_pre(pos, theta_scale, head_dim / 2, rc, rs);
+    pdl_wait();
+    head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, rc, rs, neox, eps, qs, red);
+    if (q_out && z == 0)
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
     if (jb <= pos && pos < je) {
         float *kh = sc;   /* head_dim <= ATT_CHUNK; attn_range fills sc afterwards */
-        head_norm_rope(a.k + (size_t)it.hkv * head_dim, a.wk, head_dim, rc, rs, a.neox, a.eps, kh, red);
-        const size_t dst = (size_t)pos * kv_row + (size_t)it.hkv * head_dim;
-        const float *vh = a.v + (size_t)it.hkv * head_dim;
+        head_norm_rope(k + (size_t)hkv * head_dim, wk, head_dim, rc, rs, neox, eps, kh, red);
+        const size_t dst = (size_t)pos * kv_row + (size_t)hkv * head_dim;
+        const float *vh = v + (size_t)hkv * head_dim;
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             if (F16) {
-                ((uint16_t *)a.kc)[dst + i] = f2h(kh[i]);
-                ((uint16_t *)a.vc)[dst + i] = f2h(vh[i]);
+                ((uint16_t *)kc)[dst + i] = f2h(kh[i]);
+                ((uint16_t *)vc)[dst + i] = f2h(vh[i]);
                 if (staged) {
                     ((uint16_t *)ks)[(size_t)(pos - jb) * head_dim + i] = f2h(kh[i]);
                     ((uint16_t *)vs)[(size_t)(pos - jb) * head_dim + i] = f2h(vh[i]);
                 }
             } else {
-                ((float *)a.kc)[dst + i] = kh[i];
-                ((float *)a.vc)[dst + i] = vh[i];
+                ((float *)kc)[dst + i] = kh[i];
+                ((float *)vc)[dst + i] = vh[i];
                 if (staged) {
                     ((float *)ks)[(size_t)(pos - jb) * head_dim + i] = kh[i];
                     ((float *)vs)[(size_t)(pos - jb) * head_dim + i] = vh[i];
@@ -3227,52 +3197,28 @@ __device__ __forceinline__ void ad_finish(const ad_args &a, int pos, const ad_it
     if (staged) {   /* the same arithmetic over the staged rows, keys renumbered from jb */
         cp_async_wait<0>();
         __syncthreads();
-        attn_range<F16>(qs, ks, vs, 0, head_dim, head_dim, 0, nk, a.scale, NULL, NULL, 0, sc, red, acc, &run_max,
+        attn_range<F16>(qs, ks, vs, 0, head_dim, head_dim, 0, nk, scale, NULL, NULL, 0, sc, red, acc, &run_max,
                         &run_sum);
     } else {
-        attn_range<F16>(qs, a.kc, a.vc, it.hkv, head_dim, kv_row, jb, je, a.scale, NULL, NULL, 0, sc, red, acc,
-                        &run_max, &run_sum);
+        attn_range<F16>(qs, kc, vc, hkv, head_dim, kv_row, jb, je, scale, NULL, NULL, 0, sc, red, acc, &run_max,
+                        &run_sum);
     }
-    const float *pp = a.part + (size_t)h * nsplit * (head_dim + 2);
-    attn_part_store(a.part + ((size_t)h * nsplit + it.z) * (head_dim + 2), head_dim, run_max, run_sum, acc);
+    const float *pp = part + (size_t)h * nsplit * (head_dim + 2);
+    attn_part_store(part + ((size_t)h * nsplit + z) * (head_dim + 2), head_dim, run_max, run_sum, acc);
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) *last = atomicAdd(&a.count[h], 1) == nsplit - 1;
+    if (threadIdx.x == 0) last = atomicAdd(&count[h], 1) == nsplit - 1;
     __syncthreads();
-    if (!*last) return;
+    if (!last) return;
     __threadfence();
     const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
         const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
         const size_t i = (size_t)h * head_dim + d;
-        a.out[i] = val;
-        q8_block_store(val, d % TG_WARP, a.oq.q + (i & ~(size_t)31), a.oq.d + i / 32, a.oq.s + i / 32);
+        out[i] = val;
+        q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
     }
-    if (threadIdx.x == 0) a.count[h] = 0;
-}
-
-/* Decode attention of one token in one launch: a thread block per item
- * (query head h, key range z of gridDim.y), ad_begin then ad_finish. The
- * item's rows are staged before the kernel waits on the mat-vec, and the
- * RoPE angles taken: the position is the step's parameter, copied before
- * the step's first kernel. Dynamic shared memory: head_dim floats, then
- * 2 * stage_keys rows of K and V. */
-template <int F16>
-__global__ void __launch_bounds__(ATT_THREADS)
-k_attn_decode(ad_args a, const int32_t *pos0)
-{
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float red[32];
-    __shared__ float f[ATT_SPLITS_MAX];
-    __shared__ int last;
-    extern __shared__ __align__(16) float qs[]; /* head_dim, then the staged rows */
-    pdl_trigger();
-    const int pos = *pos0;
-    const ad_item it = ad_begin<F16>(a, pos, blockIdx.x, blockIdx.y, gridDim.y, qs);
-    float rc[2], rs[2];
-    rope_pre(pos, a.theta_scale, a.head_dim / 2, rc, rs);
-    pdl_wait();
-    ad_finish<F16>(a, pos, it, gridDim.y, qs, rc, rs, sc, red, f, &last);
+    if (threadIdx.x == 0) count[h] = 0;
 }
 
 int gk_fused_type_supported(uint32_t type)
@@ -3407,10 +3353,9 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
     const int per_max = n_ctx > 0 ? (n_ctx + nsplit - 1) / nsplit : 0;
     const int stage_keys = 2 * per_max * rowb <= AD_STAGE_MAX ? per_max : 0;
     const size_t shm = (size_t)head_dim * sizeof(float) + 2 * (size_t)stage_keys * rowb;
-    const ad_args a = {q, k, v, wq, wk, n_head, n_head_kv, head_dim, theta_scale, neox, eps, kc, vc, scale, part,
-                       count, out, oq, q_out, stage_keys};
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
-                           a, pos0));
+                           q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
+                           scale, part, count, out, oq, q_out, stage_keys));
     return 0;
 }
 
