@@ -576,6 +576,9 @@ static int attention_hooked(tg_gpu *g, int layer, const void *kc, const void *vc
 
 #define COUNT(ops, op, type) tg_ops_count((ops), (op), (type), TG_TIER_GPU)
 
+/* The fused single-token step (kernels.cu, "the fused single-token path"):
+ * the same forward pass as enqueue_step in 7 launches per layer. Counts the
+ * same ops as the plain path, so the counters compare across the two. */
 /* Records an event after the launch just enqueued, under label; a fused
  * step opens the series with PROF(NULL), so launches outside one (a
  * prefill's selection) are not timed. */
@@ -612,56 +615,6 @@ static int enqueue_select(tg_gpu *g, int k, tg_err *e)
     return 0;
 }
 
-/* The normed input (nm, n values) of a fused-path mat-vec: *pass = nm
- * where TG_GPU_NORM_FUSE lets the mat-vec take the norm in its own launch;
- * else the norm is launched here into g->q8n (its own row in the profile)
- * and *pass = NULL. nm NULL: nothing. 0 or -1 with e. */
-static int norm_input(tg_gpu *g, const gk_norm *nm, int n, const gk_norm **pass, tg_err *e)
-{
-    cudaStream_t s = g->stream;
-    *pass = nm;
-    if (!nm || gk_norm_fuse_mode()) return 0;
-    *pass = NULL;
-    if (gk_rmsnorm_q8(s, nm->x, nm->w, NULL, n, nm->eps, g->q8n, e)) return -1;
-    PROF("rmsnorm_q8");
-    return 0;
-}
-
-/* The ops of one fused step (the plain path's, so the counters compare
- * across the two), into ops. */
-static void count_fused(const tg_gpu *g, tg_ops *ops)
-{
-    const tg_hparams *hp = &g->hp;
-    COUNT(ops, TG_OP_EMBED, g->token_embd.type);
-    for (int l = 0; l < hp->n_layer; l++) {
-        const dlayer *L = &g->layers[l];
-        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        COUNT(ops, TG_OP_MATMUL, L->wq.type);
-        COUNT(ops, TG_OP_MATMUL, L->wk.type);
-        COUNT(ops, TG_OP_MATMUL, L->wv.type);
-        if (hp->qk_norm) {
-            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        }
-        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
-        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
-        COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
-        COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
-        COUNT(ops, TG_OP_MATMUL, L->wo.type);
-        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
-        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-        COUNT(ops, TG_OP_MATMUL, L->gate.type);
-        COUNT(ops, TG_OP_MATMUL, L->up.type);
-        COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
-        COUNT(ops, TG_OP_MATMUL, L->down.type);
-        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
-    }
-    COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
-    COUNT(ops, TG_OP_MATMUL, g->output.type);
-}
-
-/* The fused single-token step (kernels.cu, "the fused single-token path"):
- * the same forward pass as enqueue_step in 7 launches per layer. */
 static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
 {
     const int dm = g->drop;
@@ -672,51 +625,70 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     const int f16 = !g->kv_f32;
     const size_t kv_el = f16 ? 2 : 4;
     g->pn = 0;
-    count_fused(g, ops);
     PROF(NULL);
     if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, 1, g->x, e)) return -1;
+    COUNT(ops, TG_OP_EMBED, g->token_embd.type);
     PROF("embed");
     for (int l = 0; l < hp->n_layer; l++) {
         const dlayer *L = &g->layers[l];
         void *kc = (uint8_t *)g->kc + (size_t)l * g->kv_layer_elems * kv_el;
         void *vc = (uint8_t *)g->vc + (size_t)l * g->kv_layer_elems * kv_el;
-        /* the attention norm (dropped for the timing attribution, the
-         * mat-vec reads the last input) */
-        const gk_norm an = {g->x, (const float *)L->attn_norm.d, hp->eps};
-        const gk_norm *anp;
-        if (norm_input(g, dm & DROP_NORM ? NULL : &an, E, &anp, e)) return -1;
+        if (!(dm & DROP_NORM) && gk_rmsnorm_q8(s, g->x, (const float *)L->attn_norm.d, NULL, E, hp->eps, g->q8n, e))
+            return -1;
+        PROF("rmsnorm_q8");
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
         const gk_mv_seg qkv[3] = {{L->wq.type, L->wq.d, QD, g->q},
                                   {L->wk.type, L->wk.d, KVD, g->k},
                                   {L->wv.type, L->wv.d, KVD, g->v}};
-        if (!(dm & DROP_QKV) && gk_mv_fused(s, qkv, 3, E, g->q8n, 0, anp, e)) return -1;
+        if (!(dm & DROP_QKV) && gk_mv_fused(s, qkv, 3, E, g->q8n, 0, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->wq.type);
+        COUNT(ops, TG_OP_MATMUL, L->wk.type);
+        COUNT(ops, TG_OP_MATMUL, L->wv.type);
         PROF(L->wv.type == TG_TYPE_Q6_K ? "mv qkv (v q6_K)" : "mv qkv");
         if (!(dm & DROP_ATTN) &&
             gk_attn_decode(s, g->q, g->k, g->v, hp->qk_norm ? (const float *)L->q_norm.d : NULL,
                            hp->qk_norm ? (const float *)L->k_norm.d : NULL, hp->n_head, hp->n_head_kv, HD, g->n_ctx,
-                           pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL,
-                           g->att_scratch, e))
+                           pos0, hp->rope_base, hp->rope_neox, hp->eps, kc, vc, f16, g->att, g->q8a, NULL, g->att_scratch,
+                           e))
             return -1;
+        if (hp->qk_norm) {
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+            COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        }
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_ROPE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_KV_STORE, TG_TYPE_F32);
+        COUNT(ops, TG_OP_ATTN, TG_TYPE_F32);
         PROF("qk norm + rope + store + attention");
         /* the output projection onto the residual, then the ffn norm */
         const gk_mv_seg wo = {L->wo.type, L->wo.d, E, g->x};
-        if (!(dm & DROP_WO) && gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, NULL, e)) return -1;
+        if (!(dm & DROP_WO) && gk_mv_fused(s, &wo, 1, QD, g->q8a, 1, e)) return -1;
         PROF("mv wo+add");
-        const gk_norm fn = {g->x, (const float *)L->ffn_norm.d, hp->eps};
-        const gk_norm *fnp;
-        if (norm_input(g, dm & DROP_NORM ? NULL : &fn, E, &fnp, e)) return -1;
-        if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, fnp, e))
+        if (!(dm & DROP_NORM) && gk_rmsnorm_q8(s, g->x, (const float *)L->ffn_norm.d, NULL, E, hp->eps, g->q8n, e))
             return -1;
+        PROF("rmsnorm_q8");
+        COUNT(ops, TG_OP_MATMUL, L->wo.type);
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
+        COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
+        if (!(dm & DROP_FFN) && gk_mv_swiglu(s, L->gate.type, L->gate.d, L->up.d, FF, E, g->q8n, NULL, g->q8f, e))
+            return -1;
+        COUNT(ops, TG_OP_MATMUL, L->gate.type);
+        COUNT(ops, TG_OP_MATMUL, L->up.type);
+        COUNT(ops, TG_OP_SWIGLU, TG_TYPE_F32);
         PROF("mv gate+up+swiglu");
         /* the down projection onto the residual */
         const gk_mv_seg down = {L->down.type, L->down.d, E, g->x};
-        if (!(dm & DROP_DOWN) && gk_mv_fused(s, &down, 1, FF, g->q8f, 1, NULL, e)) return -1;
+        if (!(dm & DROP_DOWN) && gk_mv_fused(s, &down, 1, FF, g->q8f, 1, e)) return -1;
+        COUNT(ops, TG_OP_MATMUL, L->down.type);
+        COUNT(ops, TG_OP_ADD, TG_TYPE_F32);
         PROF(L->down.type == TG_TYPE_Q6_K ? "mv down+add q6_K" : "mv down+add");
     }
-    const gk_norm on = {g->x, (const float *)g->output_norm.d, hp->eps};
-    const gk_norm *onp;
-    if (norm_input(g, &on, E, &onp, e)) return -1;
+    if (gk_rmsnorm_q8(s, g->x, (const float *)g->output_norm.d, NULL, E, hp->eps, g->q8n, e)) return -1;
+    PROF("rmsnorm_q8");
+    COUNT(ops, TG_OP_RMSNORM, TG_TYPE_F32);
     const gk_mv_seg out = {g->output.type, g->output.d, hp->n_vocab, g->logits};
-    if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, onp, e)) return -1;
+    if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, e)) return -1;
+    COUNT(ops, TG_OP_MATMUL, g->output.type);
     PROF("mv output");
     if (k > 0) {
         if (enqueue_select(g, k, e)) return -1;

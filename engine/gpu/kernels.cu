@@ -2067,23 +2067,12 @@ __device__ void block_bitonic(float *sv, int *si, int n)
         }
 }
 
-/* The first k of the sorted entries sv/si into out (NaN where empty). */
-__device__ __forceinline__ void top_store(const float *sv, const int *si, int k, tg_top *out)
-{
-    for (int r = threadIdx.x; r < k; r += blockDim.x) {
-        out[r].id = si[r];
-        out[r].logit = si[r] >= 0 ? sv[r] : NAN;
-    }
-}
-
 /* First pass: each block sorts its chunk of TOPK_CHUNK logits and keeps the
  * first k. */
 __global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
 {
     __shared__ float sv[TOPK_CHUNK];
     __shared__ int si[TOPK_CHUNK];
-    pdl_trigger();
-    pdl_wait();
     const int start = blockIdx.x * TOPK_CHUNK;
     const int cnt = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
     for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) {
@@ -2092,88 +2081,10 @@ __global__ void k_topk_partial(const float *logits, int n, int k, tg_top *cand)
     }
     __syncthreads();
     block_bitonic(sv, si, TOPK_CHUNK);
-    top_store(sv, si, k, cand + (size_t)blockIdx.x * k);
-}
-
-#define TOPK_SURV 512        /* survivors of a chunk's threshold k_topk_partial_f sorts */
-#define TOPK_FILTER_KMAX 64  /* the largest k k_topk_partial_f serves */
-
-/* k_topk_partial's output without sorting the whole chunk: the chunk's
- * entries fall into G groups (entry i into group i % G, G a power of two
- * from k to TOPK_FILTER_KMAX); the smallest of the groups' maxima is a
- * lower bound of the chunk's k-th logit (G >= k entries reach it), so only
- * the entries at or above it are gathered and sorted. Where fewer than k
- * or more than TOPK_SURV survive (NaN, an empty group, massive ties), the
- * whole chunk is sorted as k_topk_partial does. The same entries either
- * way: rank order is total. */
-__global__ void __launch_bounds__(TOPK_THREADS) k_topk_partial_f(const float *logits, int n, int k, int G,
-                                                                  tg_top *cand)
-{
-    __shared__ float sv[TOPK_CHUNK];
-    __shared__ int si[TOPK_CHUNK];
-    __shared__ float gm[TOPK_THREADS];
-    __shared__ float red[32];
-    __shared__ int cnt;
-    static_assert(TOPK_CHUNK == 4 * TOPK_THREADS, "four entries a thread");
-    pdl_trigger();
-    pdl_wait();
-    const int start = blockIdx.x * TOPK_CHUNK;
-    const int len = n - start < TOPK_CHUNK ? n - start : TOPK_CHUNK;
-    float v[4];
-    float m = -INFINITY;
-    bool none = true;   /* no number among this thread's entries */
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int i = threadIdx.x + j * TOPK_THREADS;
-        v[j] = i < len ? logits[start + i] : NAN;
-        if (!isnan(v[j])) { m = fmaxf(m, v[j]); none = false; }
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        cand[(size_t)blockIdx.x * k + r].id = si[r];
+        cand[(size_t)blockIdx.x * k + r].logit = si[r] >= 0 ? sv[r] : NAN;
     }
-    gm[threadIdx.x] = none ? NAN : m;
-    if (threadIdx.x == 0) cnt = 0;
-    __syncthreads();
-    /* group g's maximum (threads g, g + G, ...: all their entries are in
-     * group g); a group without a number gives no bound (-inf) */
-    float gmax = INFINITY;
-    if ((int)threadIdx.x < G) {
-        float mx = NAN;
-        for (int t = threadIdx.x; t < TOPK_THREADS; t += G)
-            if (!isnan(gm[t])) mx = isnan(mx) ? gm[t] : fmaxf(mx, gm[t]);
-        gmax = isnan(mx) ? -INFINITY : mx;
-    }
-    const float thr = -block_max(-gmax, red);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int i = threadIdx.x + j * TOPK_THREADS;
-        if (!isnan(v[j]) && v[j] >= thr) {
-            const int slot = atomicAdd(&cnt, 1);
-            if (slot < TOPK_SURV) {
-                sv[slot] = v[j];
-                si[slot] = start + i;
-            }
-        }
-    }
-    __syncthreads();
-    const int c = cnt;
-    int n2 = TOPK_CHUNK;
-    if (c >= k && c <= TOPK_SURV) {
-        n2 = 1;
-        while (n2 < c) n2 <<= 1;
-        for (int i = c + threadIdx.x; i < n2; i += blockDim.x) {
-            sv[i] = NAN;
-            si[i] = -1;
-        }
-    } else {
-        __syncthreads();   /* every thread has read cnt */
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int i = threadIdx.x + j * TOPK_THREADS;
-            sv[i] = v[j];
-            si[i] = i < len ? start + i : -1;
-        }
-    }
-    __syncthreads();
-    block_bitonic(sv, si, n2);
-    top_store(sv, si, k, cand + (size_t)blockIdx.x * k);
 }
 
 #define TOPK_FINAL_CAP 4096   /* survivors the final pass sorts in shared memory */
@@ -2190,8 +2101,6 @@ __global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out, 
     __shared__ int si[TOPK_FINAL_CAP];
     __shared__ float sh[32];
     __shared__ int cnt;
-    pdl_trigger();
-    pdl_wait();
     const int nch = ncand / k;
     float b = -INFINITY;
     for (int c = threadIdx.x; c < nch; c += blockDim.x) {
@@ -2241,7 +2150,10 @@ __global__ void k_topk_final(const tg_top *cand, int ncand, int k, tg_top *out, 
     }
     __syncthreads();
     block_bitonic(sv, si, n2);
-    top_store(sv, si, k, out);
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        out[r].id = si[r];
+        out[r].logit = si[r] >= 0 ? sv[r] : NAN;
+    }
 }
 
 /* TG_GPU_TOPK_BOUND=0: only the chunks' k-th entries bound the search. */
@@ -2249,35 +2161,6 @@ static int topk_bound_on(void)
 {
     static int bound = -1;
     return env_switch(&bound, "TG_GPU_TOPK_BOUND", 1);
-}
-
-template <typename... P, typename... A>
-static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, cudaStream_t s, A... a);
-
-/* TG_GPU_TOPK_PDL=1: the top-k's two launches with programmatic dependent
- * launch, as the fused path's kernels (where gk_init turned it on); 0 (the
- * default), plain launches. */
-static int topk_pdl_on(void)
-{
-    static int on = -1;
-    return env_switch(&on, "TG_GPU_TOPK_PDL", 0);
-}
-
-static int topk_filter = -1;
-
-/* TG_GPU_TOPK_FILTER (read once): 1, the first pass sorts only the entries
- * at or above its groups' bound (k_topk_partial_f); 0 (the default), the
- * whole chunk. */
-static int topk_filter_on(void)
-{
-    return env_switch(&topk_filter, "TG_GPU_TOPK_FILTER", 0);
-}
-
-int gk_topk_filter_set(int on)
-{
-    const int prev = topk_filter_on();
-    topk_filter = on;
-    return prev;
 }
 
 size_t gk_topk_scratch(int n, int k)
@@ -2294,22 +2177,9 @@ int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
     const int nblk = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
     const size_t ncand = (size_t)nblk * k;
     tg_top *cand = (tg_top *)scratch;
-    const int pdl = topk_pdl_on();
-    if (topk_filter_on() && k <= TOPK_FILTER_KMAX) {
-        int G = 1;
-        while (G < k) G <<= 1;
-        if (pdl) GPU_CHECK(e, gk_launch(k_topk_partial_f, nblk, TOPK_THREADS, 0, s, logits, n, k, G, cand));
-        else k_topk_partial_f<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, G, cand);
-    } else if (pdl)
-        GPU_CHECK(e, gk_launch(k_topk_partial, nblk, TOPK_THREADS, 0, s, logits, n, k, cand));
-    else
-        k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
+    k_topk_partial<<<nblk, TOPK_THREADS, 0, s>>>(logits, n, k, cand);
     GPU_CHECK_LAUNCH(e, "topk partial");
-    if (pdl)
-        GPU_CHECK(e, gk_launch(k_topk_final, 1, 1024, 0, s, (const tg_top *)cand, (int)ncand, k, out,
-                               topk_bound_on()));
-    else
-        k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
+    k_topk_final<<<1, 1024, 0, s>>>(cand, (int)ncand, k, out, topk_bound_on());
     GPU_CHECK_LAUNCH(e, "topk final");
     return 0;
 }
@@ -2498,24 +2368,6 @@ __device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, flo
     }
 }
 
-/* One thread's share of k_rmsnorm_q8's sum of squares: virtual thread vt
- * of FZ_NORM_THREADS, its float4s (or values) in turn. k_rmsnorm_q8 and
- * the mat-vecs that take the norm themselves (norm_q8_block) both sum
- * through it, in the same order, so their quantized rows agree bit for
- * bit. */
-__device__ __forceinline__ float norm_ss_part(const float *__restrict__ x, int n, int vt)
-{
-    float ss = 0.0f;
-    if (n % 4 == 0)
-        for (int i = vt; i < n / 4; i += FZ_NORM_THREADS) {
-            const float4 v = ((const float4 *)x)[i];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-    else
-        for (int i = vt; i < n; i += FZ_NORM_THREADS) ss += x[i] * x[i];
-    return ss;
-}
-
 /* One row: y = x * (1/sqrt(mean(x^2) + eps)) * w, into y (when not NULL)
  * and quantized into out. One thread block per 32-value block of the
  * output: each block sums the squares of the whole row itself (the row is
@@ -2527,7 +2379,15 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
     __shared__ float sh[32];
     pdl_trigger();
     pdl_wait();
-    const float ss = block_sum(norm_ss_part(x, n, threadIdx.x), sh);
+    float ss = 0.0f;
+    if (n % 4 == 0)
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            const float4 v = ((const float4 *)x)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    else
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss, sh);
     const float scale = 1.0f / sqrtf(ss / n + eps);
     if (threadIdx.x < TG_WARP) {
         const int qb = blockIdx.x, lane = threadIdx.x;
@@ -2536,77 +2396,6 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
         if (y) y[i] = v;
         q8_block_store(v, lane, out.q + qb * 32, out.d + qb, out.s + qb);
     }
-}
-
-/* The bytes a mat-vec block takes for its own copy of the normed,
- * quantized input of K values (norm_q8_block): q, then d and s. */
-__host__ __device__ inline size_t fz_norm_bytes(int K)
-{
-    return (size_t)K + 2 * (size_t)(K / 32) * sizeof(float);
-}
-
-/* The norm of k_rmsnorm_q8 taken by a whole thread block of T threads (T
- * divides FZ_NORM_THREADS) for itself: the row x of n values (a multiple
- * of 32) normed with weights w and quantized into smem (shared memory,
- * 16-byte aligned, fz_norm_bytes(n): q, then d and s), returned as a
- * gk_q8 over it, bit for bit k_rmsnorm_q8's output. The sum of squares
- * is k_rmsnorm_q8's: each thread sums as FZ_NORM_THREADS / T of its
- * threads, and the warps' sums are added in block_sum's order. Each thread
- * then quantizes whole 32-value blocks itself (the maximum and the integer
- * sum come out the same in any order). sh: FZ_NORM_THREADS / TG_WARP
- * floats of shared memory. Every thread of the block calls it; it ends
- * with a barrier. */
-template <int T>
-__device__ __forceinline__ gk_q8 norm_q8_block(const float *__restrict__ x, const float *__restrict__ w, int n,
-                                               float eps, uint8_t *smem, float *sh)
-{
-    int8_t *q = (int8_t *)smem;
-    float *d = (float *)(smem + n), *s = d + n / 32;
-    static_assert(FZ_NORM_THREADS % T == 0 && T % TG_WARP == 0, "virtual threads of whole warps");
-    constexpr int V = FZ_NORM_THREADS / T, NW = FZ_NORM_THREADS / TG_WARP;
-    const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-#pragma unroll
-    for (int m = 0; m < V; m++) {
-        const float ss = warp_sum(norm_ss_part(x, n, threadIdx.x + m * T));
-        if (lane == 0) sh[wid + m * (T / TG_WARP)] = ss;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(warp_sum(lane < NW ? sh[lane] : 0.0f) / n + eps);
-    for (int qb = threadIdx.x; qb < n / 32; qb += T) {
-        float v[32];
-        float amax = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float4 xv = ((const float4 *)(x + qb * 32))[j], wv = ((const float4 *)(w + qb * 32))[j];
-            v[4 * j] = xv.x * scale * wv.x;
-            v[4 * j + 1] = xv.y * scale * wv.y;
-            v[4 * j + 2] = xv.z * scale * wv.z;
-            v[4 * j + 3] = xv.w * scale * wv.w;
-        }
-#pragma unroll
-        for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
-        const float dd = amax / 127.0f;
-        uint32_t packed[8];
-        int sq = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            uint32_t wd = 0;
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const int qi = dd > 0.0f ? __float2int_rn(v[4 * j + b] / dd) : 0;
-                sq += qi;
-                wd |= (uint32_t)(uint8_t)(int8_t)qi << (8 * b);
-            }
-            packed[j] = wd;
-        }
-        uint4 *qd = (uint4 *)(q + qb * 32);
-        qd[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        qd[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-        d[qb] = dd;
-        s[qb] = (float)sq;
-    }
-    __syncthreads();
-    return gk_q8{q, d, s};
 }
 
 template <int TYPE> struct fz_fmt {
@@ -2727,50 +2516,30 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
     return K % (8 * QK8_0) == 0;
 }
 
-/* Chunk c (of nch) of the NR rows wr[r] into its stage of sm, as one
- * commit group of this warp (an empty group past the end). */
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_issue(const uint8_t *const *wr, int nch, int c, int lane, uint8_t *sm)
-{
-    typedef fz_chunk<TYPE> C;
-    if (c < nch)
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
-            const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
-            for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
-        }
-    cp_async_commit();
-}
-
-/* The first FZ_STAGES - 1 chunks of the NR rows wr[r] of nb blocks: what
- * fz_stream_rows issues before it waits, for a caller that waits itself
- * (and then passes primed). */
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_prime_rows(const uint8_t *const *wr, int nb, int lane, uint8_t *sm)
-{
-#pragma unroll
-    for (int c = 0; c < FZ_STAGES - 1; c++) fz_issue<TYPE, NR>(wr, nb / fz_chunk<TYPE>::CB, c, lane, sm);
-}
-
 /* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
- * chunks of this warp); acc[r] summed over the warp (every lane has them).
- * primed: fz_prime_rows has issued the first chunks and the caller has
- * waited on the previous kernel. */
+ * chunks of this warp); acc[r] summed over the warp (every lane has them). */
 template <int TYPE, int NR>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
-                                               uint8_t *sm, float *acc, bool primed = false)
+                                               uint8_t *sm, float *acc)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
     const int nch = nb / C::CB;
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    auto issue = [&](int c) { fz_issue<TYPE, NR>(wr, nch, c, lane, sm); };
-    if (!primed) {
-        fz_prime_rows<TYPE, NR>(wr, nb, lane, sm);
-        pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
-    }
+    auto issue = [&](int c) {
+        if (c < nch)
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                uint8_t *dst = sm + (size_t)(r * FZ_STAGES + c % FZ_STAGES) * C::BYTES;
+                const uint8_t *src = wr[r] + (size_t)c * C::BYTES;
+                for (int pc = lane; pc < C::PIECES; pc += TG_WARP) cp_async16(dst + 16 * pc, src + 16 * pc);
+            }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
+    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
     for (int c = 0; c < nch; c++) {
         issue(c + FZ_STAGES - 1);
         cp_async_wait<FZ_STAGES - 1>();
@@ -2793,32 +2562,17 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
 }
 
 template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_row_ptrs(const gk_mv_seg &sg, int row0, int K, const uint8_t **wr)
+__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
+                                              int accumulate, uint8_t *sm)
 {
+    const uint8_t *wr[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         const int row = row0 + r < sg.nrows ? row0 + r : sg.nrows - 1;   /* past the end: read again, not stored */
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
-}
-
-/* fz_prime_rows for rows row0.. of segment sg. */
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_prime(const gk_mv_seg &sg, int row0, int K, int lane, uint8_t *sm)
-{
-    const uint8_t *wr[NR];
-    fz_seg_row_ptrs<TYPE, NR>(sg, row0, K, wr);
-    fz_prime_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, lane, sm);
-}
-
-template <int TYPE, int NR>
-__device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
-                                              int accumulate, uint8_t *sm, bool primed)
-{
-    const uint8_t *wr[NR];
-    fz_seg_row_ptrs<TYPE, NR>(sg, row0, K, wr);
     float acc[NR];
-    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc, primed);
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2832,50 +2586,29 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * time (grid-stride over the segments' row groups); every segment's type
  * streams at this K (checked by the launcher). Dynamic shared memory:
  * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
- * segments' types), after fz_norm_bytes(K) with NORM. NORM: the input is
- * the residual nm.x, which each block norms and quantizes for itself
- * (norm_q8_block, after its warps have issued their first weight chunks);
- * x is unused. */
-template <int NR, bool NORM>
+ * segments' types). */
+template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, gk_norm nm)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    uint8_t *sm = fz_sm + (NORM ? fz_norm_bytes(K) : 0) + (size_t)wid * ring;
+    uint8_t *sm = fz_sm + (size_t)wid * ring;
     const int n0 = (segs.s[0].nrows + NR - 1) / NR;
     const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
     const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
-    const int v0 = blockIdx.x * FZ_WARPS + wid;
-    gk_q8 xin = x;
-    if constexpr (NORM) {
-        __shared__ float nsh[FZ_NORM_THREADS / TG_WARP];
-        if (v0 < n0 + n1 + n2) {
-            const int i = v0 < n0 ? 0 : v0 < n0 + n1 ? 1 : 2;
-            const int grp = v0 - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
-            const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
-            switch (sg.type) {
-            case TG_TYPE_Q4_K: fz_seg_prime<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, lane, sm); break;
-            case TG_TYPE_Q6_K: fz_seg_prime<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, lane, sm); break;
-            default: fz_seg_prime<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, lane, sm); break;
-            }
-        }
-        pdl_wait();
-        xin = norm_q8_block<FZ_WARPS * TG_WARP>(nm.x, nm.w, K, nm.eps, fz_sm, nsh);
-    }
-    for (int v = v0; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
+    for (int v = blockIdx.x * FZ_WARPS + wid; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
         const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
-        const bool primed = NORM && v == v0;
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, xin, lane, accumulate, sm, primed); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, xin, lane, accumulate, sm, primed); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, xin, lane, accumulate, sm, primed); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
         }
     }
-    if constexpr (!NORM) pdl_wait();   /* a warp without rows also completes after the previous kernel */
+    pdl_wait();   /* a warp without rows also completes after the previous kernel */
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
@@ -2911,13 +2644,9 @@ static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, 
 
 int gk_init(tg_err *e)
 {
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1, false>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, false>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
@@ -2956,35 +2685,25 @@ int gk_pdl_on(void)
 }
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
- * rows at a time (8 warps, 4 pairs each). NORM: as k_mv_stream's (the
- * block's copy of the input first in the dynamic shared memory). */
-template <int TYPE, bool NORM>
+ * rows at a time (8 warps, 4 pairs each). */
+template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out, gk_norm nm)
+                   gk_q8 out)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
     pdl_trigger();
     const int lane = threadIdx.x % TG_WARP, wid = threadIdx.x / TG_WARP;
-    uint8_t *sm = fz_sm + (NORM ? fz_norm_bytes(K) : 0) + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
+    uint8_t *sm = fz_sm + (size_t)wid * 2 * FZ_STAGES * fz_chunk<TYPE>::BYTES;
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
-    gk_q8 xin = x;
-    if constexpr (NORM) {
-        __shared__ float nsh[FZ_NORM_THREADS / TG_WARP];
-        const int r = r0 + wid * 4;
-        const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
-        fz_prime_rows<TYPE, 2>(wr, nb, lane, sm);
-        pdl_wait();
-        xin = norm_q8_block<8 * TG_WARP>(nm.x, nm.w, K, nm.eps, fz_sm, nsh);
-    }
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, nb, xin, lane, sm, gu, NORM && j == 0);
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2999,25 +2718,6 @@ static int fz_stream_on(void)
 {
     static int on = -1;
     return env_switch(&on, "TG_GPU_STREAM", 1);
-}
-
-static int norm_fuse = -1;
-
-/* TG_GPU_NORM_FUSE (read once): 0, 1 or 2, as gk_norm_fuse_mode says. */
-int gk_norm_fuse_mode(void)
-{
-    if (norm_fuse < 0) {
-        const char *v = getenv("TG_GPU_NORM_FUSE");
-        norm_fuse = v && v[0] >= '0' && v[0] <= '2' && !v[1] ? v[0] - '0' : 0;
-    }
-    return norm_fuse;
-}
-
-int gk_norm_fuse_set(int mode)
-{
-    const int prev = gk_norm_fuse_mode();
-    norm_fuse = mode;
-    return prev;
 }
 
 /* TG_GPU_STREAM_ROWS (read once): 2 rows per warp (the default), 1, or 3
@@ -3238,8 +2938,7 @@ int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int 
     return 0;
 }
 
-int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate,
-                const gk_norm *nm, tg_err *e)
+int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e)
 {
     if (nseg < 1 || nseg > 3) return tg_errf(e, "gpu mv_fused: %d segments: expected 1..3", nseg);
     fz_segs fs;
@@ -3272,22 +2971,10 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
-        const size_t sm = (size_t)FZ_WARPS * ring;
-        const int mode = gk_norm_fuse_mode();
-        const int q6 = chunk_max == fz_chunk_bytes(TG_TYPE_Q6_K);
-        if (nm && mode && !(mode == 2 && q6) && sm + fz_norm_bytes(K) <= lim) {
-            const gk_norm nv = *nm;
-            GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2, true> : k_mv_stream<1, true>, grid, FZ_WARPS * TG_WARP,
-                                   sm + fz_norm_bytes(K), s, fs, K, x, accumulate, ring, nv));
-            return 0;
-        }
-        if (nm && gk_rmsnorm_q8(s, nm->x, nm->w, NULL, K, nm->eps, x, e)) return -1;
-        const gk_norm none = {NULL, NULL, 0.0f};
-        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2, false> : k_mv_stream<1, false>, grid, FZ_WARPS * TG_WARP,
-                               sm, s, fs, K, x, accumulate, ring, none));
+        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
+                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
         return 0;
     }
-    if (nm && gk_rmsnorm_q8(s, nm->x, nm->w, NULL, K, nm->eps, x, e)) return -1;
     /* the direct kernel: two rows per warp share their activation loads */
     int warps = 0;
     for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
@@ -3297,7 +2984,7 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
 }
 
 int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
-                 float *y, gk_q8 out, const gk_norm *nm, tg_err *e)
+                 float *y, gk_q8 out, tg_err *e)
 {
     if (!gk_fused_type_supported(type) || !fz_k_ok(type, K) || n_ff <= 0 || n_ff % 32)
         return tg_errf(e, "gpu mv_swiglu: type %u, K=%d, n_ff=%d: expected q4_K/q6_K/q8_0, K whole blocks, "
@@ -3305,23 +2992,11 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
     const int grid = n_ff / 32;
     const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
     const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
-    const int stream = fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024;
-    const int mode = gk_norm_fuse_mode();
-    if (stream && nm && mode && !(mode == 2 && type == TG_TYPE_Q6_K) && sm + fz_norm_bytes(K) <= 48 * 1024) {
-        const gk_norm nv = *nm;
-        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K, true>
-                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K, true>
-                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0, true>,
-                               grid, 8 * TG_WARP, sm + fz_norm_bytes(K), s, g, u, K, x, y, out, nv));
-        return 0;
-    }
-    if (nm && gk_rmsnorm_q8(s, nm->x, nm->w, NULL, K, nm->eps, x, e)) return -1;
-    if (stream) {
-        const gk_norm none = {NULL, NULL, 0.0f};
-        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K, false>
-                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K, false>
-                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0, false>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, none));
+    if (fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024) {
+        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
+                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
+                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
         return 0;
     }
     GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
@@ -3380,13 +3055,9 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    const int nf = gk_norm_fuse_mode();
-    snprintf(buf, n,
-             "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s%s, top-k %s%s%s%s",
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             nf == 1 ? ", norms in the mat-vecs" : nf == 2 ? ", norms in the mat-vecs but q6_K's" : "",
-             topk_bound_on() ? "maxima bound" : "chunk bound", topk_filter_on() ? " filtered" : "",
-             topk_pdl_on() ? " PDL" : "", pdl_early ? ", PDL early" : "");
+             topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
 }

@@ -166,11 +166,6 @@ int gk_add(cudaStream_t s, float *x, const float *y, int n, tg_err *e);
 int gk_topk(cudaStream_t s, const float *logits, int n, int k, void *scratch,
             tg_top *out, tg_err *e);
 
-/* Whether gk_topk's first pass sorts only the entries at or above a bound
- * of each chunk's k-th logit (TG_GPU_TOPK_FILTER, kernels.cu), for the
- * launches that follow; returns the setting before (tests run both). */
-int gk_topk_filter_set(int on);
-
 /* XXH3-64 (seed 0, default secret) of len bytes at data, into *out (device).
  * len must exceed 240 (the long-input variant); data 8-byte aligned.
  * scratch: gk_xxh3_scratch(len) bytes. */
@@ -210,35 +205,15 @@ int gk_fused_type_supported(uint32_t type);
 int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int n, float eps, gk_q8 out,
                   tg_err *e);
 
-/* The input of a mat-vec given as the residual row x of K values and the
- * norm's weights w: the mat-vec's input is gk_rmsnorm_q8(x, w, eps). */
-typedef struct {
-    const float *x, *w;
-    float eps;
-} gk_norm;
-
-/* Whether the mat-vecs take a gk_norm input in their own launch
- * (TG_GPU_NORM_FUSE, kernels.cu): 0 never, 1 wherever the launch's shared
- * memory allows, 2 as 1 but not in launches with a q6_K segment. */
-int gk_norm_fuse_mode(void);
-
-/* Sets that mode for the launches that follow (tests compare the modes in
- * one process); returns the mode before. */
-int gk_norm_fuse_set(int mode);
-
 /* 1 to 3 mat-vecs over the same quantized input of K values in one launch;
- * with accumulate, y[r] += the dot (the residual add) instead of y[r] =.
- * nm (NULL: none): the input is nm's norm, taken in the same launch where
- * gk_norm_fuse_mode allows, else by gk_rmsnorm_q8 into x first; either way
- * the results are the same bits. */
-int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate,
-                const gk_norm *nm, tg_err *e);
+ * with accumulate, y[r] += the dot (the residual add) instead of y[r] =. */
+int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x, int accumulate, tg_err *e);
 
 /* a[r] = silu(dot(Wg row r, x)) * dot(Wu row r, x) for r < n_ff (a multiple
  * of 32), into y (NULL: not kept) and quantized into out. Wg and Wu share
- * type. nm: as gk_mv_fused's. */
+ * type. */
 int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, int n_ff, int K, gk_q8 x,
-                 float *y, gk_q8 out, const gk_norm *nm, tg_err *e);
+                 float *y, gk_q8 out, tg_err *e);
 
 /* Decode attention of one token in one launch (head_dim a multiple of 32,
  * up to 512): per head, q's and k's RMS norm (wq, wk NULL: none) and RoPE

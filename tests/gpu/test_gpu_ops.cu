@@ -701,12 +701,10 @@ static void test_f16_outputs(int rows, int n)
  * with ties and, optionally, NaNs. */
 /* levels: the number of distinct values (ties); 1 makes every logit equal,
  * so the search bound keeps every candidate (the fallback selection). */
-static void test_topk(int n, int k, int with_nan, int levels = 2000, int filter = 0)
+static void test_topk(int n, int k, int with_nan, int levels = 2000)
 {
-    if (filter == 0) test_topk(n, k, with_nan, levels, 1);   /* first with the filtered first pass */
     char name[96];
-    snprintf(name, sizeof name, "topk(n=%d,k=%d%s%s%s)", n, k, with_nan ? ",nan" : "", levels == 1 ? ",all-equal" : "",
-             filter ? ",filtered" : "");
+    snprintf(name, sizeof name, "topk(n=%d,k=%d%s%s)", n, k, with_nan ? ",nan" : "", levels == 1 ? ",all-equal" : "");
     std::vector<float> x(n);
     for (int i = 0; i < n; i++) x[i] = levels == 1 ? 3.0f : (float)(int)(rndf() * levels) / 64.0f;   /* many ties */
     if (with_nan) {
@@ -722,9 +720,7 @@ static void test_topk(int n, int k, int with_nan, int levels = 2000, int filter 
     CK(cudaMalloc((void **)&dout, sizeof(tg_top) * k));
     CK(cudaMemset(dout, 0xFF, sizeof(tg_top) * k));
     tg_err e = {{0}};
-    const int prev = gk_topk_filter_set(filter);
     int rc = gk_topk(0, dx, n, k, scratch, dout, &e);
-    gk_topk_filter_set(prev);
     if (rc) { check_gk(rc, &e, name); return; }
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(out.data(), dout, sizeof(tg_top) * k, cudaMemcpyDeviceToHost));
@@ -901,7 +897,7 @@ static void test_mv_fused(const uint32_t *types, int nseg, int K, const int *row
         segs[i] = {types[i], dws[i], rows[i], dys[i]};
     }
     tg_err e = {{0}};
-    int rc = gk_mv_fused(0, segs, nseg, K, dq.g, accumulate, NULL, &e);
+    int rc = gk_mv_fused(0, segs, nseg, K, dq.g, accumulate, &e);
     if (!rc) {
         std::vector<float> all;
         std::vector<double> ref;
@@ -941,114 +937,13 @@ static void test_mv_swiglu(uint32_t t, int K, int n_ff)
     uint8_t *dg = dev_upload(gw.data(), gw.size()), *du = dev_upload(uw.data(), uw.size());
     float *dy = dev_poisoned(n_ff);
     tg_err e = {{0}};
-    int rc = gk_mv_swiglu(0, t, dg, du, n_ff, K, dq.g, dy, dout.g, NULL, &e);
+    int rc = gk_mv_swiglu(0, t, dg, du, n_ff, K, dq.g, dy, dout.g, &e);
     if (!rc) {
         std::vector<float> y = dev_download(dy, n_ff);
         judge(name, y, ref, NMSE_MATMUL);
         judge_q8(name, dout, y, ref);
     } else check_gk(rc, &e, name);
     cudaFree(dg); cudaFree(du); cudaFree(dy);
-}
-
-/* Whether n bytes at d (device) still hold the poison byte p. */
-static bool dev_untouched(const void *d, size_t n, uint8_t p)
-{
-    std::vector<uint8_t> h(n);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++)
-        if (h[i] != p) return false;
-    return true;
-}
-
-/* The mat-vecs given their input as a residual and norm weights (gk_norm):
- * with TG_GPU_NORM_FUSE's mode 0 the launcher norms into the q8 buffer
- * first (gk_rmsnorm_q8, tested above), with mode 1 (and 2 where the
- * launch has no q6_K segment) each block norms for itself; the results
- * must be the same bits. fused: the launch streams (its rows are whole
- * chunks), so mode 1 must leave the q8 buffer untouched (it did not fall
- * back to the separate norm); else it must have fallen back (written it).
- * swiglu: gate/up (t0 their type, rows[0] their rows), else 1 to 3
- * segments. */
-static void test_mv_norm(const uint32_t *types, int nseg, int K, const int *rows, int accumulate, int swiglu,
-                         int fused = 1)
-{
-    char name[160];
-    int o = snprintf(name, sizeof name, "mv_norm%s%s(K=%d", swiglu ? "_swiglu" : "", accumulate ? "_add" : "", K);
-    for (int i = 0; i < nseg; i++) o += snprintf(name + o, sizeof name - o, ",%s:%d", tg_type_name(types[i]), rows[i]);
-    snprintf(name + o, sizeof name - o, ")");
-    std::vector<float> x(K), w(K);
-    fill(x, 3.0f);
-    fill(w, 1.0f);
-    x[5] = 0.0f;   /* exact zeros and a whole zero block: d = 0, q = 0 */
-    for (int i = 64; i < 96 && i < K; i++) w[i] = 0.0f;
-    float *dx = dev_upload(x.data(), K), *dw = dev_upload(w.data(), K);
-    const gk_norm nm = {dx, dw, 1e-6f};
-    std::vector<uint8_t *> dws(swiglu ? 2 : nseg);
-    gk_mv_seg segs[3];
-    std::vector<std::vector<float>> y0(nseg);
-    for (size_t i = 0; i < dws.size(); i++) {
-        std::vector<float> wd;
-        std::vector<uint8_t> wb = make_weights(types[swiglu ? 0 : i], K, rows[swiglu ? 0 : i], wd);
-        dws[i] = dev_upload(wb.data(), wb.size());
-    }
-    for (int i = 0; i < nseg; i++) {
-        y0[i].resize(rows[i]);
-        fill(y0[i], 2.0f);
-    }
-    std::vector<float> res[2];
-    std::vector<int8_t> oq[2];
-    int untouched = 1, rc = 0;
-    tg_err e = {{0}};
-    for (int mode = 0; mode < 2 && !rc; mode++) {
-        const int prev = gk_norm_fuse_set(mode);
-        dev_q8 dq(K), dout(swiglu ? rows[0] : 32);
-        std::vector<float *> dys(nseg);
-        for (int i = 0; i < nseg; i++) {
-            dys[i] = accumulate ? dev_upload(y0[i].data(), rows[i]) : dev_poisoned(rows[i]);
-            segs[i] = {types[i], dws[i], rows[i], dys[i]};
-        }
-        rc = swiglu ? gk_mv_swiglu(0, types[0], dws[0], dws[1], rows[0], K, dq.g, dys[0], dout.g, &nm, &e)
-                    : gk_mv_fused(0, segs, nseg, K, dq.g, accumulate, &nm, &e);
-        gk_norm_fuse_set(prev);
-        if (!rc) {
-            for (int i = 0; i < nseg; i++) {
-                std::vector<float> y = dev_download(dys[i], rows[i]);
-                res[mode].insert(res[mode].end(), y.begin(), y.end());
-            }
-            if (swiglu) {
-                oq[mode].resize(rows[0]);
-                CK(cudaMemcpy(oq[mode].data(), dout.g.q, rows[0], cudaMemcpyDeviceToHost));
-            }
-            if (mode == 1) untouched = dev_untouched(dq.g.q, K, 0x55);
-        }
-        for (int i = 0; i < nseg; i++) cudaFree(dys[i]);
-    }
-    if (rc) check_gk(rc, &e, name);
-    else if (untouched != fused) {
-        printf("FAIL %s: %s\n", name, fused ? "the fused launch wrote the q8 buffer: it took the separate norm"
-                                           : "the launch cannot stream these rows, yet it did not take the separate norm");
-        n_fail++;
-    } else if (memcmp(res[0].data(), res[1].data(), res[0].size() * sizeof(float)) || oq[0] != oq[1]) {
-        size_t i = 0;
-        while (i < res[0].size() && !memcmp(&res[0][i], &res[1][i], sizeof(float))) i++;
-        const bool in_y = i < res[0].size();   /* else only the quantized gate/up output differs */
-        printf("FAIL %s: the norm in the mat-vec's launch differs from the separate norm (first at output %zu: "
-               "%.9g, separate %.9g)\n", name, i, in_y ? res[1][i] : 0.0, in_y ? res[0][i] : 0.0);
-        n_fail++;
-    } else {
-        bool finite = true;
-        for (float v : res[1]) finite = finite && isfinite(v);
-        if (!finite) {
-            printf("FAIL %s: non-finite output\n", name);
-            n_fail++;
-        } else {
-            printf("OK   %s: the same bits as the separate norm%s\n", name, fused ? "" : " (which it took)");
-            n_ok++;
-        }
-    }
-    for (auto p : dws) cudaFree(p);
-    cudaFree(dx); cudaFree(dw);
 }
 
 /* gk_attn_decode against what it replaces: the normed, rotated q (q_out)
@@ -1260,8 +1155,8 @@ int main(void)
     test_topk(200, 200, 1);      /* k == n */
     test_topk(151936, 32, 0, 1); /* every logit equal: more survivors than the final pass sorts */
     test_topk(151936, 32, 0, 1 << 20);   /* few ties, the common case */
-    test_topk(151936, 10, 1, 1 << 20);   /* 16 groups for 10 entries */
-    test_topk(151936, 64, 0, 1 << 20);   /* the largest k the filtered pass serves */
+    test_topk(151936, 10, 1, 1 << 20);
+    test_topk(151936, 64, 0, 1 << 20);
     test_topk(1000, 5, 1);               /* one short chunk */
     test_xxh3(61);          /* 244 bytes: shortest long input */
     test_xxh3(256);         /* exactly one 1024-byte block */
@@ -1292,25 +1187,6 @@ int main(void)
     for (uint32_t t : {TG_TYPE_Q4_K, TG_TYPE_Q6_K, TG_TYPE_Q8_0}) {
         test_mv_swiglu(t, 4096, 1024);
         test_mv_swiglu(t, 256, 96);
-    }
-    /* the norm taken in the mat-vec's launch: the 8b shapes (q, k, v; the
-     * vocabulary; gate and up) and small ones */
-    {
-        const uint32_t qkv4[3] = {TG_TYPE_Q4_K, TG_TYPE_Q4_K, TG_TYPE_Q4_K};
-        const uint32_t qkv6[3] = {TG_TYPE_Q4_K, TG_TYPE_Q4_K, TG_TYPE_Q6_K};
-        const int r8b[3] = {4096, 1024, 1024}, rsm[3] = {64, 33, 7};
-        test_mv_norm(qkv4, 3, 4096, r8b, 0, 0);
-        test_mv_norm(qkv6, 3, 4096, r8b, 0, 0);
-        test_mv_norm(qkv6, 3, 256, rsm, 0, 0, 0);   /* q4_K rows of 256 do not stream: the separate norm */
-        test_mv_norm(qkv4, 2, 1024, rsm, 1, 0);
-        const uint32_t one[3][1] = {{TG_TYPE_Q4_K}, {TG_TYPE_Q6_K}, {TG_TYPE_Q8_0}};
-        const int rbig[1] = {20011}, rff[1] = {12288}, rmid[1] = {1024}, rsf[1] = {96};
-        test_mv_norm(one[1], 1, 2048, rbig, 0, 0);   /* several row groups a warp, as the vocabulary's */
-        test_mv_norm(one[2], 1, 1024, rsf, 0, 0);
-        test_mv_norm(one[0], 1, 4096, rff, 0, 1);
-        test_mv_norm(one[2], 1, 4096, rmid, 0, 1);
-        test_mv_norm(one[0], 1, 256, rsf, 0, 1, 0);
-        test_mv_norm(one[2], 1, 256, rsf, 0, 1);   /* q8_0 rows of 256 stream */
     }
     /* n_ctx: the cache's rows; with 32 key ranges, up to 48 (f16, hd 128) or
      * 24 (f32) rows a range are staged in shared memory, longer ranges read
