@@ -243,9 +243,9 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
   timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model.txt" 2>&1   # the shipped model against the ref tier
   say "test_gpu_model (tiny) rc=$?"; grep -v '^OK' "$OUT/test_gpu_model.txt" | tail -4
-  # decode settings off by default, timed against the default (a comma joins one's variables);
-  # none now (run 21 measured and removed the last: docs/gpu.md)
-  cands=
+  # decode settings off by default, timed against the default (a comma joins one's variables):
+  # the flag chain between the fused launches, spinning and napping 32 ns (docs/gpu.md)
+  cands="TG_GPU_CHAIN=1 TG_GPU_CHAIN=2"
   [ $rco -gt 1 ] && cands= && say "test_gpu_ops did not finish: no new setting timed"
   bench3 "$OUT/bench_gpu-8b.txt" $W/bin/bench_gpu
   say "bench_gpu 8b (the fastest of 3 runs)"; cat "$OUT/bench_gpu-8b.txt"

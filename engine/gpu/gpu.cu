@@ -38,6 +38,8 @@ struct dlayer {
     dweight attn_norm, wq, wk, wv, q_norm, k_norm, wo, ffn_norm, gate, up, down;
 };
 
+#define CHAIN_CAP 1024   /* flag-chain counters: a step's fused launches, 7 a layer and 2 */
+
 /* Pinned host block the graph copies to the device before each step. */
 struct step_params {
     int32_t pos0;
@@ -79,6 +81,7 @@ struct tg_gpu {
     void *topk_scratch;
     void *xxh_scratch;
     void *att_scratch;           /* split attention partials of a single-token step */
+    unsigned *chain_cnt;         /* CHAIN_CAP counters of gk_chain_begin */
     tg_top *dtop;                /* (TG_GPU_MAX_TOPK) device */
     uint64_t *ddigest;           /* device */
     /* pinned host results: the top-k and the digest */
@@ -367,6 +370,7 @@ static int gpu_init(tg_session *ss, tg_err *e)
             dalloc(&g->dparams, sizeof(int32_t) * (nb + 1), e) ||
             dalloc(&g->topk_scratch, topk_bytes, e) ||
             dalloc(&g->att_scratch, gk_attention_scratch(hp->n_head, hp->head_dim), e) ||
+            dalloc(&g->chain_cnt, CHAIN_CAP * sizeof(unsigned), e) ||
             dalloc(&g->xxh_scratch, xxh_bytes, e) ||
             dalloc(&g->dtop, sizeof(tg_top) * TG_GPU_MAX_TOPK, e) || dalloc(&g->ddigest, sizeof(uint64_t), e))
             goto fail;
@@ -438,7 +442,7 @@ static void gpu_state_free(tg_gpu *g)
     if (g->graph) cudaGraphDestroy(g->graph);
     void *dev[] = {g->arena, g->kc, g->vc, g->x, g->h, g->tmp, g->q, g->att, g->k, g->v, g->fg, g->fu,
                    g->x16, g->x16b, g->logits, g->dparams, g->topk_scratch, g->xxh_scratch, g->att_scratch,
-                   g->dtop, g->ddigest, g->q8_mem, g->dscores};
+                   g->chain_cnt, g->dtop, g->ddigest, g->q8_mem, g->dscores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (g->hparams) cudaFreeHost(g->hparams);
@@ -615,7 +619,20 @@ static int enqueue_select(tg_gpu *g, int k, tg_err *e)
     return 0;
 }
 
+static int enqueue_fused_chain(tg_gpu *g, tg_ops *ops, tg_err *e);
+
+/* The fused step, its launches in a flag chain when TG_GPU_CHAIN=1
+ * (gk_chain_begin), which ends before the top-k. */
 static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
+{
+    if (gk_chain_begin(g->stream, g->chain_cnt, CHAIN_CAP, e)) return -1;
+    const int rc = enqueue_fused_chain(g, ops, e);
+    gk_chain_end();
+    if (rc == 0 && k > 0) return enqueue_select(g, k, e);
+    return rc;
+}
+
+static int enqueue_fused_chain(tg_gpu *g, tg_ops *ops, tg_err *e)
 {
     const int dm = g->drop;
     const tg_hparams *hp = &g->hp;
@@ -690,9 +707,6 @@ static int enqueue_fused(tg_gpu *g, int k, tg_ops *ops, tg_err *e)
     if (!(dm & DROP_OUT) && gk_mv_fused(s, &out, 1, E, g->q8n, 0, e)) return -1;
     COUNT(ops, TG_OP_MATMUL, g->output.type);
     PROF("mv output");
-    if (k > 0) {
-        if (enqueue_select(g, k, e)) return -1;
-    }
     return 0;
 }
 

@@ -2368,17 +2368,85 @@ __device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, flo
     }
 }
 
+/* ---- a flag chain between the fused step's launches (TG_GPU_CHAIN) ------
+ *
+ * Under PDL a kernel's pdl_wait returns once the whole previous grid has
+ * completed and its memory is flushed. In a flag chain (gk_chain_begin) each
+ * thread block of a launch instead adds 1 to the launch's counter when it is
+ * done (after a fence, with release semantics), and the next launch's warps
+ * wait until that counter holds the previous launch's block count (an
+ * acquire load, which also drops the multiprocessor's L1 lines). Every block
+ * waits before it posts, so a counter that is full means every earlier
+ * launch of the chain is done too. The next launch is still started by PDL
+ * only once every block of this one has started (pdl_trigger at the top), so
+ * the blocks being waited on are resident or done: the wait cannot starve
+ * them. wait NULL: the previous launch is not in the chain (pdl_wait). */
+typedef struct {
+    const unsigned *wait;
+    unsigned need;
+    unsigned *post;
+    int nap;   /* ns to sleep between polls (0: spin) */
+} gk_dep;
+
+__device__ __forceinline__ void dep_spin(const gk_dep &d)
+{
+#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned v;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(d.wait) : "memory");
+        if (v >= d.need) break;
+        if (d.nap) __nanosleep(d.nap);
+    }
+#endif
+}
+
+/* Every lane of the calling warp calls it. */
+__device__ __forceinline__ void dep_wait_warp(const gk_dep &d)
+{
+    if (!d.wait) {
+        pdl_wait();
+        return;
+    }
+    if (threadIdx.x % TG_WARP == 0) dep_spin(d);
+    warp_sync();
+}
+
+/* Every thread of the block calls it. */
+__device__ __forceinline__ void dep_wait_block(const gk_dep &d)
+{
+    if (!d.wait) {
+        pdl_wait();
+        return;
+    }
+    if (threadIdx.x == 0) dep_spin(d);
+    __syncthreads();
+}
+
+/* Every thread of the block calls it, after its last store. */
+__device__ __forceinline__ void dep_post(const gk_dep &d)
+{
+#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!d.post) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(d.post) : "memory");
+    }
+#endif
+}
+
 /* One row: y = x * (1/sqrt(mean(x^2) + eps)) * w, into y (when not NULL)
  * and quantized into out. One thread block per 32-value block of the
  * output: each block sums the squares of the whole row itself (the row is
  * a few KiB, read from L2 by every block) rather than waiting on a single
  * block, and its first warp writes its 32 values. */
 __global__ void __launch_bounds__(FZ_NORM_THREADS)
-k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y, int n, float eps, gk_q8 out)
+k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y, int n, float eps, gk_q8 out,
+             gk_dep dep)
 {
     __shared__ float sh[32];
     pdl_trigger();
-    pdl_wait();
+    dep_wait_block(dep);
     float ss = 0.0f;
     if (n % 4 == 0)
         for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
@@ -2396,6 +2464,7 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
         if (y) y[i] = v;
         q8_block_store(v, lane, out.q + qb * 32, out.d + qb, out.s + qb);
     }
+    dep_post(dep);
 }
 
 template <int TYPE> struct fz_fmt {
@@ -2520,7 +2589,7 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
  * chunks of this warp); acc[r] summed over the warp (every lane has them). */
 template <int TYPE, int NR>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
-                                               uint8_t *sm, float *acc)
+                                               uint8_t *sm, float *acc, const gk_dep &dep, bool &waited)
 {
     typedef fz_fmt<TYPE> F;
     typedef fz_chunk<TYPE> C;
@@ -2539,7 +2608,8 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
     };
 #pragma unroll
     for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
-    pdl_wait();   /* the weights are constant; the activations come from the previous kernel */
+    if (!waited) dep_wait_warp(dep);   /* the weights are constant; the activations come from the previous kernel */
+    waited = true;
     for (int c = 0; c < nch; c++) {
         issue(c + FZ_STAGES - 1);
         cp_async_wait<FZ_STAGES - 1>();
@@ -2563,7 +2633,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
 
 template <int TYPE, int NR>
 __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
-                                              int accumulate, uint8_t *sm)
+                                              int accumulate, uint8_t *sm, const gk_dep &dep, bool &waited)
 {
     const uint8_t *wr[NR];
 #pragma unroll
@@ -2572,7 +2642,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
     float acc[NR];
-    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc);
+    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc, dep, waited);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2589,7 +2659,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * segments' types). */
 template <int NR>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
-k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
+k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, gk_dep dep)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     pdl_trigger();
@@ -2598,17 +2668,19 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring)
     const int n0 = (segs.s[0].nrows + NR - 1) / NR;
     const int n1 = segs.n > 1 ? (segs.s[1].nrows + NR - 1) / NR : 0;
     const int n2 = segs.n > 2 ? (segs.s[2].nrows + NR - 1) / NR : 0;
+    bool waited = false;
     for (int v = blockIdx.x * FZ_WARPS + wid; v < n0 + n1 + n2; v += gridDim.x * FZ_WARPS) {
         const int i = v < n0 ? 0 : v < n0 + n1 ? 1 : 2;
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
         }
     }
-    pdl_wait();   /* a warp without rows also completes after the previous kernel */
+    if (!waited) dep_wait_warp(dep);   /* a warp without rows also completes after the previous kernel */
+    dep_post(dep);
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
@@ -2689,7 +2761,7 @@ int gk_pdl_on(void)
 template <int TYPE>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
-                   gk_q8 out)
+                   gk_q8 out, gk_dep dep)
 {
     extern __shared__ __align__(16) uint8_t fz_sm[];
     __shared__ float act[32];
@@ -2699,11 +2771,12 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
     const size_t rb = fz_row_bytes(TYPE, K);
     const int nb = K / fz_fmt<TYPE>::QK;
     const int r0 = blockIdx.x * 32;
+    bool waited = false;
     for (int j = 0; j < 4; j++) {
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu);
+        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu, dep, waited);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2712,6 +2785,7 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
         if (y) y[r0 + lane] = v;
         q8_block_store(v, lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
     }
+    dep_post(dep);
 }
 
 static int fz_stream_on(void)
@@ -2832,7 +2906,8 @@ template <int F16>
 __global__ void __launch_bounds__(ATT_THREADS)
 k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
               int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
-              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys)
+              void *vc, float scale, float *part, int *count, float *out, gk_q8 oq, float *q_out, int stage_keys,
+              gk_dep dep)
 {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[32];
@@ -2864,7 +2939,7 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
     }
     float rc[2], rs[2];
     rope_pre(pos, theta_scale, head_dim / 2, rc, rs);
-    pdl_wait();
+    dep_wait_block(dep);
     head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, rc, rs, neox, eps, qs, red);
     if (q_out && z == 0)
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
@@ -2909,16 +2984,83 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&count[h], 1) == nsplit - 1;
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
-        const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
-        const size_t i = (size_t)h * head_dim + d;
-        out[i] = val;
-        q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+    if (last) {
+        __threadfence();
+        const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
+            const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
+            const size_t i = (size_t)h * head_dim + d;
+            out[i] = val;
+            q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+        }
+        if (threadIdx.x == 0) count[h] = 0;
     }
-    if (threadIdx.x == 0) count[h] = 0;
+    dep_post(dep);
+}
+
+/* The flag chain's state (kernel side above): the counters, how many
+ * launches have taken one since gk_chain_begin, and the block count of the
+ * last of them (0: the next launch waits with pdl_wait). */
+static struct {
+    unsigned *cnt;
+    int cap, n, on;
+    unsigned prev_blocks;
+} chain;
+
+/* TG_GPU_CHAIN: 0 (the default) off; 1 on, the waits spinning; 2 and 3 on,
+ * sleeping 32 and 128 ns between polls. */
+static int chain_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("TG_GPU_CHAIN");
+        on = v && v[0] >= '1' && v[0] <= '3' ? v[0] - '0' : 0;
+    }
+    return on;
+}
+
+int gk_chain_begin(cudaStream_t s, unsigned *cnt, int cap, tg_err *e)
+{
+    chain.on = 0;
+    chain.n = 0;
+    chain.prev_blocks = 0;
+    if (!pdl_on || !chain_enabled() || !cnt || cap <= 0) return 0;
+    GPU_CHECK(e, cudaMemsetAsync(cnt, 0, (size_t)cap * sizeof(unsigned), s));
+    chain.cnt = cnt;
+    chain.cap = cap;
+    chain.on = chain_enabled();
+    return 0;
+}
+
+void gk_chain_end(void)
+{
+    chain.on = 0;
+    chain.prev_blocks = 0;
+}
+
+/* The dependency of the next launch of the stream, of blocks thread blocks:
+ * in the chain while it has counters left, else none (pdl_wait, no post). */
+static gk_dep chain_dep(unsigned blocks)
+{
+    gk_dep d = {NULL, 0, NULL, 0};
+    if (!chain.on || chain.n >= chain.cap) {
+        chain.prev_blocks = 0;
+        return d;
+    }
+    if (chain.prev_blocks) {
+        d.wait = chain.cnt + chain.n - 1;
+        d.need = chain.prev_blocks;
+    }
+    d.post = chain.cnt + chain.n++;
+    d.nap = chain.on == 2 ? 32 : chain.on == 3 ? 128 : 0;
+    chain.prev_blocks = blocks;
+    return d;
+}
+
+/* A launch outside the chain: the next one waits with pdl_wait. */
+static void chain_break(void)
+{
+    chain.prev_blocks = 0;
 }
 
 int gk_fused_type_supported(uint32_t type)
@@ -2934,7 +3076,7 @@ static int fz_k_ok(uint32_t type, int K)
 int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int n, float eps, gk_q8 out, tg_err *e)
 {
     if (n <= 0 || n % 32) return tg_errf(e, "gpu rmsnorm_q8: n=%d: expected a positive multiple of 32", n);
-    GPU_CHECK(e, gk_launch(k_rmsnorm_q8, n / 32, FZ_NORM_THREADS, 0, s, x, w, y, n, eps, out));
+    GPU_CHECK(e, gk_launch(k_rmsnorm_q8, n / 32, FZ_NORM_THREADS, 0, s, x, w, y, n, eps, out, chain_dep(n / 32)));
     return 0;
 }
 
@@ -2972,9 +3114,10 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
         GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
-                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring));
+                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring, chain_dep(grid)));
         return 0;
     }
+    chain_break();
     /* the direct kernel: two rows per warp share their activation loads */
     int warps = 0;
     for (int i = 0; i < nseg; i++) warps += (segs[i].nrows + 1) / 2;
@@ -2996,9 +3139,10 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
         GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
                                : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
                                                       : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out));
+                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, chain_dep(grid)));
         return 0;
     }
+    chain_break();
     GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu<TG_TYPE_Q4_K>
                            : type == TG_TYPE_Q6_K ? k_mv_swiglu<TG_TYPE_Q6_K>
                                                   : k_mv_swiglu<TG_TYPE_Q8_0>,
@@ -3030,7 +3174,7 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
     const size_t shm = (size_t)head_dim * sizeof(float) + 2 * (size_t)stage_keys * rowb;
     GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
                            q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
-                           scale, part, count, out, oq, q_out, stage_keys));
+                           scale, part, count, out, oq, q_out, stage_keys, chain_dep(n_head * nsplit)));
     return 0;
 }
 
@@ -3055,9 +3199,11 @@ void gk_describe(char *buf, size_t n)
     else if (tc)
         snprintf(tile, sizeof tile, "128x128");
 #endif
-    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s",
+    const int ch = pdl_on ? chain_enabled() : 0;
+    snprintf(buf, n, "%s mat-vec, %s%s%s prefill, %s prompt attention, %d attention splits, %s mat-vec%s, top-k %s%s%s",
              mv_q8_enabled() ? "8-bit" : "f32", tc ? "tensor-core" : "cuda-core", tc ? " " : "", tile,
              att_tc ? "tensor-core" : "cuda-core", att_splits(), fz_stream_on() ? "streamed" : "direct",
              !fz_stream_on() ? "" : rows == 2 ? " 2 rows/warp" : rows == 3 ? " 1 row/warp (q6), else 2" : " 1 row/warp",
-             topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "");
+             topk_bound_on() ? "maxima bound" : "chunk bound", pdl_early ? ", PDL early" : "",
+             ch == 1 ? ", flag chain" : ch == 2 ? ", flag chain (32 ns naps)" : ch == 3 ? ", flag chain (128 ns naps)" : "");
 }

@@ -197,6 +197,15 @@ int gk_init(tg_err *e);
  * path's kernels (sm_90 and up under CUDA, unless TG_GPU_PDL=0). */
 int gk_pdl_on(void);
 
+/* A flag chain over the fused launches that follow on stream s, until
+ * gk_chain_end (TG_GPU_CHAIN=1 with PDL on; otherwise nothing changes): each
+ * waits on counters the previous launch's blocks bump instead of on the
+ * previous grid's completion (kernels.cu says how). cnt: cap counters,
+ * zeroed here on the stream; launches past cap leave the chain. 0 or -1
+ * with e. */
+int gk_chain_begin(cudaStream_t s, unsigned *cnt, int cap, tg_err *e);
+void gk_chain_end(void);
+
 /* Whether the fused path serves this weight type (q4_K, q6_K, q8_0). */
 int gk_fused_type_supported(uint32_t type);
 
