@@ -243,6 +243,8 @@ if [ "$ONLY" = bench ]; then   # the 8b file, bench_gpu, then both workers once 
   grep -v '^OK' "$OUT/test_gpu_ops.txt" | head -10
   timeout 100 $W/bin/test_gpu_model > "$OUT/test_gpu_model.txt" 2>&1   # the shipped model against the ref tier
   say "test_gpu_model (tiny) rc=$?"; grep -v '^OK' "$OUT/test_gpu_model.txt" | tail -4
+  # what a launch-to-launch edge costs under each ordering (a diagnostic)
+  [ -x $W/bin/edge_gpu ] && timeout 60 $W/bin/edge_gpu 2>&1 | tee "$OUT/edge_gpu.txt"
   # decode settings off by default, timed against the default (a comma joins one's variables):
   # the flag chain between the fused launches, spinning and napping 32 ns (docs/gpu.md)
   cands="TG_GPU_CHAIN=1 TG_GPU_CHAIN=2"

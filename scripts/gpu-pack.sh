@@ -5,7 +5,7 @@
 # own builds:
 #   bin.tar.gz        tokgate, tg-llama, tg-mkmodel (gcc) and tg-engine with
 #                     the gpu tier, test_gpu_ops, test_gpu_model, bench_gpu,
-#                     timeline_gpu
+#                     timeline_gpu, edge_gpu
 #                     (nvcc, sm_90), built here in the build folder
 #   deps.tar.gz       the runtime .so files of the Debian packages the
 #                     binaries link (from the .debs folder: Debian 12 .debs
@@ -51,7 +51,7 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin"
 cp $B/bin/tokgate $B/bin/tg-llama $B/bin/tg-mkmodel $B/gpu/bin/tg-engine \
    $B/gpu/tests/test_gpu_ops $B/gpu/tests/test_gpu_model $B/gpu/tests/bench_gpu $B/gpu/tests/timeline_gpu \
-   "$tmp/bin/"
+   $B/gpu/tests/edge_gpu "$tmp/bin/"
 [ -z "$BASE" ] || cp "$BASE" "$tmp/bin/bench_gpu-base"
 tar -C "$tmp/bin" -czf "$C/bin.tar.gz" .
 

@@ -240,7 +240,7 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
 
 /* The kernel settings the environment chose (TG_GPU_MMVQ, TG_GPU_TC,
  * TG_GPU_ATT_TC, TG_GPU_ATT_SPLITS, TG_GPU_STREAM,
- * TG_GPU_STREAM_ROWS, TG_GPU_PDL, TG_GPU_TOPK_BOUND), as "8-bit mat-vec,
+ * TG_GPU_STREAM_ROWS, TG_GPU_PDL, TG_GPU_CHAIN, TG_GPU_TOPK_BOUND), as "8-bit mat-vec,
  * tensor-core 128x128 prefill, tensor-core prompt attention, 32 attention
  * splits, streamed mat-vec 1 row/warp, top-k maxima bound" into buf (n
  * bytes); after gk_init. */
