@@ -110,6 +110,72 @@ __device__ __forceinline__ void pdl_trigger(void)
 #endif
 }
 
+/* A flag chain between launches (TG_GPU_CHAIN for the fused step, kernels.cu;
+ * edge_gpu times it). Under PDL a kernel's pdl_wait returns once the whole previous grid has
+ * completed and its memory is flushed. In a flag chain (gk_chain_begin) each
+ * thread block of a launch instead adds 1 to the launch's counter when it is
+ * done (after a fence, with release semantics), and the next launch's warps
+ * wait until that counter holds the previous launch's block count (an
+ * acquire load, which also drops the multiprocessor's L1 lines). Every block
+ * waits before it posts, so a counter that is full means every earlier
+ * launch of the chain is done too. The next launch is still started by PDL
+ * only once every block of this one has started (pdl_trigger at the top), so
+ * the blocks being waited on are resident or done: the wait cannot starve
+ * them. wait NULL: the previous launch is not in the chain (pdl_wait). */
+typedef struct {
+    const unsigned *wait;
+    unsigned need;
+    unsigned *post;
+    int nap;   /* ns to sleep between polls (0: spin) */
+} gk_dep;
+
+__device__ __forceinline__ void dep_spin(const gk_dep &d)
+{
+#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned v;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(d.wait) : "memory");
+        if (v >= d.need) break;
+        if (d.nap) __nanosleep(d.nap);
+    }
+#endif
+}
+
+/* Every lane of the calling warp calls it. */
+__device__ __forceinline__ void dep_wait_warp(const gk_dep &d)
+{
+    if (!d.wait) {
+        pdl_wait();
+        return;
+    }
+    if (threadIdx.x % TG_WARP == 0) dep_spin(d);
+    warp_sync();
+}
+
+/* Every thread of the block calls it. */
+__device__ __forceinline__ void dep_wait_block(const gk_dep &d)
+{
+    if (!d.wait) {
+        pdl_wait();
+        return;
+    }
+    if (threadIdx.x == 0) dep_spin(d);
+    __syncthreads();
+}
+
+/* Every thread of the block calls it, after its last store. */
+__device__ __forceinline__ void dep_post(const gk_dep &d)
+{
+#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!d.post) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(d.post) : "memory");
+    }
+#endif
+}
+
 /* Loads what other thread blocks of the same kernel wrote (after their
  * __threadfence; a partial result merged by the last block to finish):
  * through L2, never a stale line of this multiprocessor's L1 (volatile

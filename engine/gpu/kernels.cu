@@ -2368,73 +2368,6 @@ __device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, flo
     }
 }
 
-/* ---- a flag chain between the fused step's launches (TG_GPU_CHAIN) ------
- *
- * Under PDL a kernel's pdl_wait returns once the whole previous grid has
- * completed and its memory is flushed. In a flag chain (gk_chain_begin) each
- * thread block of a launch instead adds 1 to the launch's counter when it is
- * done (after a fence, with release semantics), and the next launch's warps
- * wait until that counter holds the previous launch's block count (an
- * acquire load, which also drops the multiprocessor's L1 lines). Every block
- * waits before it posts, so a counter that is full means every earlier
- * launch of the chain is done too. The next launch is still started by PDL
- * only once every block of this one has started (pdl_trigger at the top), so
- * the blocks being waited on are resident or done: the wait cannot starve
- * them. wait NULL: the previous launch is not in the chain (pdl_wait). */
-typedef struct {
-    const unsigned *wait;
-    unsigned need;
-    unsigned *post;
-    int nap;   /* ns to sleep between polls (0: spin) */
-} gk_dep;
-
-__device__ __forceinline__ void dep_spin(const gk_dep &d)
-{
-#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned v;
-    for (;;) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(d.wait) : "memory");
-        if (v >= d.need) break;
-        if (d.nap) __nanosleep(d.nap);
-    }
-#endif
-}
-
-/* Every lane of the calling warp calls it. */
-__device__ __forceinline__ void dep_wait_warp(const gk_dep &d)
-{
-    if (!d.wait) {
-        pdl_wait();
-        return;
-    }
-    if (threadIdx.x % TG_WARP == 0) dep_spin(d);
-    warp_sync();
-}
-
-/* Every thread of the block calls it. */
-__device__ __forceinline__ void dep_wait_block(const gk_dep &d)
-{
-    if (!d.wait) {
-        pdl_wait();
-        return;
-    }
-    if (threadIdx.x == 0) dep_spin(d);
-    __syncthreads();
-}
-
-/* Every thread of the block calls it, after its last store. */
-__device__ __forceinline__ void dep_post(const gk_dep &d)
-{
-#if !defined(TG_GPU_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (!d.post) return;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(d.post) : "memory");
-    }
-#endif
-}
-
 /* One row: y = x * (1/sqrt(mean(x^2) + eps)) * w, into y (when not NULL)
  * and quantized into out. One thread block per 32-value block of the
  * output: each block sums the squares of the whole row itself (the row is
@@ -2998,7 +2931,7 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
     dep_post(dep);
 }
 
-/* The flag chain's state (kernel side above): the counters, how many
+/* The flag chain's state (its device side: gpu_common.cuh): the counters, how many
  * launches have taken one since gk_chain_begin, and the block count of the
  * last of them (0: the next launch waits with pdl_wait). */
 static struct {

@@ -200,7 +200,7 @@ int gk_pdl_on(void);
 /* A flag chain over the fused launches that follow on stream s, until
  * gk_chain_end (TG_GPU_CHAIN=1 with PDL on; otherwise nothing changes): each
  * waits on counters the previous launch's blocks bump instead of on the
- * previous grid's completion (kernels.cu says how). cnt: cap counters,
+ * previous grid's completion (gpu_common.cuh says how). cnt: cap counters,
  * zeroed here on the stream; launches past cap leave the chain. 0 or -1
  * with e. */
 int gk_chain_begin(cudaStream_t s, unsigned *cnt, int cap, tg_err *e);

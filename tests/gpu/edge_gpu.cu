@@ -54,8 +54,7 @@ struct edge_launch {
     size_t bytes;
     const float *in;     /* 4,096 values the previous launch wrote */
     float *out;          /* 4,096 values */
-    const unsigned *wait; unsigned need;   /* ORDER_CHAIN: the previous launch's counter */
-    unsigned *post;      /* ORDER_CHAIN: this launch's */
+    gk_dep dep;          /* ORDER_CHAIN: the previous launch's counter and this one's */
     int order, norm;
 };
 
@@ -74,9 +73,7 @@ __global__ void __launch_bounds__(128) k_edge(edge_launch p)
 {
     extern __shared__ __align__(16) uint8_t sm[];
     __shared__ float sh[32];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (p.order != ORDER_PLAIN) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+    if (p.order != ORDER_PLAIN) pdl_trigger();
     const size_t per = p.w ? p.bytes / gridDim.x / 16 * 16 : 0;
     const uint8_t *mine = p.w ? p.w + per * blockIdx.x : NULL;
     const size_t pre = per < 16384 ? per : 16384;
@@ -85,17 +82,7 @@ __global__ void __launch_bounds__(128) k_edge(edge_launch p)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(mine + i) : "memory");
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (p.order == ORDER_PDL) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    if (p.order == ORDER_CHAIN && p.wait) {
-        if (threadIdx.x == 0) {
-            unsigned v;
-            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.wait) : "memory");
-            while (v < p.need);
-        }
-        __syncthreads();
-    }
-#endif
+    dep_wait_block(p.dep);   /* pdl_wait unless chained (a no-op in a plain launch) */
     float acc = 0.0f;
     if (p.norm)
         for (int i = threadIdx.x; i < 4096; i += blockDim.x) acc += p.in[i] * p.in[i];
@@ -115,15 +102,7 @@ __global__ void __launch_bounds__(128) k_edge(edge_launch p)
     acc += (float)(s & 1) * 1e-30f;
     acc = block_total(acc, sh);
     if (threadIdx.x < 32) p.out[(blockIdx.x * 32 + threadIdx.x) % 4096] = acc * 1e-6f + 1.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (p.order == ORDER_CHAIN) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.post) : "memory");
-        }
-    }
-#endif
+    dep_post(p.dep);
 }
 
 int main(void)
@@ -175,9 +154,17 @@ int main(void)
                 off += bytes;
                 p.in = act + (i % 2) * 4096;
                 p.out = act + ((i + 1) % 2) * 4096;
-                p.wait = i ? cnt + i - 1 : NULL;   /* the first launch follows the memset in stream order */
-                p.need = i ? shape[(i - 1) % PER].blocks : 0;
-                p.post = cnt + i;
+                p.dep.wait = NULL;
+                p.dep.need = 0;
+                p.dep.post = NULL;
+                p.dep.nap = 0;
+                if (order == ORDER_CHAIN) {
+                    if (i) {   /* the first launch follows the memset in stream order */
+                        p.dep.wait = cnt + i - 1;
+                        p.dep.need = shape[(i - 1) % PER].blocks;
+                    }
+                    p.dep.post = cnt + i;
+                }
                 p.order = order;
                 p.norm = shape[i % PER].norm;
                 cudaLaunchConfig_t cfg = {};
