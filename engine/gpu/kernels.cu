@@ -2373,13 +2373,17 @@ __device__ __forceinline__ void q8_block_store(float v, int lane, int8_t *q, flo
  * output: each block sums the squares of the whole row itself (the row is
  * a few KiB, read from L2 by every block) rather than waiting on a single
  * block, and its first warp writes its 32 values. */
+template <int CH>
 __global__ void __launch_bounds__(FZ_NORM_THREADS)
 k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y, int n, float eps, gk_q8 out,
              gk_dep dep)
 {
     __shared__ float sh[32];
     pdl_trigger();
-    dep_wait_block(dep);
+    if (CH)
+        dep_wait_block(dep);
+    else
+        pdl_wait();
     float ss = 0.0f;
     if (n % 4 == 0)
         for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
@@ -2397,7 +2401,7 @@ k_rmsnorm_q8(const float *__restrict__ x, const float *__restrict__ w, float *y,
         if (y) y[i] = v;
         q8_block_store(v, lane, out.q + qb * 32, out.d + qb, out.s + qb);
     }
-    dep_post(dep);
+    if (CH) dep_post(dep);
 }
 
 template <int TYPE> struct fz_fmt {
@@ -2520,7 +2524,7 @@ __host__ __device__ inline int fz_streams(uint32_t type, int K)
 
 /* NR rows (wr[r]) dotted with x, streamed through sm (NR * FZ_STAGES
  * chunks of this warp); acc[r] summed over the warp (every lane has them). */
-template <int TYPE, int NR>
+template <int TYPE, int NR, int CH>
 __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb, const gk_q8 &x, int lane,
                                                uint8_t *sm, float *acc, const gk_dep &dep, bool &waited)
 {
@@ -2541,7 +2545,11 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
     };
 #pragma unroll
     for (int c = 0; c < FZ_STAGES - 1; c++) issue(c);
-    if (!waited) dep_wait_warp(dep);   /* the weights are constant; the activations come from the previous kernel */
+    /* the weights are constant; the activations come from the previous kernel */
+    if (!CH)
+        pdl_wait();
+    else if (!waited)
+        dep_wait_warp(dep);
     waited = true;
     for (int c = 0; c < nch; c++) {
         issue(c + FZ_STAGES - 1);
@@ -2564,7 +2572,7 @@ __device__ __forceinline__ void fz_stream_rows(const uint8_t *const *wr, int nb,
     for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
 }
 
-template <int TYPE, int NR>
+template <int TYPE, int NR, int CH>
 __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int K, const gk_q8 &x, int lane,
                                               int accumulate, uint8_t *sm, const gk_dep &dep, bool &waited)
 {
@@ -2575,7 +2583,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
         wr[r] = (const uint8_t *)sg.W + (size_t)row * fz_row_bytes(TYPE, K);
     }
     float acc[NR];
-    fz_stream_rows<TYPE, NR>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc, dep, waited);
+    fz_stream_rows<TYPE, NR, CH>(wr, K / fz_fmt<TYPE>::QK, x, lane, sm, acc, dep, waited);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -2590,7 +2598,7 @@ __device__ __forceinline__ void fz_seg_stream(const gk_mv_seg &sg, int row0, int
  * streams at this K (checked by the launcher). Dynamic shared memory:
  * FZ_WARPS * ring (a warp's: NR * FZ_STAGES * the largest chunk of its
  * segments' types). */
-template <int NR>
+template <int NR, int CH>
 __global__ void __launch_bounds__(FZ_WARPS * TG_WARP)
 k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, gk_dep dep)
 {
@@ -2607,13 +2615,18 @@ k_mv_stream(fz_segs segs, int K, gk_q8 x, int accumulate, int ring, gk_dep dep)
         const int grp = v - (i == 0 ? 0 : i == 1 ? n0 : n0 + n1);
         const gk_mv_seg sg = i == 0 ? segs.s[0] : i == 1 ? segs.s[1] : segs.s[2];
         switch (sg.type) {
-        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
-        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
-        default: fz_seg_stream<TG_TYPE_Q8_0, NR>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
+        case TG_TYPE_Q4_K: fz_seg_stream<TG_TYPE_Q4_K, NR, CH>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
+        case TG_TYPE_Q6_K: fz_seg_stream<TG_TYPE_Q6_K, NR, CH>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
+        default: fz_seg_stream<TG_TYPE_Q8_0, NR, CH>(sg, grp * NR, K, x, lane, accumulate, sm, dep, waited); break;
         }
     }
-    if (!waited) dep_wait_warp(dep);   /* a warp without rows also completes after the previous kernel */
-    dep_post(dep);
+    /* a warp without rows also completes after the previous kernel */
+    if (!CH) {
+        pdl_wait();
+    } else {
+        if (!waited) dep_wait_warp(dep);
+        dep_post(dep);
+    }
 }
 
 #define FZ_SMEM_OPTIN (96 * 1024)   /* dynamic shared memory gk_init allows the streamed kernels */
@@ -2649,10 +2662,10 @@ static cudaError_t gk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t sm, 
 
 int gk_init(tg_err *e)
 {
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      FZ_SMEM_OPTIN));
-    GPU_CHECK(e, cudaFuncSetAttribute((const void *)k_mv_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      FZ_SMEM_OPTIN));
+    const void *streamed[] = {(const void *)k_mv_stream<1, 0>, (const void *)k_mv_stream<2, 0>,
+                              (const void *)k_mv_stream<1, 1>, (const void *)k_mv_stream<2, 1>};
+    for (size_t i = 0; i < sizeof streamed / sizeof streamed[0]; i++)
+        GPU_CHECK(e, cudaFuncSetAttribute(streamed[i], cudaFuncAttributeMaxDynamicSharedMemorySize, FZ_SMEM_OPTIN));
     fz_optin = 1;
 #ifndef TG_GPU_HIP
     for (size_t i = 0; i < sizeof gk_types / sizeof gk_types[0]; i++) {
@@ -2691,7 +2704,7 @@ int gk_pdl_on(void)
 
 /* Streamed k_mv_swiglu: gate and up rows r0..r0+31, a warp per pair of
  * rows at a time (8 warps, 4 pairs each). */
-template <int TYPE>
+template <int TYPE, int CH>
 __global__ void __launch_bounds__(8 * TG_WARP)
 k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu, int K, gk_q8 x, float *y,
                    gk_q8 out, gk_dep dep)
@@ -2709,7 +2722,7 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
         const int r = r0 + wid * 4 + j;
         const uint8_t *wr[2] = {Wg + (size_t)r * rb, Wu + (size_t)r * rb};
         float gu[2];
-        fz_stream_rows<TYPE, 2>(wr, nb, x, lane, sm, gu, dep, waited);
+        fz_stream_rows<TYPE, 2, CH>(wr, nb, x, lane, sm, gu, dep, waited);
         if (lane == 0) act[wid * 4 + j] = gu[0] / (1.0f + expf(-gu[0])) * gu[1];
     }
     __syncthreads();
@@ -2718,7 +2731,7 @@ k_mv_swiglu_stream(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ W
         if (y) y[r0 + lane] = v;
         q8_block_store(v, lane, out.q + r0, out.d + blockIdx.x, out.s + blockIdx.x);
     }
-    dep_post(dep);
+    if (CH) dep_post(dep);
 }
 
 static int fz_stream_on(void)
@@ -2835,7 +2848,7 @@ __device__ __forceinline__ void head_norm_rope(const float *xh, const float *w, 
  * new row joins them there. q_out (when not NULL): the normed, rotated q,
  * for tests. Dynamic shared memory: head_dim floats, then 2 * stage_keys
  * rows of K and V. */
-template <int F16>
+template <int F16, int CH>
 __global__ void __launch_bounds__(ATT_THREADS)
 k_attn_decode(const float *q, const float *k, const float *v, const float *wq, const float *wk, int n_head,
               int n_head_kv, int head_dim, const int32_t *pos0, float theta_scale, int neox, float eps, void *kc,
@@ -2872,7 +2885,10 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
     }
     float rc[2], rs[2];
     rope_pre(pos, theta_scale, head_dim / 2, rc, rs);
-    dep_wait_block(dep);
+    if (CH)
+        dep_wait_block(dep);
+    else
+        pdl_wait();
     head_norm_rope(q + (size_t)h * head_dim, wq, head_dim, rc, rs, neox, eps, qs, red);
     if (q_out && z == 0)
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) q_out[(size_t)h * head_dim + i] = qs[i];
@@ -2917,18 +2933,20 @@ k_attn_decode(const float *q, const float *k, const float *v, const float *wq, c
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&count[h], 1) == nsplit - 1;
     __syncthreads();
-    if (last) {
-        __threadfence();
-        const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
-            const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
-            const size_t i = (size_t)h * head_dim + d;
-            out[i] = val;
-            q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
-        }
-        if (threadIdx.x == 0) count[h] = 0;
+    if (!last) {   /* block-uniform (shared) */
+        if (CH) dep_post(dep);
+        return;
     }
-    dep_post(dep);
+    __threadfence();
+    const float den = attn_split_weights(pp, head_dim, nsplit, f, red);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   /* whole warps: head_dim % 32 == 0 */
+        const float val = attn_merge_dim(pp, head_dim, nsplit, f, d) / den;
+        const size_t i = (size_t)h * head_dim + d;
+        out[i] = val;
+        q8_block_store(val, d % TG_WARP, oq.q + (i & ~(size_t)31), oq.d + i / 32, oq.s + i / 32);
+    }
+    if (threadIdx.x == 0) count[h] = 0;
+    if (CH) dep_post(dep);
 }
 
 /* The flag chain's state (its device side: gpu_common.cuh): the counters, how many
@@ -3009,7 +3027,9 @@ static int fz_k_ok(uint32_t type, int K)
 int gk_rmsnorm_q8(cudaStream_t s, const float *x, const float *w, float *y, int n, float eps, gk_q8 out, tg_err *e)
 {
     if (n <= 0 || n % 32) return tg_errf(e, "gpu rmsnorm_q8: n=%d: expected a positive multiple of 32", n);
-    GPU_CHECK(e, gk_launch(k_rmsnorm_q8, n / 32, FZ_NORM_THREADS, 0, s, x, w, y, n, eps, out, chain_dep(n / 32)));
+    const gk_dep dep = chain_dep(n / 32);
+    GPU_CHECK(e, gk_launch(dep.post ? k_rmsnorm_q8<1> : k_rmsnorm_q8<0>, n / 32, FZ_NORM_THREADS, 0, s, x, w, y, n,
+                           eps, out, dep));
     return 0;
 }
 
@@ -3046,8 +3066,10 @@ int gk_mv_fused(cudaStream_t s, const gk_mv_seg *segs, int nseg, int K, gk_q8 x,
         for (int i = 0; i < nseg; i++) groups += (segs[i].nrows + nr - 1) / nr;
         const int blocks_needed = (groups + FZ_WARPS - 1) / FZ_WARPS;
         const int grid = blocks_needed < 132 * 16 ? blocks_needed : 132 * 16;   /* up to 16 waves of 132 */
-        GPU_CHECK(e, gk_launch(nr == 2 ? k_mv_stream<2> : k_mv_stream<1>, grid, FZ_WARPS * TG_WARP,
-                               (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring, chain_dep(grid)));
+        const gk_dep dep = chain_dep(grid);
+        void (*k)(fz_segs, int, gk_q8, int, int, gk_dep) =
+            nr == 2 ? (dep.post ? k_mv_stream<2, 1> : k_mv_stream<2, 0>) : dep.post ? k_mv_stream<1, 1> : k_mv_stream<1, 0>;
+        GPU_CHECK(e, gk_launch(k, grid, FZ_WARPS * TG_WARP, (size_t)FZ_WARPS * ring, s, fs, K, x, accumulate, ring, dep));
         return 0;
     }
     chain_break();
@@ -3069,10 +3091,13 @@ int gk_mv_swiglu(cudaStream_t s, uint32_t type, const void *Wg, const void *Wu, 
     const uint8_t *g = (const uint8_t *)Wg, *u = (const uint8_t *)Wu;
     const size_t sm = (size_t)8 * 2 * FZ_STAGES * fz_chunk_bytes(type);
     if (fz_stream_on() && fz_streams(type, K) && sm <= 48 * 1024) {
-        GPU_CHECK(e, gk_launch(type == TG_TYPE_Q4_K   ? k_mv_swiglu_stream<TG_TYPE_Q4_K>
-                               : type == TG_TYPE_Q6_K ? k_mv_swiglu_stream<TG_TYPE_Q6_K>
-                                                      : k_mv_swiglu_stream<TG_TYPE_Q8_0>,
-                               grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, chain_dep(grid)));
+        const gk_dep dep = chain_dep(grid);
+        const int ch = dep.post != NULL;
+        void (*k)(const uint8_t *, const uint8_t *, int, gk_q8, float *, gk_q8, gk_dep) =
+            type == TG_TYPE_Q4_K   ? (ch ? k_mv_swiglu_stream<TG_TYPE_Q4_K, 1> : k_mv_swiglu_stream<TG_TYPE_Q4_K, 0>)
+            : type == TG_TYPE_Q6_K ? (ch ? k_mv_swiglu_stream<TG_TYPE_Q6_K, 1> : k_mv_swiglu_stream<TG_TYPE_Q6_K, 0>)
+                                   : (ch ? k_mv_swiglu_stream<TG_TYPE_Q8_0, 1> : k_mv_swiglu_stream<TG_TYPE_Q8_0, 0>);
+        GPU_CHECK(e, gk_launch(k, grid, 8 * TG_WARP, sm, s, g, u, K, x, y, out, dep));
         return 0;
     }
     chain_break();
@@ -3105,9 +3130,13 @@ int gk_attn_decode(cudaStream_t s, const float *q, const float *k, const float *
     const int per_max = n_ctx > 0 ? (n_ctx + nsplit - 1) / nsplit : 0;
     const int stage_keys = 2 * per_max * rowb <= AD_STAGE_MAX ? per_max : 0;
     const size_t shm = (size_t)head_dim * sizeof(float) + 2 * (size_t)stage_keys * rowb;
-    GPU_CHECK(e, gk_launch(kv_f16 ? k_attn_decode<1> : k_attn_decode<0>, dim3(n_head, nsplit), ATT_THREADS, shm, s,
-                           q, k, v, wq, wk, n_head, n_head_kv, head_dim, pos0, theta_scale, neox, eps, kc, vc,
-                           scale, part, count, out, oq, q_out, stage_keys, chain_dep(n_head * nsplit)));
+    const gk_dep dep = chain_dep(n_head * nsplit);
+    const int ch = dep.post != NULL;
+    GPU_CHECK(e, gk_launch(kv_f16 ? (ch ? k_attn_decode<1, 1> : k_attn_decode<1, 0>)
+                                  : (ch ? k_attn_decode<0, 1> : k_attn_decode<0, 0>),
+                           dim3(n_head, nsplit), ATT_THREADS, shm, s, q, k, v, wq, wk, n_head, n_head_kv, head_dim,
+                           pos0, theta_scale, neox, eps, kc, vc, scale, part, count, out, oq, q_out, stage_keys,
+                           dep));
     return 0;
 }
 
