@@ -671,7 +671,7 @@ out:
 
 static int op_replay(proto_conn *c, const proto_ops *ops, const json_t *req, tg_err *e)
 {
-    static const char *const known[] = {"op", "tokens", "in", "out", "numerics", NULL};
+    static const char *const known[] = {"op", "tokens", "in", "out", "numerics", "prefill", NULL};
     if (check_fields(req, known, e)) return -1;
     proto_replay_req r = {0};
     int32_t *tokens = NULL;
@@ -679,6 +679,10 @@ static int op_replay(proto_conn *c, const proto_ops *ops, const json_t *req, tg_
     if (!v) return tg_errf(e, "field 'tokens' is missing (an array of token ids)");
     if (field_ids(v, "tokens", 0, &tokens, &r.n_tokens, e)) return -1;
     r.tokens = tokens;
+    if (field_int(req, "prefill", 1, r.n_tokens, 0, &r.prefill, e)) {
+        free(tokens);
+        return -1;
+    }
     const char *const paths[2] = {"in", "out"};
     for (int i = 0; i < 2; i++) {
         json_t *p = json_object_get(req, paths[i]);

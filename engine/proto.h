@@ -65,6 +65,8 @@ typedef struct proto_replay_req {
     const char *in;          /* reference values to overwrite with, or NULL */
     const char *out;         /* the record file to write */
     const json_t *numerics;  /* an object of declared roundings to apply, or NULL */
+    int prefill;             /* 1..n_tokens: tokens 0..prefill-1 in one evaluation, then one
+                              * token an evaluation, as a decode; 0: all in one */
 } proto_replay_req;
 
 /* The worker's callbacks. Each returns 0 after filling its outputs, or -1

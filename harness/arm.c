@@ -697,7 +697,7 @@ int arm_load(tg_arm *a, const char *model, const char *options_json, char **answ
     return 0;
 }
 
-int arm_replay(tg_arm *a, const int32_t *tokens, int n, const char *in, const char *out,
+int arm_replay(tg_arm *a, const int32_t *tokens, int n, int prefill, const char *in, const char *out,
                const char *numerics_json, char **answer_json, tg_err *e)
 {
     if (answer_json) *answer_json = NULL;
@@ -715,6 +715,7 @@ int arm_replay(tg_arm *a, const int32_t *tokens, int n, const char *in, const ch
     json_t *req = json_pack("{s:s,s:o,s:s}", "op", "replay", "tokens", ids, "out", out), *ans;
     if (in) json_object_set_new(req, "in", json_string(in));
     if (num) json_object_set_new(req, "numerics", num);
+    if (prefill > 0 && prefill < n) json_object_set_new(req, "prefill", json_integer(prefill));
     if (!request_object(a, "replay", req, "replay", &ans, answer_json, e)) return -1;
     json_decref(ans);
     return 0;

@@ -71,11 +71,12 @@ const char *arm_hello_field(tg_arm *a, const char *key);
  * for hello. */
 int arm_load(tg_arm *a, const char *model, const char *options_json, char **answer_json, tg_err *e);
 
-/* replay (docs/protocol.md): evaluates tokens[0..n) with the stage hooks,
- * overwriting with the records of file `in` (NULL: none), applying
- * numerics (a JSON object text, NULL: none), and writes the record file
- * `out`. *answer_json as for hello. Returns 0 or -1 with e. */
-int arm_replay(tg_arm *a, const int32_t *tokens, int n, const char *in, const char *out,
+/* replay (docs/protocol.md): evaluates tokens[0..n) with the stage hooks
+ * (with prefill 1..n: tokens 0..prefill-1 in one evaluation, then one at a
+ * time; 0: all in one), overwriting with the records of file `in` (NULL:
+ * none), applying numerics (a JSON object text, NULL: none), and writes
+ * the record file `out`. *answer_json as for hello. Returns 0 or -1 with e. */
+int arm_replay(tg_arm *a, const int32_t *tokens, int n, int prefill, const char *in, const char *out,
                const char *numerics_json, char **answer_json, tg_err *e);
 
 /* tokenize: *ids malloc'ed (caller frees), *n ids. */

@@ -587,7 +587,7 @@ static int replay_localize(const loc_request *q, loc_arm *arms, const int32_t *i
         const loc_arm *other = &arms[1 - k];
         if (other->have_res && other->res.n_steps > q->step) tok2 = other->res.steps[q->step].token;
         rp_request rq = {.spec = s, .bin_dir = q->bin_dir, .arm = la->index, .tokens = tok, .n_tokens = n,
-                         .attribute = k == 1, .tok2 = tok2};
+                         .prefill = n_ids, .attribute = k == 1, .tok2 = tok2};
         rp_table *t = NULL;
         rp_attr *at = NULL;
         char why[256];
@@ -602,12 +602,16 @@ static int replay_localize(const loc_request *q, loc_arm *arms, const int32_t *i
             continue;
         }
         *replayed = 1;
-        fprintf(out, "\nstage replay: %s against the exact arbiter (ref tier with %s's declared roundings), %d positions;"
-                     " budget = %g x noise model\n", la->name, la->name, n, RP_MARGIN);
+        char batches[96] = "";
+        if (t->prefill)
+            snprintf(batches, sizeof batches, " (%s took the prompt's %d in one batch, then one at a time)", la->name,
+                     t->prefill);
+        fprintf(out, "\nstage replay: %s against the exact arbiter (ref tier with %s's declared roundings), %d positions%s;"
+                     " budget = %g x noise model\n", la->name, la->name, n, batches, RP_MARGIN);
         replay_table_print(out, t, 0);
         if (md) {
-            fprintf(md, "\n### %s against the exact arbiter (%d positions, budget = %g x noise model)\n\n", la->name, n,
-                    RP_MARGIN);
+            fprintf(md, "\n### %s against the exact arbiter (%d positions%s, budget = %g x noise model)\n\n", la->name, n,
+                    batches, RP_MARGIN);
             replay_table_print(md, t, 1);
         }
         for (int i = 0; i < t->n_rows; i++) {

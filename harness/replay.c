@@ -437,18 +437,26 @@ int replay_run(const rp_request *q, rp_table **table, rp_attr **attr, char *why,
     snprintf(exe, sizeof exe, "%s/tg-engine", q->bin_dir);
     char *arb_argv[] = {exe, "--tier", "ref", NULL};
     if (proc_start(&arb, "arbiter", arb_argv, s, "{}", 0, e) < 0 || proc_load(&arb, s, "{}", e) < 0) goto out;
-    if (arm_replay(arb.a, q->tokens, q->n_tokens, NULL, p_ref, num.exact ? NULL : num_json, NULL, e) < 0 ||
-        arm_replay(arm.a, q->tokens, q->n_tokens, p_ref, p_arm, NULL, NULL, e) < 0)
+    /* the arm in a run's batches when it can (the prompt, then one token at
+     * a time: its single-token path is replayed too); the arbiter's exact
+     * values do not depend on its batches */
+    char *pf = answer_field(arm.hello, "arm", "replay_prefill");
+    const int split = pf && !strcmp(pf, "true") ? q->prefill : 0;
+    free(pf);
+    if (arm_replay(arb.a, q->tokens, q->n_tokens, 0, NULL, p_ref, num.exact ? NULL : num_json, NULL, e) < 0 ||
+        arm_replay(arm.a, q->tokens, q->n_tokens, split, p_ref, p_arm, NULL, NULL, e) < 0)
         goto out;
     if (rp_file_read(&fr, p_ref, e) < 0 || rp_file_read(&fa, p_arm, e) < 0) goto out;
     if (replay_compare(fr, fa, &num, table, e) < 0) goto out;
+    (*table)->prefill = split > 0 && split < q->n_tokens ? split : 0;
 
     if (attr && q->attribute) {
         /* the exact run, the arm's free run, the arm's layers on exact inputs */
-        if (arm_replay(arb.a, q->tokens, q->n_tokens, NULL, p_plain, NULL, NULL, e) < 0 ||
+        if (arm_replay(arb.a, q->tokens, q->n_tokens, 0, NULL, p_plain, NULL, NULL, e) < 0 ||
             rp_file_read(&fp, p_plain, e) < 0 || rp_file_write(fp, p_res, keep_residuals, NULL, e) < 0 ||
-            arm_replay(arm.a, q->tokens, q->n_tokens, p_res, p_lay, NULL, NULL, e) < 0 ||
-            rp_file_read(&fl, p_lay, e) < 0 || arm_replay(arm.a, q->tokens, q->n_tokens, NULL, p_out, NULL, NULL, e) < 0 ||
+            arm_replay(arm.a, q->tokens, q->n_tokens, split, p_res, p_lay, NULL, NULL, e) < 0 ||
+            rp_file_read(&fl, p_lay, e) < 0 ||
+            arm_replay(arm.a, q->tokens, q->n_tokens, split, NULL, p_out, NULL, NULL, e) < 0 ||
             rp_file_read(&fo, p_out, e) < 0)
             goto out;
         const float *lx = logits_of(fp), *la = logits_of(fo);
@@ -469,7 +477,7 @@ int replay_run(const rp_request *q, rp_table **table, rp_attr **attr, char *why,
         for (int l = 0; l < at->n_layer; l++) {
             rp_file *fi = NULL;
             if (rp_file_write(fl, p_inj, keep_layer_residual, &l, e) < 0 ||
-                arm_replay(arb.a, q->tokens, q->n_tokens, p_inj, p_out, NULL, NULL, e) < 0 ||
+                arm_replay(arb.a, q->tokens, q->n_tokens, 0, p_inj, p_out, NULL, NULL, e) < 0 ||
                 rp_file_read(&fi, p_out, e) < 0)
                 goto out;
             const float *li = logits_of(fi);
@@ -570,7 +578,8 @@ int replay_gate(tg_store *st, const tg_spec *s, int64_t run, int set, const char
             memcpy(tok, ids, sizeof *tok * (size_t)n_ids);
             memcpy(tok + n_ids, force, sizeof *tok * (size_t)S);
             free(ids), free(force);
-            rp_request q = {.spec = s, .bin_dir = bin_dir, .arm = i, .tokens = tok, .n_tokens = n, .tok2 = -1};
+            rp_request q = {.spec = s, .bin_dir = bin_dir, .arm = i, .tokens = tok, .n_tokens = n, .prefill = n_ids,
+                            .tok2 = -1};
             rp_table *t = NULL;
             char why[256];
             int r = replay_run(&q, &t, NULL, why, sizeof why, e);
@@ -586,8 +595,9 @@ int replay_gate(tg_store *st, const tg_spec *s, int64_t run, int set, const char
             for (int k = 0; k < t->n_rows; k++)
                 if (t->rows[k].ratio > worst) worst = t->rows[k].ratio, wi = k;
             if (log) {
-                fprintf(log, "tokgate: replay %s %s (%d positions): %s, %d stage(s) over budget", sa->name,
-                        s->prompts[p].id, n, t->n_over ? "FAIL" : "PASS", t->n_over);
+                fprintf(log, "tokgate: replay %s %s (%d positions%s): %s, %d stage(s) over budget", sa->name,
+                        s->prompts[p].id, n, t->prefill ? ", the prompt in one batch, then one at a time" : "",
+                        t->n_over ? "FAIL" : "PASS", t->n_over);
                 if (wi >= 0)
                     fprintf(log, ", largest ratio %.3g (layer %d %s)", worst, t->rows[wi].layer,
                             replay_stage_name(t->rows[wi].stage));

@@ -95,6 +95,8 @@ typedef struct rp_table {
     rp_row *rows;             /* forward order: layers, stages, then layer -1 */
     int first;                /* the first row over budget, -1 none */
     int n_over;
+    int prefill;              /* replay_run: the arm took positions 0..prefill-1 in one batch, then one
+                               * at a time (0: all in one batch) */
 } rp_table;
 
 /* Compares the arm's record with the arbiter's, (layer, stage) present in
@@ -121,6 +123,8 @@ typedef struct rp_request {
     int arm;                  /* index of the arm in spec */
     const int32_t *tokens;    /* the sequence: prompt ids then the prefix's tokens */
     int n_tokens;
+    int prefill;              /* the prompt's length: an arm whose hello says "replay_prefill" evaluates
+                               * it in one batch and each later token alone, as in a run (0: all in one) */
     int attribute;            /* also attribute the gap shift to layers */
     int tok2;                 /* attribution: the second token (-1: the arbiter's top-2, or the arm's top-1 when it differs) */
 } rp_request;

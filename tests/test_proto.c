@@ -102,8 +102,17 @@ static int fake_decode(void *ud, const proto_decode_req *r, proto_conn *c, proto
     return 0;
 }
 
+/* replay: answers what it was asked (the parsing is what is tested) */
+static int fake_replay(void *ud, const proto_replay_req *r, json_t *res, tg_err *e)
+{
+    (void)ud, (void)e;
+    json_object_set_new(res, "n_tokens", json_integer(r->n_tokens));
+    json_object_set_new(res, "prefill", json_integer(r->prefill));
+    return 0;
+}
+
 static fake F;
-static proto_ops OPS = {&F, fake_hello, fake_load, fake_tokenize, fake_detokenize, fake_decode};
+static proto_ops OPS = {&F, fake_hello, fake_load, fake_tokenize, fake_detokenize, fake_decode, fake_replay};
 
 static int setup(void **state)
 {
@@ -275,6 +284,30 @@ static void test_validation_messages(void **state)
     expect_error("{\"op\":\"bye\",\"now\":true}\n", "bye: unknown field 'now' (expected op)");
     expect_error_prefix("{\"op\":\"hello\",\"op\":\"bye\"}\n",
                         "request is not valid JSON: duplicate object key");
+}
+
+/* replay's fields: prefill 1..n_tokens, absent 0 (one batch). */
+static void test_replay_fields(void **state)
+{
+    const char *req = "{\"op\":\"replay\",\"tokens\":[1,2,3],\"out\":\"o\",\"prefill\":2}\n"
+                      "{\"op\":\"replay\",\"tokens\":[1,2,3],\"out\":\"o\"}\n";
+    int rc;
+    char *out = serve(req, strlen(req), &rc);
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < 2; i++) {
+        json_t *j = line_json(out, i);
+        json_t *r = json_object_get(j, "replay");
+        assert_int_equal(json_integer_value(json_object_get(r, "n_tokens")), 3);
+        assert_int_equal(json_integer_value(json_object_get(r, "prefill")), i == 0 ? 2 : 0);
+        json_decref(j);
+    }
+    free(out);
+    expect_error("{\"op\":\"replay\",\"tokens\":[1,2,3],\"out\":\"o\",\"prefill\":4}\n",
+                 "replay: field 'prefill' must be an integer 1..3");
+    expect_error("{\"op\":\"replay\",\"tokens\":[1,2,3],\"out\":\"o\",\"prefill\":\"all\"}\n",
+                 "replay: field 'prefill' must be an integer 1..3");
+    expect_error("{\"op\":\"replay\",\"tokens\":[1],\"out\":\"o\",\"batch\":1}\n",
+                 "replay: unknown field 'batch' (expected op, tokens, in, out, numerics, prefill)");
 }
 
 static void test_unsupported_op(void **state)
@@ -571,6 +604,7 @@ int main(void)
         cmocka_unit_test_setup(test_decode_and_forcing, setup),
         cmocka_unit_test_setup(test_decode_error_after_steps, setup),
         cmocka_unit_test_setup(test_dump, setup),
+        cmocka_unit_test_setup(test_replay_fields, setup),
         cmocka_unit_test_setup(test_tokenize_detokenize_text, setup),
         cmocka_unit_test_setup(test_long_line_refused, setup),
         cmocka_unit_test_setup(test_closed_output, setup),

@@ -51,6 +51,7 @@ static int32_t *g_tok;
 static int g_n_tok;
 
 #define N_POS 80   /* positions replayed: past 64, where a RoPE table may stop */
+#define N_PROMPT 64   /* of them in one batch, as a prompt; the last 16 one at a time, as decode steps */
 
 static int setup(void **st)
 {
@@ -277,7 +278,8 @@ static int run(const char *argv_yaml, const char *options, rp_table **t, char *w
     if (spec_load(&s, path, &e) < 0) fail_msg("spec: %s", e.msg);
     char bin[PATH_MAX + 8];
     snprintf(bin, sizeof bin, "%s/bin", g_build);
-    rp_request q = {.spec = s, .bin_dir = bin, .arm = 0, .tokens = g_tok, .n_tokens = g_n_tok, .tok2 = -1};
+    rp_request q = {.spec = s, .bin_dir = bin, .arm = 0, .tokens = g_tok, .n_tokens = g_n_tok, .prefill = N_PROMPT,
+                    .tok2 = -1};
     int rc = replay_run(&q, t, NULL, why, why_n, &e);
     spec_free(s);
     if (rc < 0) fail_msg("replay: %s", e.msg);
@@ -351,6 +353,7 @@ static void test_panel(void **st)
                 rp_table *t;
                 assert_int_equal(run(argv_yaml, opts, &t, why, sizeof why), 1);
                 print_over(what, t);
+                assert_int_equal(t->prefill, N_PROMPT);   /* the decode path replayed too */
                 assert_int_equal(t->n_over, 0);
                 replay_table_free(t);
                 runs++;

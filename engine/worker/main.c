@@ -93,8 +93,10 @@ static int on_hello(void *ud, json_t *arm, tg_err *e)
     json_object_set_new(arm, "logits", json_string("raw"));
     json_t *num = numerics_json(&o);
     json_object_set_new(arm, "replay", json_boolean(num != NULL));
-    if (num)
+    if (num) {
         json_object_set_new(arm, "numerics", num);
+        json_object_set_new(arm, "replay_prefill", json_true());
+    }
     return 0;
 }
 
@@ -382,7 +384,14 @@ static int on_replay(void *ud, const proto_replay_req *req, json_t *result, tg_e
     tg_session_reset(s);
     tg_session_set_replay(s, r);
     double t0 = tg_now();
-    int rc = tg_session_eval(s, req->tokens, req->n_tokens, e);
+    /* with prefill, the prompt in one evaluation (in batches of n_batch,
+     * as a decode's prompt), then each further token alone, as a decode's
+     * steps: the single-token path is replayed too */
+    const int first = req->prefill > 0 ? req->prefill : req->n_tokens;
+    int rc = tg_session_eval(s, req->tokens, first, e);
+    for (int i = first; rc == 0 && i < req->n_tokens; i++)
+        if ((rc = tg_session_eval(s, req->tokens + i, 1, e)) != 0)
+            tg_err_prefix(e, "position %d", i);
     double t1 = tg_now();
     tg_session_set_replay(s, NULL);
     tg_session_reset(s);
