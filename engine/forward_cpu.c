@@ -613,6 +613,7 @@ static int cpu_eval(tg_session *s, const int32_t *tokens, int nb, unsigned flags
         etr->to_float((const char *)m->token_embd.data + (size_t)tokens[b] * m->token_embd.row_size,
                       c->x + (size_t)b * E, E);
     tg_ops_count(&s->ops, TG_OP_EMBED, m->token_embd.type, TG_TIER_CPU);
+    tg_hook(s, 0, TG_RS_EMBD, pos0, nb, c->x, E, 0, E);
 
     // rope cos/sin per token
     for (int b = 0; b < nb; b++)

@@ -671,6 +671,7 @@ static int ref_batch(tg_session *s, const int32_t *tokens, int n, int pos, float
             x[(size_t)t * E + i] = r->emb[i];
         tg_ops_count(&s->ops, TG_OP_EMBED, m->token_embd.type, TG_TIER_REF);
     }
+    tg_hook_f64(s, 0, TG_RS_EMBD, pos, n, x, E, 0, E);
 
     for (int il = 0; il < hp->n_layer; il++) {
         const tg_layer *L = &m->layers[il];

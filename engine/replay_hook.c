@@ -22,7 +22,7 @@
 static const char *const rs_names[TG_RS_COUNT] = {
     "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope",
     "k_cache", "v_cache", "scores", "attn", "attn_out", "attn_res", "ffn_norm", "gate",
-    "up", "swiglu", "ffn_out", "residual", "out_norm", "logits",
+    "up", "swiglu", "ffn_out", "residual", "out_norm", "logits", "embd",
 };
 
 const char *tg_rstage_name(int stage)
@@ -52,7 +52,7 @@ int64_t tg_replay_width(const tg_hparams *hp, int stage)
                   KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     switch (stage) {
     case TG_RS_ATTN_NORM: case TG_RS_ATTN_OUT: case TG_RS_ATTN_RES: case TG_RS_FFN_NORM:
-    case TG_RS_FFN_OUT: case TG_RS_RESIDUAL: case TG_RS_OUT_NORM:
+    case TG_RS_FFN_OUT: case TG_RS_RESIDUAL: case TG_RS_OUT_NORM: case TG_RS_EMBD:
         return E;
     case TG_RS_Q_PROJ: case TG_RS_Q_NORM: case TG_RS_Q_ROPE: case TG_RS_ATTN:
         return Q;
@@ -85,7 +85,7 @@ static int slot_of(const tg_replay *r, int layer, int stage)
 {
     if (layer < -1 || layer >= r->hp.n_layer || stage < 0 || stage >= TG_RS_COUNT)
         return -1;
-    if ((layer == -1) != last_only(stage))
+    if ((layer == -1) != last_only(stage) || (stage == TG_RS_EMBD && layer != 0))
         return -1;
     return (layer + 1) * TG_RS_COUNT + stage;
 }

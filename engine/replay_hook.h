@@ -60,6 +60,9 @@ enum tg_rstage {
     TG_RS_RESIDUAL,    /* x + ffn_out, the layer's output       (n_embd) */
     TG_RS_OUT_NORM,    /* final rmsnorm, last token (layer -1)  (n_embd) */
     TG_RS_LOGITS,      /* logits, last token (layer -1)         (n_vocab) */
+    TG_RS_EMBD,        /* the token's embedding row, layer 0 only, before
+                        * attn_norm in forward order (numbered last: the
+                        * file format's older numbers stand)  (n_embd) */
     TG_RS_COUNT
 };
 const char *tg_rstage_name(int stage);   /* "q_rope"; "?" out of range */

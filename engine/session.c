@@ -74,8 +74,9 @@ static int tg_opts_parse_pert(tg_opts *o, const char *spec, tg_err *e)
     if (st < 0)
         return tg_errf(e, "perturb '%s': stage '%s' is not a replay stage (docs/protocol.md, \"replay\")", spec, stage);
     int last = st == TG_RS_OUT_NORM || st == TG_RS_LOGITS;
-    if (last ? layer != -1 : layer < 0)
-        return tg_errf(e, "perturb '%s': layer must be %s for stage %s", spec, last ? "-1" : ">= 0", stage);
+    if (last ? layer != -1 : st == TG_RS_EMBD ? layer != 0 : layer < 0)
+        return tg_errf(e, "perturb '%s': layer must be %s for stage %s", spec,
+                       last ? "-1" : st == TG_RS_EMBD ? "0" : ">= 0", stage);
     o->pert_kind = k;
     o->pert_stage = st;
     o->pert_layer = layer;

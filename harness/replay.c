@@ -21,7 +21,7 @@
 
 /* The stages are the engine's (replay_hook.h): one name table. */
 _Static_assert(RP_N_STAGES == TG_RS_COUNT, "harness and engine replay stages differ");
-enum { RS_SCORES = 10, RS_ATTN = 11, RS_RESIDUAL = 19, RS_OUT_NORM = 20, RS_LOGITS = 21 };
+enum { RS_SCORES = 10, RS_ATTN = 11, RS_RESIDUAL = 19, RS_OUT_NORM = 20, RS_LOGITS = 21, RS_EMBD = 22 };
 
 const char *replay_stage_name(int stage)
 {
@@ -162,7 +162,7 @@ static double stage_ops(int stage, const rp_numerics *n)
     case 17:
         return n->silu_approx ? 8 : 6;  /* silu: exp, 1+, /, *up; an expf approximation adds 2 ulp */
     default:
-        return 1;                       /* a copy or one add (cache rows, residuals) */
+        return 1;                       /* a copy or one add (the embedding row, cache rows, residuals) */
     }
 }
 
@@ -202,7 +202,8 @@ double replay_noise(const rp_numerics *n, const rp_file *f, int stage, int pos)
 
 static long fwd_key(int layer, int stage)
 {
-    return (layer < 0 ? 1000000L : layer) * 64 + stage;
+    /* the embedding row comes before layer 0's first stage */
+    return (layer < 0 ? 1000000L : layer) * 64 + (stage == RS_EMBD ? -1 : stage);
 }
 
 static int cmp_rows(const void *x, const void *y)

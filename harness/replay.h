@@ -34,7 +34,7 @@
 #define RP_MARGIN 16.0        /* budget = RP_MARGIN x the noise model */
 #define RP_U32 0x1p-24        /* f32 unit roundoff */
 #define RP_U16 0x1p-11        /* f16 unit roundoff */
-#define RP_N_STAGES 22        /* engine/replay_hook.h's enum (TG_RS_COUNT) */
+#define RP_N_STAGES 23        /* engine/replay_hook.h's enum (TG_RS_COUNT) */
 
 /* A replay file (engine/replay_hook.h's format, read and written through its tg_rfile_*). */
 typedef struct rp_record {

@@ -670,6 +670,11 @@ static void test_options(void **state)
     assert_int_equal(tg_opts_parse_perturb(&o, "fp8:ffn_out:3", &e), -1);
     assert_int_equal(tg_opts_parse_perturb(&o, "bf16:ffn_out:3x", &e), -1);
     assert_int_equal(tg_opts_parse_perturb(&o, "bf16:logits:1", &e), -1);
+    /* the embedding row is a stage of layer 0 only */
+    assert_int_equal(tg_opts_parse_perturb(&o, "scale=1e-3:embd:0", &e), 0);
+    assert_int_equal(o.pert_stage, TG_RS_EMBD);
+    assert_int_equal(tg_opts_parse_perturb(&o, "bf16:embd:2", &e), -1);
+    assert_non_null(strstr(e.msg, "layer must be 0 for stage embd"));
     assert_int_equal(tg_tier_parse("cpu"), TG_TIER_CPU);
     assert_int_equal(tg_tier_parse("gpu"), TG_TIER_GPU);
     assert_int_equal(tg_tier_parse("fast"), -1);

@@ -757,7 +757,8 @@ static int enqueue_step(tg_gpu *g, int n, int k, tg_ops *ops, tg_err *e)
 #define MATMUL(w, rows, K, x, y) matmul(g, hk, &(w), (rows), (K), (x), n, (y), ops, e)
 #define HOOK(layer, stage, d, width) hook_stage(g, (layer), (stage), (d), n, (width), p0, e)
     /* token embedding */
-    if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, n, g->x, e)) return -1;
+    if (gk_get_rows(s, g->token_embd.type, g->token_embd.d, E, ids, n, g->x, e) || HOOK(0, TG_RS_EMBD, g->x, E))
+        return -1;
     COUNT(ops, TG_OP_EMBED, g->token_embd.type);
     int normed = 0;   /* g->h (and g->x16) already hold this layer's attention rmsnorm */
     for (int l = 0; l < hp->n_layer; l++) {
