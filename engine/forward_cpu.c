@@ -127,7 +127,8 @@ static int k_has_matmul(uint32_t type)
 static int cpu_describe(const tg_session *s, const tg_opts *o, char *buf, size_t n)
 {
     (void)s;
-    snprintf(buf, n, "%s %s, %d thread%s, %s KV",
+    const char *dt = tg_cpu_decode_tiles();
+    snprintf(buf, n, "%s %s, %d thread%s, %s KV%s%s",
 #if defined(__x86_64__)
              "x86-64",
 #elif defined(__aarch64__)
@@ -135,7 +136,7 @@ static int cpu_describe(const tg_session *s, const tg_opts *o, char *buf, size_t
 #else
              "cpu",
 #endif
-             tg_cpu_isa(), o->threads, o->threads == 1 ? "" : "s", o->kv_f32 ? "f32" : "f16");
+             tg_cpu_isa(), o->threads, o->threads == 1 ? "" : "s", o->kv_f32 ? "f32" : "f16", *dt ? ", " : "", dt);
     return 0;
 }
 

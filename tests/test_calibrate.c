@@ -500,7 +500,9 @@ static void test_mutation_suite(void **unused)
         snprintf(db, sizeof db, "%s/mut-%s.db", g_dir, names[i]);
         if (!own[0]) snprintf(db, sizeof db, "%s", cal_db);
         else unlink(db);
+        if (m.env_key[0]) setenv(m.env_key, m.env_val, 1);   /* the kernels the mutated code is in */
         rc = tokgate_with(build, out, "gate", spec, db);
+        if (m.env_key[0]) unsetenv(m.env_key);
         /* what the store says of the latest run: the overall word and the
          * first failing arm's reason */
         tg_store *st;

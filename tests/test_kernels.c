@@ -295,6 +295,18 @@ static void check_gemm16(const tg_cpu_kernels *k)
             }
             printf("  %-10s gemm16 %-4s n=%-5d nb 1..%d: bit-identical to vec_dot, max |fast-ref|/sum|terms| %.2e\n",
                    k->isa, tx->name, n, NBMAX, worst);
+            if (k->gemm16_1[type]) {   /* the decode tiles another tier lends this one (kernels.h) */
+                k->gemm16_1[type](n, out, OS, qx, bx, qy, ar, 1);
+                for (int r = 0; r < 16; r++) {
+                    float s1;
+                    k->vec_dot[type](n, &s1, qx + r * bx, qy);
+                    if (memcmp(&s1, &out[r], sizeof s1) != 0)
+                        fail_msg("%s decode tile %s n=%d [%d]: %.9g, vec_dot %.9g (must be bit-identical)", k->isa,
+                                 tx->name, n, r, out[r], s1);
+                }
+                printf("  %-10s decode tile %-4s n=%-5d (%s): bit-identical to vec_dot\n", k->isa, tx->name, n,
+                       tg_cpu_decode_tiles());
+            }
             free(x); free(xd); free(yd); free(qx); free(qy); free(out);
         }
     }
@@ -615,6 +627,10 @@ static void test_swiglu_avx512(void **state) { (void)state; check_swiglu("avx512
 
 int main(void)
 {
+    /* the avx512vnni tier borrows the avx2 decode tiles on every AVX-512
+     * machine here, not only where kernels.c picks them, so that check_gemm16
+     * holds them to the tier's vec_dot (TG_CPU_DECODE, kernels.h) */
+    setenv("TG_CPU_DECODE", "avx2", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalar_tier_is_reference),
         cmocka_unit_test(test_tier_avx2),

@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMD
@@ -37,6 +40,7 @@ static tg_cpu_kernels tiers[TIER_COUNT];
 static int tier_ok[TIER_COUNT];
 static int selected = TIER_SCALAR;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char decode_note[160];   /* tg_cpu_decode_tiles */
 
 static void scalar_f32_to_f16(const float *x, tg_half *y, int64_t n)
 {
@@ -77,6 +81,56 @@ static void build_tier(int tier, int base, void (*fill)(tg_cpu_kernels *))
     tier_ok[tier] = 1;
 }
 
+#if defined(__x86_64__)
+/* The AMD family of this CPU (cpuid leaf 1: base family, plus the extended
+ * family when the base is 15), or 0 for another vendor. */
+static unsigned amd_family(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u || c != 0x444d4163u)
+        return 0;   /* not "AuthenticAMD" */
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned base = (a >> 8) & 0xf, ext = (a >> 20) & 0xff;
+    return base == 15 ? base + ext : base;
+}
+
+/* Q4_K and Q6_K decode tiles on the avx512vnni tier (hi): its own, or the
+ * avx2 tier's (lo: the same numerics, kernels_avx2.c) on AMD family 25
+ * (Zen 4, whose 512-bit operations run as two 256-bit halves). There the
+ * avx2 tiles decoded the 0.6b file's 200 steps at 2 threads 10-18% faster
+ * (three rounds, December 8, 2026), and a 128 MiB Q6_K matrix streamed
+ * from memory at 2 threads in 4.1-4.5 ms a pass against 4.6-7.4 (Q4_K:
+ * within the noise). The tier's own tiles stay elsewhere: the figures of
+ * December 4 (family 26, Zen 5) were taken with them. A timed choice at
+ * start-up was tried and dropped: over cache-resident rows the 512-bit
+ * Q6_K tile wins (125 us against 155), the opposite of rows streamed from
+ * memory, and timing those would cost each worker tens of milliseconds.
+ * TG_CPU_DECODE (avx2, avx512vnni, auto) overrides it (kernels.h). */
+static void choose_decode_tiles(tg_cpu_kernels *hi, const tg_cpu_kernels *lo)
+{
+    static const uint32_t types[] = {TG_TYPE_Q4_K, TG_TYPE_Q6_K};
+    const char *force = getenv("TG_CPU_DECODE");
+    const int want_lo = force && !strcmp(force, "avx2"), want_hi = force && !strcmp(force, "avx512vnni");
+    if (force && *force && !want_lo && !want_hi && strcmp(force, "auto"))
+        fprintf(stderr, "tokgate: TG_CPU_DECODE=%s: expected avx2, avx512vnni or auto; using auto\n", force);
+    const unsigned fam = amd_family();
+    const int use_lo = want_lo || (!want_hi && fam == 25);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const uint32_t type = types[t];
+        if (!hi->gemm16[type] || !lo->gemm16[type] || hi->gemm16[type] == lo->gemm16[type]) continue;
+        hi->gemm16_1[type] = use_lo ? lo->gemm16[type] : NULL;
+        if (!use_lo) continue;
+        const size_t len = strlen(decode_note);
+        snprintf(decode_note + len, sizeof decode_note - len, "%s%s", len ? ", " : "", tg_traits(type)->name);
+    }
+    if (use_lo && *decode_note) {
+        const size_t len = strlen(decode_note);
+        snprintf(decode_note + len, sizeof decode_note - len, " decode tiles avx2 (%s)",
+                 want_lo ? "TG_CPU_DECODE=avx2" : "AMD family 25");
+    }
+}
+#endif
+
 static void init_tiers(void)
 {
     fill_scalar(&tiers[TIER_SCALAR]);
@@ -113,6 +167,15 @@ static void init_tiers(void)
             fprintf(stderr, "tokgate: TG_CPU_ISA=%s is not available here; using %s\n", want,
                     tier_names[selected]);
     }
+#if defined(__x86_64__)
+    if (selected == TIER_AVX512) choose_decode_tiles(&tiers[TIER_AVX512], &tiers[TIER_AVX2]);
+#endif
+}
+
+const char *tg_cpu_decode_tiles(void)
+{
+    pthread_once(&once, init_tiers);
+    return selected == TIER_AVX512 ? decode_note : "";
 }
 
 /* Returns the selected tier's name. */
@@ -219,9 +282,10 @@ void tg_cpu_matmul(uint32_t type, const void *w, int64_t nrows, int64_t ncols,
     assert(wrow && arow && "tg_cpu_matmul: ncols is not a whole number of blocks");
     assert(0 <= r0 && r0 <= r1 && r1 <= nrows);
     const char *wb = w, *ab = act;
-    if (k->gemm16[type]) {
+    const tg_gemm16_fn g16 = nb == 1 && k->gemm16_1[type] ? k->gemm16_1[type] : k->gemm16[type];
+    if (g16) {
         for (; r0 + 16 <= r1; r0 += 16)
-            k->gemm16[type]((int)ncols, out + r0, (size_t)nrows, wb + (size_t)r0 * wrow, wrow, act, arow, (int)nb);
+            g16((int)ncols, out + r0, (size_t)nrows, wb + (size_t)r0 * wrow, wrow, act, arow, (int)nb);
     }
     for (int64_t rt = r0; rt < r1; rt += MATMUL_ROW_TILE) {
         const int64_t re = rt + MATMUL_ROW_TILE < r1 ? rt + MATMUL_ROW_TILE : r1;

@@ -59,6 +59,10 @@ typedef struct tg_cpu_kernels {
     tg_vec_dot_fn vec_dot[TG_TYPE_COUNT];  /* by weight type (against its vec_dot_type); NULL: none */
     tg_vec_dot4_fn vec_dot4[TG_TYPE_COUNT]; /* optional (NULL: four vec_dot calls); tg_cpu_matmul uses it */
     tg_gemm16_fn gemm16[TG_TYPE_COUNT];     /* optional; tg_cpu_matmul uses it for whole tiles of 16 rows */
+    /* optional: the gemm16 tg_cpu_matmul uses for one activation row (decode)
+     * instead, another tier's tile of the same numerics (bit-identical to
+     * this tier's vec_dot) that was timed faster on this CPU; NULL: gemm16 */
+    tg_gemm16_fn gemm16_1[TG_TYPE_COUNT];
     tg_from_float_fn quantize_q8_K;        /* k a multiple of 256 */
     tg_from_float_fn quantize_q8_0;        /* k a multiple of 32 */
     tg_f32_to_f16_fn f32_to_f16;
@@ -68,6 +72,13 @@ typedef struct tg_cpu_kernels {
 /* The selected tier's name: "avx512vnni", "avx2", "neon-dotprod", "neon"
  * or "scalar". */
 const char *tg_cpu_isa(void);
+/* Which decode tiles the selected tier uses where it has a choice, and
+ * why: "" when it has its own, else e.g. "q4_K, q6_K decode tiles avx2
+ * (AMD family 25)". On the avx512vnni tier the Q4_K and Q6_K tiles of
+ * the avx2 tier give the same bits (kernels_avx2.c), and on AMD Zen 4
+ * they decode faster (kernels.c, choose_decode_tiles); TG_CPU_DECODE=avx2
+ * or =avx512vnni forces one (benchmarks, tests), =auto is the default. */
+const char *tg_cpu_decode_tiles(void);
 /* The selected tier's kernels (never NULL; every weight type quant.h's
  * tg_traits() supports with a vec_dot has one). */
 const tg_cpu_kernels *tg_cpu_kernels_get(void);
