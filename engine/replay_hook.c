@@ -68,9 +68,18 @@ int64_t tg_replay_width(const tg_hparams *hp, int stage)
     }
 }
 
-static int last_only(int stage)
+/* The stages after the last layer (layer -1). */
+static int final_stage(int stage)
 {
     return stage == TG_RS_OUT_NORM || stage == TG_RS_LOGITS;
+}
+
+/* The logits are kept for the last token only (a row of n_vocab for every
+ * token would be large); the final norm has a row for every token, filled
+ * where an evaluation's last token computed it (NaN elsewhere). */
+static int last_only(int stage)
+{
+    return stage == TG_RS_LOGITS;
 }
 
 /* Floats of a slot's buffer. */
@@ -85,7 +94,7 @@ static int slot_of(const tg_replay *r, int layer, int stage)
 {
     if (layer < -1 || layer >= r->hp.n_layer || stage < 0 || stage >= TG_RS_COUNT)
         return -1;
-    if ((layer == -1) != last_only(stage) || (stage == TG_RS_EMBD && layer != 0))
+    if ((layer == -1) != final_stage(stage) || (stage == TG_RS_EMBD && layer != 0))
         return -1;
     return (layer + 1) * TG_RS_COUNT + stage;
 }
@@ -331,12 +340,12 @@ void tg_replay_rows(tg_replay *r, int layer, int stage, int pos0, int nb, void *
             double *row = (double *)x + (int64_t)b * stride;
             for (int64_t i = c0; i < c1; i++)
                 rec[i] = (float)row[i];
-            for (int64_t i = c0; in && i < c1; i++)
+            for (int64_t i = c0; in && !isnan(in[off + c0]) && i < c1; i++)
                 row[i] = (double)in[off + i];
         } else {
             float *row = (float *)x + (int64_t)b * stride;
             memcpy(rec + c0, row + c0, (size_t)(c1 - c0) * sizeof(float));
-            if (in)
+            if (in && !isnan(in[off + c0]))   /* a final norm the reference did not compute there: keep */
                 memcpy(row + c0, in + off + c0, (size_t)(c1 - c0) * sizeof(float));
         }
     }

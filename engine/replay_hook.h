@@ -25,7 +25,9 @@
  *   u64 n, then n f32 values. A stage's values are the rows of tokens
  *   0..T-1 in order, each tg_replay_width() floats, except: scores, where
  *   token t has n_head * (t+1) values (head by head, positions 0..t), and
- *   out_norm and logits, which hold the last token only.
+ *   logits, which hold the last token only. out_norm is written at the
+ *   last token of each evaluation only (NaN at the others), and an input's
+ *   NaN rows are not written over the tier's.
  */
 #ifndef TG_REPLAY_HOOK_H
 #define TG_REPLAY_HOOK_H
@@ -58,7 +60,7 @@ enum tg_rstage {
     TG_RS_SWIGLU,      /* silu(gate) * up                       (n_ff) */
     TG_RS_FFN_OUT,     /* Wdown swiglu                          (n_embd) */
     TG_RS_RESIDUAL,    /* x + ffn_out, the layer's output       (n_embd) */
-    TG_RS_OUT_NORM,    /* final rmsnorm, last token (layer -1)  (n_embd) */
+    TG_RS_OUT_NORM,    /* final rmsnorm, each evaluation's last token (layer -1)  (n_embd) */
     TG_RS_LOGITS,      /* logits, last token (layer -1)         (n_vocab) */
     TG_RS_EMBD,        /* the token's embedding row, layer 0 only, before
                         * attn_norm in forward order (numbered last: the

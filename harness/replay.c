@@ -245,12 +245,20 @@ int replay_compare(const rp_file *ref, const rp_file *arm, const rp_numerics *nu
         r->layer = a->layer, r->stage = a->stage, r->n = a->n;
         r->worst_pos = -1;
         double da = 0, dd = 0;
-        int last = a->stage == RS_OUT_NORM || a->stage == RS_LOGITS;
+        /* the logits (and an older worker's final norm) are the last token's
+         * row only; the final norm has a row for every token, compared where
+         * both computed it (the last token of one of their evaluations) */
+        int last = a->stage == RS_LOGITS || (a->stage == RS_OUT_NORM && a->n != (int64_t)T * ref->n_embd);
+        int sparse = a->stage == RS_OUT_NORM && !last;
         int rows = last ? 1 : T;
         int64_t off = 0;
         for (int tk = 0; tk < rows; tk++) {
             int pos = last ? T - 1 : tk;
             int64_t w = a->stage == RS_SCORES ? (int64_t)H * (pos + 1) : last ? a->n : a->n / T;
+            if (sparse && (isnan(a->data[off]) || isnan(b->data[off]))) {
+                off += w;
+                continue;
+            }
             double ta = 0, td = 0;
             for (int64_t k = off; k < off + w; k++) {
                 double x = a->data[k], d = (double)b->data[k] - x;
@@ -439,12 +447,13 @@ int replay_run(const rp_request *q, rp_table **table, rp_attr **attr, char *why,
     char *arb_argv[] = {exe, "--tier", "ref", NULL};
     if (proc_start(&arb, "arbiter", arb_argv, s, "{}", 0, e) < 0 || proc_load(&arb, s, "{}", e) < 0) goto out;
     /* the arm in a run's batches when it can (the prompt, then one token at
-     * a time: its single-token path is replayed too); the arbiter's exact
-     * values do not depend on its batches */
+     * a time: its single-token path is replayed too) */
     char *pf = answer_field(arm.hello, "arm", "replay_prefill");
     const int split = pf && !strcmp(pf, "true") ? q->prefill : 0;
     free(pf);
-    if (arm_replay(arb.a, q->tokens, q->n_tokens, 0, NULL, p_ref, num.exact ? NULL : num_json, NULL, e) < 0 ||
+    /* the arbiter in the same batches, so that both compute the final norm
+     * at the same positions (the last token of each evaluation) */
+    if (arm_replay(arb.a, q->tokens, q->n_tokens, split, NULL, p_ref, num.exact ? NULL : num_json, NULL, e) < 0 ||
         arm_replay(arm.a, q->tokens, q->n_tokens, split, p_ref, p_arm, NULL, NULL, e) < 0)
         goto out;
     if (rp_file_read(&fr, p_ref, e) < 0 || rp_file_read(&fa, p_arm, e) < 0) goto out;
