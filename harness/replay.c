@@ -449,7 +449,7 @@ int replay_run(const rp_request *q, rp_table **table, rp_attr **attr, char *why,
     /* the arm in a run's batches when it can (the prompt, then one token at
      * a time: its single-token path is replayed too) */
     char *pf = answer_field(arm.hello, "arm", "replay_prefill");
-    const int split = pf && !strcmp(pf, "true") ? q->prefill : 0;
+    const int split = pf && !strcmp(pf, "true") && q->prefill > 0 && q->prefill < q->n_tokens ? q->prefill : 0;
     free(pf);
     /* the arbiter in the same batches, so that both compute the final norm
      * at the same positions (the last token of each evaluation) */
@@ -458,7 +458,7 @@ int replay_run(const rp_request *q, rp_table **table, rp_attr **attr, char *why,
         goto out;
     if (rp_file_read(&fr, p_ref, e) < 0 || rp_file_read(&fa, p_arm, e) < 0) goto out;
     if (replay_compare(fr, fa, &num, table, e) < 0) goto out;
-    (*table)->prefill = split > 0 && split < q->n_tokens ? split : 0;
+    (*table)->prefill = split;
 
     if (attr && q->attribute) {
         /* the exact run, the arm's free run, the arm's layers on exact inputs */
